@@ -1,0 +1,78 @@
+#include "common/config.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+
+namespace ckptfs {
+
+Status Config::Validate() {
+  if (mountpoint.empty()) return Invalid("no mountpoint given");
+  if (cache_dir.empty()) cache_dir = DefaultCacheDir(mountpoint);
+  const ChunkingOptions& c = chunking;
+  if (c.avg_bytes == 0 || (c.avg_bytes & (c.avg_bytes - 1)) != 0) {
+    return Invalid("chunk average size must be a power of two");
+  }
+  if (!(c.min_bytes >= 4096 && c.min_bytes < c.avg_bytes && c.avg_bytes < c.max_bytes)) {
+    return Invalid("chunk sizes must satisfy 4096 <= min < avg < max");
+  }
+  if (c.max_bytes > (64u << 20)) return Invalid("chunk maximum size is at most 64 MiB");
+  if (io_engine != "uring" && io_engine != "pread") {
+    return Invalid("io engine must be 'uring' or 'pread', not '" + io_engine + "'");
+  }
+  static const char* kLevels[] = {"trace", "debug", "info", "warn", "error", "critical", "off"};
+  bool level_ok = false;
+  for (const char* l : kLevels) level_ok |= log_level == l;
+  if (!level_ok) return Invalid("unknown log level '" + log_level + "'");
+  if (max_threads < 1 || max_threads > 256) return Invalid("max_threads must be in 1..256");
+  if (max_write_bytes < 4096 || max_write_bytes > (1u << 20)) {
+    return Invalid("max_write must be in 4K..1M");
+  }
+  if (reorder_bytes < max_write_bytes) return Invalid("reorder buffer smaller than one write");
+  if (attr_timeout_s < 0 || entry_timeout_s < 0) return Invalid("timeouts must be >= 0");
+  return Status::Ok();
+}
+
+std::string DefaultCacheDir(const std::string& abs_mountpoint) {
+  std::string base;
+  if (geteuid() == 0) {
+    base = "/var/cache/ckptfs";
+  } else if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) {
+    base = std::string(xdg) + "/ckptfs";
+  } else if (const char* home = std::getenv("HOME"); home && *home) {
+    base = std::string(home) + "/.cache/ckptfs";
+  } else {
+    base = "/tmp/ckptfs-" + std::to_string(geteuid());
+  }
+  // /mnt/ckpt -> mnt-ckpt: one cache per mountpoint, readable in a listing.
+  std::string name;
+  for (char ch : abs_mountpoint) {
+    if (ch == '/') {
+      if (!name.empty() && name.back() != '-') name += '-';
+    } else {
+      name += ch;
+    }
+  }
+  while (!name.empty() && name.back() == '-') name.pop_back();
+  return base + "/" + (name.empty() ? "root" : name);
+}
+
+Result<uint64_t> ParseSize(const std::string& text) {
+  if (text.empty()) return Invalid("empty size");
+  size_t pos = 0;
+  uint64_t v = 0;
+  while (pos < text.size() && text[pos] >= '0' && text[pos] <= '9') {
+    v = v * 10 + static_cast<uint64_t>(text[pos] - '0');
+    ++pos;
+  }
+  if (pos == 0) return Invalid("size '" + text + "' does not start with a number");
+  std::string unit = text.substr(pos);
+  if (unit == "" || unit == "B") return v;
+  if (unit == "K" || unit == "KiB" || unit == "k") return v << 10;
+  if (unit == "M" || unit == "MiB") return v << 20;
+  if (unit == "G" || unit == "GiB") return v << 30;
+  if (unit == "T" || unit == "TiB") return v << 40;
+  return Invalid("unknown size unit in '" + text + "'");
+}
+
+}  // namespace ckptfs

@@ -1,0 +1,64 @@
+// Typed configuration of one ckptfs mount, validated once before anything starts.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace ckptfs {
+
+struct ChunkingOptions {
+  // Content-defined chunking bounds. A cut never falls before min_bytes or after max_bytes; the
+  // expected chunk size is about avg_bytes. avg_bytes must be a power of two.
+  uint32_t min_bytes = 256 * 1024;
+  uint32_t avg_bytes = 1024 * 1024;
+  uint32_t max_bytes = 4 * 1024 * 1024;
+};
+
+struct Config {
+  // Where the local tier keeps chunks (chunks/), metadata (meta/), the log and the pid file.
+  // Empty: DefaultCacheDir(mountpoint).
+  std::string cache_dir;
+  std::string mountpoint;
+
+  // Stay attached to the terminal and log to stderr instead of <cache_dir>/ckptfs.log.
+  bool foreground = false;
+  // trace, debug, info, warn, error, critical, off.
+  std::string log_level = "info";
+
+  // Bytes of verified chunks kept in RAM for reads. Counted in the daemon's memory budget.
+  uint64_t ram_cache_bytes = 128ull << 20;
+  // Bytes of out-of-order writes one open file may hold while waiting for the gap before them to
+  // fill; past this the file switches to its staging file (see store/file_writer.h).
+  uint64_t reorder_bytes = 64ull << 20;
+  ChunkingOptions chunking;
+
+  // "uring" (io_uring, falls back to pread when the kernel refuses) or "pread".
+  std::string io_engine = "uring";
+
+  // FUSE tuning. Timeouts are safe to make long: on one node every change passes through this
+  // daemon, which keeps the kernel's caches up to date.
+  double attr_timeout_s = 5.0;
+  double entry_timeout_s = 5.0;
+  uint32_t max_threads = 8;
+  uint32_t max_write_bytes = 1 << 20;
+  uint32_t max_readahead_bytes = 1 << 20;
+  uint32_t max_background = 64;
+  bool writeback_cache = false;
+  // Options handed to libfuse as given (-o allow_other, ...).
+  std::vector<std::string> fuse_options;
+
+  // Normalizes and checks every field; the first problem comes back as kInvalid.
+  Status Validate();
+};
+
+// The cache directory used when none is given: /var/cache/ckptfs/<mountpoint path> for root,
+// $XDG_CACHE_HOME (or ~/.cache)/ckptfs/<mountpoint path> otherwise.
+std::string DefaultCacheDir(const std::string& abs_mountpoint);
+
+// "4096", "64K", "1M", "2G" (powers of 1024) -> bytes.
+Result<uint64_t> ParseSize(const std::string& text);
+
+}  // namespace ckptfs

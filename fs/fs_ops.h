@@ -1,0 +1,36 @@
+// Internal to fs/: the state every handler sees (passed as the session's userdata) and the
+// handler families, one file each. Handlers are thin: they call the Store and reply.
+#pragma once
+
+#define FUSE_USE_VERSION 312
+#include <fuse_lowlevel.h>
+
+#include "common/config.h"
+#include "common/log.h"
+#include "store/store.h"
+
+namespace ckptfs::fs {
+
+struct Context {
+  Store* store;
+  Config cfg;
+  Logger log;
+};
+
+inline Context& Ctx(fuse_req_t req) { return *static_cast<Context*>(fuse_req_userdata(req)); }
+inline Caller CallerOf(fuse_req_t req) {
+  const fuse_ctx* c = fuse_req_ctx(req);
+  return Caller{c->uid, c->gid};
+}
+
+// Replies with the errno of `st`, logging it once unless it is an expected answer (ENOENT, ...).
+void ReplyError(fuse_req_t req, const Status& st, const char* op, fuse_ino_t ino);
+void FillStat(const InodeRecord& rec, struct stat* st);
+void ReplyEntry(fuse_req_t req, const InodeRecord& rec);
+
+void AddEntryOps(fuse_lowlevel_ops* ops);  // lookup, getattr, setattr, links, renames, nodes
+void AddFileOps(fuse_lowlevel_ops* ops);   // open, create, read, write, flush, fsync, release
+void AddDirOps(fuse_lowlevel_ops* ops);    // readdir, fsyncdir, statfs
+void AddXattrOps(fuse_lowlevel_ops* ops);
+
+}  // namespace ckptfs::fs

@@ -1,0 +1,92 @@
+#include "fs/fuse_fs.h"
+
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <string>
+#include <vector>
+
+#include "fs/fs_ops.h"
+
+namespace ckptfs {
+namespace {
+
+void Init(void* userdata, fuse_conn_info* conn) {
+  auto* ctx = static_cast<fs::Context*>(userdata);
+  const Config& cfg = ctx->cfg;
+  conn->max_write = cfg.max_write_bytes;
+  conn->max_readahead = cfg.max_readahead_bytes;
+  conn->max_background = cfg.max_background;
+  conn->congestion_threshold = cfg.max_background * 3 / 4;
+  if (conn->capable & FUSE_CAP_PARALLEL_DIROPS) conn->want |= FUSE_CAP_PARALLEL_DIROPS;
+  if (conn->capable & FUSE_CAP_ASYNC_READ) conn->want |= FUSE_CAP_ASYNC_READ;
+  if (cfg.writeback_cache && (conn->capable & FUSE_CAP_WRITEBACK_CACHE)) {
+    conn->want |= FUSE_CAP_WRITEBACK_CACHE;
+  } else {
+    conn->want &= ~FUSE_CAP_WRITEBACK_CACHE;
+  }
+  ctx->log->info("mounted: max_write {} KiB, readahead {} KiB, writeback cache {}",
+                 conn->max_write >> 10, conn->max_readahead >> 10,
+                 (conn->want & FUSE_CAP_WRITEBACK_CACHE) ? "on" : "off");
+}
+
+// libfuse parses -o options with commas as separators.
+std::string EscapeCommas(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == ',' || c == '\\') out.push_back('\\');
+    out.push_back(c);
+  }
+  return out;
+}
+
+}  // namespace
+
+Status ServeMount(Store* store, const Config& cfg, const std::function<void()>& on_mounted) {
+  fs::Context ctx{store, cfg, GetLogger("fs")};
+  fuse_lowlevel_ops ops{};
+  ops.init = Init;
+  fs::AddEntryOps(&ops);
+  fs::AddFileOps(&ops);
+  fs::AddDirOps(&ops);
+  fs::AddXattrOps(&ops);
+
+  std::string opts = "default_permissions,subtype=ckptfs,fsname=" + EscapeCommas(cfg.cache_dir);
+  if (::geteuid() == 0) opts += ",allow_other";  // training jobs often run as other users
+  for (const std::string& o : cfg.fuse_options) opts += "," + o;
+  std::vector<std::string> argv_s = {"ckptfs", "-o", opts};
+  std::vector<char*> argv;
+  for (auto& a : argv_s) argv.push_back(a.data());
+  fuse_args args = FUSE_ARGS_INIT(static_cast<int>(argv.size()), argv.data());
+
+  fuse_session* se = fuse_session_new(&args, &ops, sizeof(ops), &ctx);
+  if (!se) return Invalid("libfuse rejected the mount options: " + opts);
+  Status result;
+  if (fuse_set_signal_handlers(se) != 0) {
+    fuse_session_destroy(se);
+    return Internal("cannot install signal handlers");
+  }
+  if (fuse_session_mount(se, cfg.mountpoint.c_str()) != 0) {
+    fuse_remove_signal_handlers(se);
+    fuse_session_destroy(se);
+    return IoError("cannot mount on " + cfg.mountpoint +
+                   " (does it exist? is a dead mount still there? try `ckptfs umount`)");
+  }
+  on_mounted();
+  fuse_loop_config* lc = fuse_loop_cfg_create();
+  fuse_loop_cfg_set_max_threads(lc, cfg.max_threads);
+  fuse_loop_cfg_set_idle_threads(lc, cfg.max_threads);
+  int rc = fuse_session_loop_mt(se, lc);
+  fuse_loop_cfg_destroy(lc);
+  if (rc != 0 && rc != SIGTERM && rc != SIGINT && rc != SIGHUP) {
+    result = IoError("the FUSE loop ended with error " + std::to_string(rc));
+  }
+  fuse_session_unmount(se);
+  fuse_remove_signal_handlers(se);
+  fuse_session_destroy(se);
+  ctx.log->info("unmounted {}", cfg.mountpoint);
+  return result;
+}
+
+}  // namespace ckptfs

@@ -1,0 +1,48 @@
+// Handlers for directory listings and filesystem-wide calls.
+#include <vector>
+
+#include "fs/fs_ops.h"
+
+namespace ckptfs::fs {
+namespace {
+
+void ReadDir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
+  std::vector<char> buf(size);
+  size_t used = 0;
+  Status st = Ctx(req).store->ReadDir(ino, static_cast<uint64_t>(off), [&](const DirItem& item) {
+    struct stat st {};
+    st.st_ino = item.ino;
+    st.st_mode = item.mode;
+    std::string name(item.name);
+    size_t need = fuse_add_direntry(req, buf.data() + used, size - used, name.c_str(), &st,
+                                    static_cast<off_t>(item.next_offset));
+    if (need > size - used) return false;  // full: the kernel asks again from this offset
+    used += need;
+    return true;
+  });
+  if (!st.ok()) return ReplyError(req, st, "readdir", ino);
+  fuse_reply_buf(req, buf.data(), used);
+}
+
+void FsyncDir(fuse_req_t req, fuse_ino_t ino, int, fuse_file_info*) {
+  // Namespace changes commit as they happen; fsync of any file makes them durable.
+  Status st = Ctx(req).store->Fsync(ino);
+  if (!st.ok()) return ReplyError(req, st, "fsyncdir", ino);
+  fuse_reply_err(req, 0);
+}
+
+void StatFs(fuse_req_t req, fuse_ino_t ino) {
+  auto st = Ctx(req).store->StatFs();
+  if (!st.ok()) return ReplyError(req, st.status(), "statfs", ino);
+  fuse_reply_statfs(req, &*st);
+}
+
+}  // namespace
+
+void AddDirOps(fuse_lowlevel_ops* ops) {
+  ops->readdir = ReadDir;
+  ops->fsyncdir = FsyncDir;
+  ops->statfs = StatFs;
+}
+
+}  // namespace ckptfs::fs

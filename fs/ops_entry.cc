@@ -1,0 +1,178 @@
+// Handlers for names and attributes.
+#include <spdlog/spdlog.h>
+
+#include <cerrno>
+
+#include "fs/fs_ops.h"
+
+namespace ckptfs::fs {
+namespace {
+
+timespec ToTimespec(int64_t ns) {
+  return timespec{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+}
+
+void Lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  auto rec = Ctx(req).store->Lookup(parent, name);
+  if (rec.status().code() == Code::kNotFound) {
+    // A negative entry, cached like a positive one: every create passes through this mount.
+    fuse_entry_param e{};
+    e.entry_timeout = Ctx(req).cfg.entry_timeout_s;
+    fuse_reply_entry(req, &e);
+    return;
+  }
+  if (!rec.ok()) return ReplyError(req, rec.status(), "lookup", parent);
+  ReplyEntry(req, *rec);
+}
+
+void Forget(fuse_req_t req, fuse_ino_t, uint64_t) { fuse_reply_none(req); }
+void ForgetMulti(fuse_req_t req, size_t, fuse_forget_data*) { fuse_reply_none(req); }
+
+void GetAttr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
+  auto rec = Ctx(req).store->GetAttr(ino);
+  if (!rec.ok()) return ReplyError(req, rec.status(), "getattr", ino);
+  struct stat st;
+  FillStat(*rec, &st);
+  fuse_reply_attr(req, &st, Ctx(req).cfg.attr_timeout_s);
+}
+
+void SetAttr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, fuse_file_info*) {
+  SetAttrRequest r;
+  if (to_set & FUSE_SET_ATTR_MODE) r.mode = attr->st_mode;
+  if (to_set & FUSE_SET_ATTR_UID) r.uid = attr->st_uid;
+  if (to_set & FUSE_SET_ATTR_GID) r.gid = attr->st_gid;
+  if (to_set & FUSE_SET_ATTR_SIZE) r.size = static_cast<uint64_t>(attr->st_size);
+  auto ns = [](const timespec& t) { return int64_t{t.tv_sec} * 1000000000 + t.tv_nsec; };
+  if (to_set & FUSE_SET_ATTR_ATIME_NOW) {
+    r.atime_ns = SetAttrRequest::kNow;
+  } else if (to_set & FUSE_SET_ATTR_ATIME) {
+    r.atime_ns = ns(attr->st_atim);
+  }
+  if (to_set & FUSE_SET_ATTR_MTIME_NOW) {
+    r.mtime_ns = SetAttrRequest::kNow;
+  } else if (to_set & FUSE_SET_ATTR_MTIME) {
+    r.mtime_ns = ns(attr->st_mtim);
+  }
+  auto rec = Ctx(req).store->SetAttr(ino, r);
+  if (!rec.ok()) return ReplyError(req, rec.status(), "setattr", ino);
+  struct stat st;
+  FillStat(*rec, &st);
+  fuse_reply_attr(req, &st, Ctx(req).cfg.attr_timeout_s);
+}
+
+void ReadLink(fuse_req_t req, fuse_ino_t ino) {
+  auto target = Ctx(req).store->ReadLink(ino);
+  if (!target.ok()) return ReplyError(req, target.status(), "readlink", ino);
+  fuse_reply_readlink(req, target->c_str());
+}
+
+void MakeNode(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, dev_t rdev) {
+  auto rec = Ctx(req).store->MakeNode(parent, name, mode, rdev, CallerOf(req));
+  if (!rec.ok()) return ReplyError(req, rec.status(), "mknod", parent);
+  ReplyEntry(req, *rec);
+}
+
+void MakeDir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
+  auto rec = Ctx(req).store->MakeNode(parent, name, S_IFDIR | (mode & 07777), 0, CallerOf(req));
+  if (!rec.ok()) return ReplyError(req, rec.status(), "mkdir", parent);
+  ReplyEntry(req, *rec);
+}
+
+void Unlink(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  Status st = Ctx(req).store->Unlink(parent, name);
+  if (!st.ok()) return ReplyError(req, st, "unlink", parent);
+  fuse_reply_err(req, 0);
+}
+
+void RemoveDir(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  Status st = Ctx(req).store->Rmdir(parent, name);
+  if (!st.ok()) return ReplyError(req, st, "rmdir", parent);
+  fuse_reply_err(req, 0);
+}
+
+void Symlink(fuse_req_t req, const char* target, fuse_ino_t parent, const char* name) {
+  auto rec = Ctx(req).store->Symlink(parent, name, target, CallerOf(req));
+  if (!rec.ok()) return ReplyError(req, rec.status(), "symlink", parent);
+  ReplyEntry(req, *rec);
+}
+
+void Rename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t new_parent,
+            const char* new_name, unsigned flags) {
+  Status st = Ctx(req).store->Rename(parent, name, new_parent, new_name, flags);
+  if (!st.ok()) return ReplyError(req, st, "rename", parent);
+  fuse_reply_err(req, 0);
+}
+
+void Link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t new_parent, const char* new_name) {
+  auto rec = Ctx(req).store->Link(ino, new_parent, new_name);
+  if (!rec.ok()) return ReplyError(req, rec.status(), "link", ino);
+  ReplyEntry(req, *rec);
+}
+
+}  // namespace
+
+void FillStat(const InodeRecord& rec, struct stat* st) {
+  *st = {};
+  st->st_ino = rec.ino;
+  st->st_mode = rec.mode;
+  st->st_nlink = rec.nlink;
+  st->st_uid = rec.uid;
+  st->st_gid = rec.gid;
+  st->st_rdev = rec.rdev;
+  st->st_size = static_cast<off_t>(rec.size);
+  st->st_blksize = 1 << 20;  // invites large I/O: one FUSE request carries up to 1 MiB
+  st->st_blocks = static_cast<blkcnt_t>((rec.size + 511) / 512);
+  st->st_atim = ToTimespec(rec.atime_ns);
+  st->st_mtim = ToTimespec(rec.mtime_ns);
+  st->st_ctim = ToTimespec(rec.ctime_ns);
+}
+
+void ReplyEntry(fuse_req_t req, const InodeRecord& rec) {
+  fuse_entry_param e{};
+  e.ino = rec.ino;
+  e.generation = 1;  // inode numbers are never reused
+  FillStat(rec, &e.attr);
+  e.attr_timeout = Ctx(req).cfg.attr_timeout_s;
+  e.entry_timeout = Ctx(req).cfg.entry_timeout_s;
+  fuse_reply_entry(req, &e);
+}
+
+void ReplyError(fuse_req_t req, const Status& st, const char* op, fuse_ino_t ino) {
+  switch (st.code()) {
+    case Code::kNotFound:
+    case Code::kExists:
+    case Code::kNotEmpty:
+    case Code::kNoData:
+    case Code::kRange:
+    case Code::kIsDir:
+    case Code::kNotDir:
+    case Code::kNameTooLong:
+    case Code::kUnsupported:
+      break;  // answers, not failures
+    case Code::kCorrupt:
+    case Code::kNoSpace:
+      Ctx(req).log->debug("{} on inode {}: {}", op, ino, st.ToString());  // logged where found
+      break;
+    default:
+      Ctx(req).log->error("{} on inode {}: {}", op, ino, st.ToString());
+  }
+  fuse_reply_err(req, ToErrno(st));
+}
+
+void AddEntryOps(fuse_lowlevel_ops* ops) {
+  ops->lookup = Lookup;
+  ops->forget = Forget;
+  ops->forget_multi = ForgetMulti;
+  ops->getattr = GetAttr;
+  ops->setattr = SetAttr;
+  ops->readlink = ReadLink;
+  ops->mknod = MakeNode;
+  ops->mkdir = MakeDir;
+  ops->unlink = Unlink;
+  ops->rmdir = RemoveDir;
+  ops->symlink = Symlink;
+  ops->rename = Rename;
+  ops->link = Link;
+}
+
+}  // namespace ckptfs::fs

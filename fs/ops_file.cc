@@ -1,0 +1,114 @@
+// Handlers for file bytes.
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+#include <sys/uio.h>
+
+#include <vector>
+
+#include "fs/fs_ops.h"
+
+namespace ckptfs::fs {
+namespace {
+
+// On one node every change reaches the kernel's page cache through this mount, so a file's
+// cached pages stay valid across opens: warm reads never reach the daemon.
+void SetOpenFlags(fuse_file_info* fi) {
+  fi->keep_cache = 1;
+  fi->direct_io = 0;
+}
+
+void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  Status st = Ctx(req).store->Open(ino);
+  if (!st.ok()) return ReplyError(req, st, "open", ino);
+  SetOpenFlags(fi);
+  if (fuse_reply_open(req, fi) != 0) (void)Ctx(req).store->Release(ino);  // the opener is gone
+}
+
+void Create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, fuse_file_info* fi) {
+  Store* store = Ctx(req).store;
+  auto rec = store->MakeNode(parent, name, S_IFREG | (mode & 07777), 0, CallerOf(req));
+  if (!rec.ok()) return ReplyError(req, rec.status(), "create", parent);
+  Status st = store->Open(rec->ino);
+  if (!st.ok()) return ReplyError(req, st, "create", rec->ino);
+  SetOpenFlags(fi);
+  fuse_entry_param e{};
+  e.ino = rec->ino;
+  e.generation = 1;
+  FillStat(*rec, &e.attr);
+  e.attr_timeout = Ctx(req).cfg.attr_timeout_s;
+  e.entry_timeout = Ctx(req).cfg.entry_timeout_s;
+  if (fuse_reply_create(req, &e, fi) != 0) (void)store->Release(rec->ino);
+}
+
+void Read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
+  std::vector<ReadSlice> slices;
+  Status st = Ctx(req).store->Read(ino, static_cast<uint64_t>(off), size, &slices);
+  if (!st.ok()) return ReplyError(req, st, "read", ino);
+  // The reply is gathered straight from the chunks' buffers: no copy in the daemon.
+  std::vector<iovec> iov(slices.size());
+  for (size_t i = 0; i < slices.size(); ++i) {
+    iov[i] = iovec{const_cast<uint8_t*>(slices[i].data), slices[i].len};
+  }
+  fuse_reply_iov(req, iov.data(), static_cast<int>(iov.size()));
+}
+
+void Write(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_t off,
+           fuse_file_info*) {
+  Status st = Ctx(req).store->Write(ino, static_cast<uint64_t>(off),
+                                    reinterpret_cast<const uint8_t*>(buf), size);
+  if (!st.ok()) return ReplyError(req, st, "write", ino);
+  fuse_reply_write(req, size);
+}
+
+void Flush(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
+  Status st = Ctx(req).store->Flush(ino);
+  if (!st.ok()) return ReplyError(req, st, "flush", ino);
+  fuse_reply_err(req, 0);
+}
+
+void Release(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
+  Status st = Ctx(req).store->Release(ino);
+  if (!st.ok()) return ReplyError(req, st, "release", ino);
+  fuse_reply_err(req, 0);
+}
+
+void Fsync(fuse_req_t req, fuse_ino_t ino, int, fuse_file_info*) {
+  Status st = Ctx(req).store->Fsync(ino);
+  if (!st.ok()) return ReplyError(req, st, "fsync", ino);
+  fuse_reply_err(req, 0);
+}
+
+// Mode 0 only (posix_fallocate): grows the file like truncate; bytes are not reserved, since
+// chunks are allocated when written.
+void Fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t len, fuse_file_info*) {
+  if (mode != 0) {
+    fuse_reply_err(req, EOPNOTSUPP);
+    return;
+  }
+  Store* store = Ctx(req).store;
+  auto rec = store->GetAttr(ino);
+  if (!rec.ok()) return ReplyError(req, rec.status(), "fallocate", ino);
+  const uint64_t end = static_cast<uint64_t>(off) + static_cast<uint64_t>(len);
+  if (end > rec->size) {
+    SetAttrRequest r;
+    r.size = end;
+    auto done = store->SetAttr(ino, r);
+    if (!done.ok()) return ReplyError(req, done.status(), "fallocate", ino);
+  }
+  fuse_reply_err(req, 0);
+}
+
+}  // namespace
+
+void AddFileOps(fuse_lowlevel_ops* ops) {
+  ops->open = Open;
+  ops->create = Create;
+  ops->read = Read;
+  ops->write = Write;
+  ops->flush = Flush;
+  ops->release = Release;
+  ops->fsync = Fsync;
+  ops->fallocate = Fallocate;
+}
+
+}  // namespace ckptfs::fs

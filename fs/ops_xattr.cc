@@ -1,0 +1,55 @@
+// Handlers for extended attributes.
+#include <string>
+
+#include "fs/fs_ops.h"
+
+namespace ckptfs::fs {
+namespace {
+
+// The xattr protocol: size 0 asks for the length; a buffer too small is ERANGE.
+void ReplySized(fuse_req_t req, const std::string& value, size_t size) {
+  if (size == 0) return static_cast<void>(fuse_reply_xattr(req, value.size()));
+  if (size < value.size()) return static_cast<void>(fuse_reply_err(req, ERANGE));
+  fuse_reply_buf(req, value.data(), value.size());
+}
+
+void SetXattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char* value, size_t size,
+              int flags) {
+  Status st = Ctx(req).store->SetXattr(ino, name, std::string_view(value, size), flags);
+  if (!st.ok()) return ReplyError(req, st, "setxattr", ino);
+  fuse_reply_err(req, 0);
+}
+
+void GetXattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
+  auto v = Ctx(req).store->GetXattr(ino, name);
+  if (!v.ok()) return ReplyError(req, v.status(), "getxattr", ino);
+  ReplySized(req, *v, size);
+}
+
+void ListXattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
+  auto names = Ctx(req).store->ListXattrs(ino);
+  if (!names.ok()) return ReplyError(req, names.status(), "listxattr", ino);
+  std::string all;
+  for (const std::string& n : *names) {
+    all += n;
+    all.push_back('\0');
+  }
+  ReplySized(req, all, size);
+}
+
+void RemoveXattr(fuse_req_t req, fuse_ino_t ino, const char* name) {
+  Status st = Ctx(req).store->RemoveXattr(ino, name);
+  if (!st.ok()) return ReplyError(req, st, "removexattr", ino);
+  fuse_reply_err(req, 0);
+}
+
+}  // namespace
+
+void AddXattrOps(fuse_lowlevel_ops* ops) {
+  ops->setxattr = SetXattr;
+  ops->getxattr = GetXattr;
+  ops->listxattr = ListXattr;
+  ops->removexattr = RemoveXattr;
+}
+
+}  // namespace ckptfs::fs

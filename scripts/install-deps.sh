@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs what ckptfs needs to build, test and benchmark on Debian 12, from Debian's packages only.
+# Idempotent: packages already present are skipped, so a warm machine pays only the dpkg query.
+set -euo pipefail
+pkgs=(
+  build-essential cmake ninja-build pkg-config
+  libfuse3-dev fuse3 liburing-dev libxxhash-dev liblmdb-dev lmdb-utils libspdlog-dev libfmt-dev
+  libgtest-dev googletest
+  python3-torch python3-numpy python3-pytest attr psmisc procps util-linux e2fsprogs
+)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "install-deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi

@@ -1,0 +1,391 @@
+#include "store/file_writer.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+namespace ckptfs {
+namespace {
+
+constexpr size_t kZeroBytes = 1 << 20;
+const std::shared_ptr<const uint8_t[]>& Zeros() {
+  static const std::shared_ptr<const uint8_t[]> zeros(new uint8_t[kZeroBytes]());
+  return zeros;
+}
+
+void AppendZeros(uint64_t len, std::vector<ReadSlice>* out) {
+  while (len > 0) {
+    size_t n = static_cast<size_t>(std::min<uint64_t>(len, kZeroBytes));
+    out->push_back(ReadSlice{Zeros(), Zeros().get(), n});
+    len -= n;
+  }
+}
+
+void AppendCopy(const uint8_t* data, size_t len, std::vector<ReadSlice>* out) {
+  std::shared_ptr<uint8_t[]> copy(new uint8_t[len]);
+  std::memcpy(copy.get(), data, len);
+  out->push_back(ReadSlice{copy, copy.get(), len});
+}
+
+Status PwriteAll(int fd, const uint8_t* data, size_t len, uint64_t off, const std::string& path) {
+  while (len > 0) {
+    ssize_t n = ::pwrite(fd, data, len, static_cast<off_t>(off));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Status::FromErrno(errno, "write staging file " + path);
+    }
+    data += n;
+    len -= static_cast<size_t>(n);
+    off += static_cast<uint64_t>(n);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+FileWriter::FileWriter(Manifest base, ChunkSink* sink, const ChunkingOptions& chunking,
+                       uint64_t reorder_limit, Metrics* metrics)
+    : sink_(sink),
+      metrics_(metrics),
+      reorder_limit_(reorder_limit),
+      chunker_(chunking),
+      manifest_(std::move(base)) {
+  size_ = manifest_.size();
+}
+
+FileWriter::~FileWriter() {
+  if (staging_fd_ >= 0) {
+    ::close(staging_fd_);
+    ::unlink(staging_path_.c_str());
+  }
+}
+
+Status FileWriter::Fail(Status st) {
+  if (error_.ok()) error_ = st;
+  return st;
+}
+
+Status FileWriter::Write(uint64_t offset, const uint8_t* data, size_t len) {
+  if (!error_.ok()) return error_;
+  if (len == 0) return Status::Ok();
+  Status st;
+  if (mode_ == Mode::kStream) {
+    st = StreamWrite(offset, data, len);
+  } else {
+    st = PwriteAll(staging_fd_, data, len, offset, staging_path_);
+  }
+  if (!st.ok()) return Fail(st);
+  size_ = std::max(size_, offset + len);
+  return Status::Ok();
+}
+
+Status FileWriter::StreamWrite(uint64_t offset, const uint8_t* data, size_t len) {
+  const uint64_t end = offset + len;
+  // A write reaching into the last committed chunk: bring that chunk back into the buffer first,
+  // so that it can be patched or extended and re-cut.
+  if (!tail_resumed_ && buf_.empty() && !manifest_.empty() &&
+      end >= manifest_.StartOf(manifest_.extents().size() - 1)) {
+    RETURN_IF_ERROR(ResumeTail());
+  }
+  const uint64_t cut_end = manifest_.size();
+  if (offset < cut_end) {
+    RETURN_IF_ERROR(ToStaging());
+    return PwriteAll(staging_fd_, data, len, offset, staging_path_);
+  }
+  if (offset > stream_end()) {
+    if (OverlapsPending(offset, end)) {
+      RETURN_IF_ERROR(ToStaging());
+      return PwriteAll(staging_fd_, data, len, offset, staging_path_);
+    }
+    pending_.emplace(offset, std::vector<uint8_t>(data, data + len));
+    pending_bytes_ += len;
+    if (pending_bytes_ > reorder_limit_) return ToStaging();
+    return Status::Ok();
+  }
+  // offset is inside the uncut buffer or right at its end.
+  if (end > stream_end() && OverlapsPending(stream_end(), end)) {
+    RETURN_IF_ERROR(ToStaging());
+    return PwriteAll(staging_fd_, data, len, offset, staging_path_);
+  }
+  const size_t at = static_cast<size_t>(offset - cut_end);
+  if (at < buf_.size()) chunker_.Reset();  // bytes already scanned change: scan again
+  if (at + len > buf_.size()) buf_.resize(at + len);
+  std::memcpy(buf_.data() + at, data, len);
+  RETURN_IF_ERROR(CutChunks(false));
+  return DrainPending();
+}
+
+bool FileWriter::OverlapsPending(uint64_t begin, uint64_t end) const {
+  auto it = pending_.lower_bound(begin);
+  if (it != pending_.end() && it->first < end) return true;
+  if (it != pending_.begin()) {
+    --it;
+    if (it->first + it->second.size() > begin) return true;
+  }
+  return false;
+}
+
+Status FileWriter::DrainPending() {
+  while (!pending_.empty() && pending_.begin()->first == stream_end()) {
+    auto node = pending_.extract(pending_.begin());
+    pending_bytes_ -= node.mapped().size();
+    buf_.insert(buf_.end(), node.mapped().begin(), node.mapped().end());
+    RETURN_IF_ERROR(CutChunks(false));
+  }
+  return Status::Ok();
+}
+
+Status FileWriter::CutChunks(bool final) {
+  size_t start = 0;
+  while (start < buf_.size()) {
+    size_t cut = chunker_.FindCut(buf_.data() + start, buf_.size() - start);
+    if (cut == 0) {
+      if (!final) break;
+      cut = buf_.size() - start;
+      chunker_.Reset();
+    }
+    RETURN_IF_ERROR(EmitChunk(buf_.data() + start, cut, &manifest_));
+    start += cut;
+  }
+  buf_.erase(buf_.begin(), buf_.begin() + static_cast<ptrdiff_t>(start));
+  return Status::Ok();
+}
+
+Status FileWriter::EmitChunk(const uint8_t* data, size_t len, Manifest* into) {
+  ChunkId id = ChunkId::Of(data, len);
+  RETURN_IF_ERROR(sink_->PutChunk(id, data, len));
+  held_.push_back(id);
+  into->Append(Extent{id, len});
+  return Status::Ok();
+}
+
+Status FileWriter::ResumeTail() {
+  tail_resumed_ = true;
+  const Extent last = manifest_.extents().back();
+  if (last.hole()) return Status::Ok();
+  ASSIGN_OR_RETURN(ChunkRef chunk, sink_->GetChunk(last.id, last.len));
+  manifest_.PopBack();
+  buf_.assign(chunk->bytes.get(), chunk->bytes.get() + chunk->size);
+  chunker_.Reset();
+  return Status::Ok();
+}
+
+Status FileWriter::Truncate(uint64_t size) {
+  if (!error_.ok()) return error_;
+  Status st;
+  if (mode_ == Mode::kStaging) {
+    if (::ftruncate(staging_fd_, static_cast<off_t>(size)) != 0) {
+      st = Status::FromErrno(errno, "truncate staging file " + staging_path_);
+    }
+  } else if (size >= stream_end()) {
+    // Growing (a hole filled at commit), or cutting into the reorder window only.
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      if (it->first >= size) {
+        pending_bytes_ -= it->second.size();
+        it = pending_.erase(it);
+        continue;
+      }
+      if (it->first + it->second.size() > size) {
+        pending_bytes_ -= it->first + it->second.size() - size;
+        it->second.resize(size - it->first);
+      }
+      ++it;
+    }
+  } else {
+    pending_.clear();
+    pending_bytes_ = 0;
+    st = size >= manifest_.size() ? Status::Ok() : Rewind(size);
+    if (st.ok()) {
+      buf_.resize(size - manifest_.size());
+      chunker_.Reset();
+    }
+  }
+  if (!st.ok()) return Fail(st);
+  size_ = size;
+  return Status::Ok();
+}
+
+// Cuts the stream back to `size` < manifest_.size(): the extent holding `size` is dropped with
+// everything after it, and its surviving prefix goes back into the buffer.
+Status FileWriter::Rewind(uint64_t size) {
+  size_t idx = manifest_.Find(size);
+  const uint64_t start = manifest_.StartOf(idx);
+  const Extent ext = manifest_.extents()[idx];
+  while (manifest_.extents().size() > idx) manifest_.PopBack();
+  buf_.clear();
+  if (ext.hole()) {
+    manifest_.AppendHole(size - start);
+  } else if (size > start) {
+    ASSIGN_OR_RETURN(ChunkRef chunk, sink_->GetChunk(ext.id, ext.len));
+    buf_.assign(chunk->bytes.get(), chunk->bytes.get() + (size - start));
+  }
+  tail_resumed_ = true;
+  return Status::Ok();
+}
+
+Status FileWriter::ToStaging() {
+  staging_path_ = sink_->NewStagingPath();
+  staging_fd_ = ::open(staging_path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (staging_fd_ < 0) return Status::FromErrno(errno, "create staging file " + staging_path_);
+  mode_ = Mode::kStaging;
+  metrics_->staging_switches.Add(1);
+  const auto& ext = manifest_.extents();
+  for (size_t i = 0; i < ext.size(); ++i) {
+    if (ext[i].hole()) continue;
+    ASSIGN_OR_RETURN(ChunkRef c, sink_->GetChunk(ext[i].id, ext[i].len));
+    RETURN_IF_ERROR(PwriteAll(staging_fd_, c->bytes.get(), c->size, manifest_.StartOf(i),
+                              staging_path_));
+  }
+  RETURN_IF_ERROR(PwriteAll(staging_fd_, buf_.data(), buf_.size(), manifest_.size(), staging_path_));
+  for (const auto& [off, bytes] : pending_) {
+    RETURN_IF_ERROR(PwriteAll(staging_fd_, bytes.data(), bytes.size(), off, staging_path_));
+  }
+  if (::ftruncate(staging_fd_, static_cast<off_t>(size_)) != 0) {
+    return Status::FromErrno(errno, "truncate staging file " + staging_path_);
+  }
+  manifest_ = Manifest();
+  buf_ = {};
+  pending_.clear();
+  pending_bytes_ = 0;
+  return Status::Ok();
+}
+
+Status FileWriter::Read(uint64_t offset, size_t len, std::vector<ReadSlice>* out) {
+  if (!error_.ok()) return error_;
+  const uint64_t end = std::min<uint64_t>(offset + len, size_);
+  if (offset >= end) return Status::Ok();
+  if (mode_ == Mode::kStaging) {
+    const size_t n = static_cast<size_t>(end - offset);
+    std::shared_ptr<uint8_t[]> buf(new uint8_t[n]);
+    size_t got = 0;
+    while (got < n) {
+      ssize_t r = ::pread(staging_fd_, buf.get() + got, n - got, static_cast<off_t>(offset + got));
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) return Status::FromErrno(errno, "read staging file " + staging_path_);
+      if (r == 0) break;
+      got += static_cast<size_t>(r);
+    }
+    std::memset(buf.get() + got, 0, n - got);
+    out->push_back(ReadSlice{buf, buf.get(), n});
+    return Status::Ok();
+  }
+  uint64_t pos = offset;
+  while (pos < end) {
+    if (pos < manifest_.size()) {
+      size_t idx = manifest_.Find(pos);
+      const Extent& e = manifest_.extents()[idx];
+      const uint64_t within = pos - manifest_.StartOf(idx);
+      const uint64_t n = std::min(e.len - within, end - pos);
+      if (e.hole()) {
+        AppendZeros(n, out);
+      } else {
+        ASSIGN_OR_RETURN(ChunkRef c, sink_->GetChunk(e.id, e.len));
+        out->push_back(ReadSlice{c, c->bytes.get() + within, static_cast<size_t>(n)});
+      }
+      pos += n;
+    } else if (pos < stream_end()) {
+      const uint64_t n = std::min(stream_end(), end) - pos;
+      AppendCopy(buf_.data() + (pos - manifest_.size()), static_cast<size_t>(n), out);
+      pos += n;
+    } else {
+      auto it = pending_.upper_bound(pos);
+      if (it != pending_.begin()) {
+        auto prev = std::prev(it);
+        if (prev->first + prev->second.size() > pos) {
+          const uint64_t n = std::min<uint64_t>(prev->first + prev->second.size(), end) - pos;
+          AppendCopy(prev->second.data() + (pos - prev->first), static_cast<size_t>(n), out);
+          pos += n;
+          continue;
+        }
+      }
+      const uint64_t gap_end = it == pending_.end() ? end : std::min(end, it->first);
+      AppendZeros(gap_end - pos, out);
+      pos = gap_end;
+    }
+  }
+  return Status::Ok();
+}
+
+Result<Manifest> FileWriter::Finish() {
+  if (!error_.ok()) return error_;
+  if (mode_ == Mode::kStaging) {
+    auto m = ChunkStagingFile();
+    if (!m.ok()) return Fail(m.status());
+    return m;
+  }
+  Status st;
+  for (auto& [off, bytes] : pending_) {
+    if (off > stream_end()) {
+      st = CutChunks(true);
+      if (!st.ok()) break;
+      manifest_.AppendHole(off - manifest_.size());
+    }
+    buf_.insert(buf_.end(), bytes.begin(), bytes.end());
+    st = CutChunks(false);
+    if (!st.ok()) break;
+  }
+  pending_.clear();
+  if (st.ok()) st = CutChunks(true);
+  if (!st.ok()) return Fail(st);
+  manifest_.AppendHole(size_ - manifest_.size());
+  return std::move(manifest_);
+}
+
+Result<Manifest> FileWriter::ChunkStagingFile() {
+  Manifest m;
+  const size_t max = chunker_.options().max_bytes;
+  std::vector<uint8_t> buf;
+  buf.reserve(2 * max);
+  chunker_.Reset();
+  auto cut_all = [&](bool final) -> Status {
+    size_t start = 0;
+    while (start < buf.size()) {
+      size_t cut = chunker_.FindCut(buf.data() + start, buf.size() - start);
+      if (cut == 0) {
+        if (!final) break;
+        cut = buf.size() - start;
+        chunker_.Reset();
+      }
+      RETURN_IF_ERROR(EmitChunk(buf.data() + start, cut, &m));
+      start += cut;
+    }
+    buf.erase(buf.begin(), buf.begin() + static_cast<ptrdiff_t>(start));
+    return Status::Ok();
+  };
+  // Walk the data regions, so that a sparse file's holes stay holes.
+  uint64_t pos = 0;
+  while (pos < size_) {
+    off_t data = ::lseek(staging_fd_, static_cast<off_t>(pos), SEEK_DATA);
+    if (data < 0 && errno != ENXIO) return Status::FromErrno(errno, "seek staging file");
+    uint64_t data_start = data < 0 ? size_ : std::min<uint64_t>(static_cast<uint64_t>(data), size_);
+    if (data_start > pos) {
+      RETURN_IF_ERROR(cut_all(true));
+      m.AppendHole(data_start - pos);
+      pos = data_start;
+      continue;
+    }
+    off_t hole = ::lseek(staging_fd_, static_cast<off_t>(pos), SEEK_HOLE);
+    uint64_t data_end = hole < 0 ? size_ : std::min<uint64_t>(static_cast<uint64_t>(hole), size_);
+    while (pos < data_end) {
+      size_t want = static_cast<size_t>(std::min<uint64_t>(max, data_end - pos));
+      size_t at = buf.size();
+      buf.resize(at + want);
+      ssize_t r = ::pread(staging_fd_, buf.data() + at, want, static_cast<off_t>(pos));
+      if (r < 0 && errno == EINTR) {
+        buf.resize(at);
+        continue;
+      }
+      if (r <= 0) return Status::FromErrno(r < 0 ? errno : EIO, "read staging file");
+      buf.resize(at + static_cast<size_t>(r));
+      pos += static_cast<uint64_t>(r);
+      RETURN_IF_ERROR(cut_all(false));
+    }
+  }
+  RETURN_IF_ERROR(cut_all(true));
+  return m;
+}
+
+}  // namespace ckptfs

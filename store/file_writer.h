@@ -1,0 +1,107 @@
+// FileWriter: the bytes of one file while it is being changed, until they are committed as a new
+// manifest.
+//
+// The common case (torch.save, safetensors, DCP: a new file written front to back) streams: bytes
+// go through the content-defined chunker as they arrive, each chunk is hashed and put on the local
+// tier at once, and only the bytes after the last cut (at most one maximum chunk) stay in memory.
+// Writes that arrive ahead of the stream end (the kernel's writeback may reorder them) wait in a
+// bounded reorder window. A write into the not-yet-cut tail patches it in place. Anything else
+// (rewriting bytes already cut into chunks) moves the file to a staging file on the local tier,
+// which is chunked as a whole when the file is committed.
+//
+// Not thread-safe: the store serializes calls per inode.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cache/chunk_cache.h"
+#include "common/config.h"
+#include "common/metrics.h"
+#include "store/chunker.h"
+#include "store/manifest.h"
+
+namespace ckptfs {
+
+// A piece of a read's reply: `len` bytes at `data`, alive as long as `keep` is.
+struct ReadSlice {
+  std::shared_ptr<const void> keep;
+  const uint8_t* data = nullptr;
+  size_t len = 0;
+};
+
+// Where a FileWriter puts and gets chunks. The store implements it; tests may too.
+class ChunkSink {
+ public:
+  virtual ~ChunkSink() = default;
+  // Stores the chunk (a dedup hit when it is already stored) and holds it against reclamation
+  // until the writer's holds are released.
+  virtual Status PutChunk(const ChunkId& id, const uint8_t* data, size_t len) = 0;
+  virtual Result<ChunkRef> GetChunk(const ChunkId& id, size_t len) = 0;
+  // A fresh path for a staging file on the local tier.
+  virtual std::string NewStagingPath() = 0;
+};
+
+class FileWriter {
+ public:
+  // Starts from the committed bytes `base` (the file's manifest; empty for a new file).
+  FileWriter(Manifest base, ChunkSink* sink, const ChunkingOptions& chunking,
+             uint64_t reorder_limit, Metrics* metrics);
+  ~FileWriter();
+  FileWriter(const FileWriter&) = delete;
+  FileWriter& operator=(const FileWriter&) = delete;
+
+  Status Write(uint64_t offset, const uint8_t* data, size_t len);
+  Status Truncate(uint64_t size);
+  // Appends to `out` the bytes [offset, offset+len) clipped to size().
+  Status Read(uint64_t offset, size_t len, std::vector<ReadSlice>* out);
+  uint64_t size() const { return size_; }
+
+  // Chunks whatever is left and returns the manifest of the file's new bytes. The writer is spent
+  // afterwards. An error here or earlier is sticky: the new bytes cannot be committed.
+  Result<Manifest> Finish();
+  // Chunks this writer put (some possibly no longer in its manifest). The store releases them.
+  const std::vector<ChunkId>& held() const { return held_; }
+  bool staging() const { return mode_ == Mode::kStaging; }
+
+ private:
+  enum class Mode { kStream, kStaging };
+
+  uint64_t stream_end() const { return manifest_.size() + buf_.size(); }
+  Status StreamWrite(uint64_t offset, const uint8_t* data, size_t len);
+  Status CutChunks(bool final);
+  Status EmitChunk(const uint8_t* data, size_t len, Manifest* into);
+  Status DrainPending();
+  bool OverlapsPending(uint64_t begin, uint64_t end) const;
+  Status ResumeTail();
+  Status Rewind(uint64_t size);
+  Status ToStaging();
+  Result<Manifest> ChunkStagingFile();
+  Status Fail(Status st);
+
+  ChunkSink* const sink_;
+  Metrics* const metrics_;
+  const uint64_t reorder_limit_;
+  Chunker chunker_;
+  Mode mode_ = Mode::kStream;
+  Status error_;  // sticky
+
+  // Stream mode: manifest_ holds the bytes cut so far, buf_ the bytes after the last cut, and
+  // pending_ out-of-order writes beyond stream_end(), none overlapping another.
+  Manifest manifest_;
+  std::vector<uint8_t> buf_;
+  std::map<uint64_t, std::vector<uint8_t>> pending_;
+  uint64_t pending_bytes_ = 0;
+  bool tail_resumed_ = false;
+
+  int staging_fd_ = -1;
+  std::string staging_path_;
+
+  uint64_t size_ = 0;
+  std::vector<ChunkId> held_;
+};
+
+}  // namespace ckptfs

@@ -1,0 +1,408 @@
+#include "store/meta_store.h"
+
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace ckptfs {
+namespace {
+
+constexpr uint8_t kInodeVersion = 1;
+constexpr std::string_view kNextInoKey = "next_ino";
+
+Status LmdbError(int rc, const std::string& what) {
+  Code code = Code::kIo;
+  if (rc == MDB_MAP_FULL) code = Code::kNoSpace;
+  if (rc == MDB_CORRUPTED || rc == MDB_PAGE_NOTFOUND || rc == MDB_INVALID) code = Code::kCorrupt;
+  if (rc == ENOSPC) code = Code::kNoSpace;
+  return Status(code, what + ": " + mdb_strerror(rc));
+}
+
+void PutU64(std::string& out, uint64_t v) {
+  for (int i = 7; i >= 0; --i) out.push_back(static_cast<char>(v >> (8 * i)));
+}
+
+uint64_t GetU64(const char* p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v = (v << 8) | static_cast<uint8_t>(p[i]);
+  return v;
+}
+
+std::string InoKey(uint64_t ino) {
+  std::string k;
+  PutU64(k, ino);
+  return k;
+}
+
+std::string NameKey(uint64_t ino, std::string_view name) {
+  std::string k = InoKey(ino);
+  k.append(name);
+  return k;
+}
+
+MDB_val Val(std::string_view s) { return MDB_val{s.size(), const_cast<char*>(s.data())}; }
+std::string_view View(const MDB_val& v) { return {static_cast<const char*>(v.mv_data), v.mv_size}; }
+
+std::string EncodeInode(const InodeRecord& r) {
+  std::string out;
+  out.push_back(static_cast<char>(kInodeVersion));
+  for (uint64_t v : {r.ino, uint64_t{r.mode}, uint64_t{r.uid}, uint64_t{r.gid}, uint64_t{r.nlink},
+                     r.size, r.rdev, static_cast<uint64_t>(r.atime_ns),
+                     static_cast<uint64_t>(r.mtime_ns), static_cast<uint64_t>(r.ctime_ns),
+                     r.next_cookie, r.generation}) {
+    PutU64(out, v);
+  }
+  return out;
+}
+
+Result<InodeRecord> DecodeInode(std::string_view b) {
+  if (b.size() != 1 + 12 * 8 || static_cast<uint8_t>(b[0]) != kInodeVersion) {
+    return Corrupt("inode record is damaged");
+  }
+  uint64_t f[12];
+  for (int i = 0; i < 12; ++i) f[i] = GetU64(b.data() + 1 + 8 * i);
+  InodeRecord r;
+  r.ino = f[0];
+  r.mode = static_cast<uint32_t>(f[1]);
+  r.uid = static_cast<uint32_t>(f[2]);
+  r.gid = static_cast<uint32_t>(f[3]);
+  r.nlink = static_cast<uint32_t>(f[4]);
+  r.size = f[5];
+  r.rdev = f[6];
+  r.atime_ns = static_cast<int64_t>(f[7]);
+  r.mtime_ns = static_cast<int64_t>(f[8]);
+  r.ctime_ns = static_cast<int64_t>(f[9]);
+  r.next_cookie = f[10];
+  r.generation = f[11];
+  return r;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<MetaStore>> MetaStore::Open(const std::string& dir, uint64_t map_bytes,
+                                                   bool read_only) {
+  if (!read_only && ::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    return Status::FromErrno(errno, "mkdir " + dir);
+  }
+  std::unique_ptr<MetaStore> s(new MetaStore);
+  int rc = mdb_env_create(&s->env_);
+  if (rc) return LmdbError(rc, "mdb_env_create");
+  mdb_env_set_maxdbs(s->env_, 16);
+  mdb_env_set_maxreaders(s->env_, 1024);
+  mdb_env_set_mapsize(s->env_, map_bytes);
+  // NOTLS: FUSE worker threads come and go. NOMETASYNC: a commit syncs the data pages only; a
+  // system crash may undo the last commit but never damages the database. Sync() flushes the
+  // meta page for fsync(2).
+  unsigned flags = MDB_NOTLS | MDB_NOMETASYNC | (read_only ? MDB_RDONLY : 0);
+  rc = mdb_env_open(s->env_, dir.c_str(), flags, 0600);
+  if (rc) return LmdbError(rc, "opening metadata in " + dir);
+
+  MDB_txn* txn;
+  rc = mdb_txn_begin(s->env_, nullptr, read_only ? MDB_RDONLY : 0, &txn);
+  if (rc) return LmdbError(rc, "mdb_txn_begin");
+  struct {
+    const char* name;
+    MDB_dbi* dbi;
+  } tables[] = {{"inodes", &s->inodes_},       {"dentries", &s->dentries_},
+                {"dircookies", &s->dircookies_}, {"manifests", &s->manifests_},
+                {"symlinks", &s->symlinks_},   {"xattrs", &s->xattrs_},
+                {"chunks", &s->chunks_},       {"orphans", &s->orphans_},
+                {"meta", &s->meta_}};
+  for (auto& t : tables) {
+    rc = mdb_dbi_open(txn, t.name, read_only ? 0 : MDB_CREATE, t.dbi);
+    if (rc) {
+      mdb_txn_abort(txn);
+      return LmdbError(rc, std::string("opening table ") + t.name);
+    }
+  }
+  rc = mdb_txn_commit(txn);
+  if (rc) return LmdbError(rc, "mdb_txn_commit");
+  return s;
+}
+
+MetaStore::~MetaStore() {
+  if (env_) mdb_env_close(env_);
+}
+
+Result<MetaStore::Txn> MetaStore::Begin(bool write) {
+  MDB_txn* txn;
+  int rc = mdb_txn_begin(env_, nullptr, write ? 0 : MDB_RDONLY, &txn);
+  if (rc) return LmdbError(rc, "mdb_txn_begin");
+  return Txn(txn, this);
+}
+
+Status MetaStore::Sync() {
+  int rc = mdb_env_sync(env_, 1);
+  if (rc) return LmdbError(rc, "mdb_env_sync");
+  return Status::Ok();
+}
+
+Status MetaStore::Txn::Commit() {
+  int rc = mdb_txn_commit(txn_);
+  txn_ = nullptr;
+  if (rc) return LmdbError(rc, "mdb_txn_commit");
+  return Status::Ok();
+}
+
+void MetaStore::Txn::Abort() {
+  if (txn_) mdb_txn_abort(txn_);
+  txn_ = nullptr;
+}
+
+Result<std::optional<std::string_view>> MetaStore::Txn::Get(MDB_dbi dbi, std::string_view key) {
+  MDB_val k = Val(key), v;
+  int rc = mdb_get(txn_, dbi, &k, &v);
+  if (rc == MDB_NOTFOUND) return std::optional<std::string_view>();
+  if (rc) return LmdbError(rc, "mdb_get");
+  return std::optional<std::string_view>(View(v));
+}
+
+Status MetaStore::Txn::Put(MDB_dbi dbi, std::string_view key, std::string_view value) {
+  MDB_val k = Val(key), v = Val(value);
+  int rc = mdb_put(txn_, dbi, &k, &v, 0);
+  if (rc) return LmdbError(rc, "mdb_put");
+  return Status::Ok();
+}
+
+Status MetaStore::Txn::Del(MDB_dbi dbi, std::string_view key, bool missing_ok) {
+  MDB_val k = Val(key);
+  int rc = mdb_del(txn_, dbi, &k, nullptr);
+  if (rc == MDB_NOTFOUND) return missing_ok ? Status::Ok() : NotFound("no such key");
+  if (rc) return LmdbError(rc, "mdb_del");
+  return Status::Ok();
+}
+
+Status MetaStore::Txn::Scan(MDB_dbi dbi, std::string_view prefix, std::string_view start,
+                            const std::function<bool(std::string_view, std::string_view)>& fn) {
+  MDB_cursor* cur;
+  int rc = mdb_cursor_open(txn_, dbi, &cur);
+  if (rc) return LmdbError(rc, "mdb_cursor_open");
+  MDB_val k = Val(start.empty() ? prefix : start), v;
+  rc = k.mv_size ? mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE) : mdb_cursor_get(cur, &k, &v, MDB_FIRST);
+  while (rc == 0) {
+    std::string_view key = View(k);
+    if (key.substr(0, prefix.size()) != prefix) break;
+    if (!fn(key, View(v))) break;
+    rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT);
+  }
+  mdb_cursor_close(cur);
+  if (rc != 0 && rc != MDB_NOTFOUND) return LmdbError(rc, "mdb_cursor_get");
+  return Status::Ok();
+}
+
+Result<InodeRecord> MetaStore::Txn::GetInode(uint64_t ino) {
+  ASSIGN_OR_RETURN(auto v, Get(store_->inodes_, InoKey(ino)));
+  if (!v) return NotFound("inode " + std::to_string(ino));
+  return DecodeInode(*v);
+}
+
+Status MetaStore::Txn::PutInode(const InodeRecord& rec) {
+  return Put(store_->inodes_, InoKey(rec.ino), EncodeInode(rec));
+}
+
+Status MetaStore::Txn::DelInode(uint64_t ino) { return Del(store_->inodes_, InoKey(ino), true); }
+
+Result<uint64_t> MetaStore::Txn::AllocIno() {
+  ASSIGN_OR_RETURN(auto v, Get(store_->meta_, kNextInoKey));
+  uint64_t next = (v && v->size() == 8) ? GetU64(v->data()) : kRootIno + 1;
+  std::string nv;
+  PutU64(nv, next + 1);
+  RETURN_IF_ERROR(Put(store_->meta_, kNextInoKey, nv));
+  return next;
+}
+
+Result<DirEntry> MetaStore::Txn::GetEntry(uint64_t parent, std::string_view name) {
+  ASSIGN_OR_RETURN(auto v, Get(store_->dentries_, NameKey(parent, name)));
+  if (!v) return NotFound(std::string(name));
+  if (v->size() != 20) return Corrupt("directory entry is damaged");
+  DirEntry e;
+  e.ino = GetU64(v->data());
+  e.cookie = GetU64(v->data() + 8);
+  std::memcpy(&e.mode, v->data() + 16, 4);
+  return e;
+}
+
+Status MetaStore::Txn::PutEntry(InodeRecord& parent_rec, std::string_view name, uint64_t ino,
+                                uint32_t mode) {
+  auto old = GetEntry(parent_rec.ino, name);
+  uint64_t cookie;
+  if (old.ok()) {
+    cookie = old->cookie;
+  } else if (old.status().code() == Code::kNotFound) {
+    cookie = parent_rec.next_cookie++;
+    std::string ck = InoKey(parent_rec.ino);
+    PutU64(ck, cookie);
+    RETURN_IF_ERROR(Put(store_->dircookies_, ck, name));
+  } else {
+    return old.status();
+  }
+  std::string v;
+  PutU64(v, ino);
+  PutU64(v, cookie);
+  uint32_t type = mode & S_IFMT;
+  v.append(reinterpret_cast<const char*>(&type), 4);
+  return Put(store_->dentries_, NameKey(parent_rec.ino, name), v);
+}
+
+Status MetaStore::Txn::DelEntry(uint64_t parent, std::string_view name) {
+  ASSIGN_OR_RETURN(DirEntry e, GetEntry(parent, name));
+  std::string ck = InoKey(parent);
+  PutU64(ck, e.cookie);
+  RETURN_IF_ERROR(Del(store_->dircookies_, ck, true));
+  return Del(store_->dentries_, NameKey(parent, name), false);
+}
+
+bool MetaStore::Txn::DirEmpty(uint64_t dir) {
+  bool empty = true;
+  Status st = Scan(store_->dircookies_, InoKey(dir), {}, [&](std::string_view, std::string_view) {
+    empty = false;
+    return false;
+  });
+  return st.ok() && empty;
+}
+
+Status MetaStore::Txn::ListDir(uint64_t dir, uint64_t after,
+                               const std::function<bool(std::string_view, const DirEntry&)>& fn) {
+  std::string prefix = InoKey(dir);
+  std::string start = prefix;
+  PutU64(start, after + 1);
+  Status inner;
+  RETURN_IF_ERROR(Scan(store_->dircookies_, prefix, start, [&](std::string_view, std::string_view name) {
+    auto e = GetEntry(dir, name);
+    if (!e.ok()) {
+      inner = e.status();
+      return false;
+    }
+    return fn(name, *e);
+  }));
+  return inner;
+}
+
+Result<std::optional<Manifest>> MetaStore::Txn::GetManifest(uint64_t ino) {
+  ASSIGN_OR_RETURN(auto v, Get(store_->manifests_, InoKey(ino)));
+  if (!v) return std::optional<Manifest>();
+  ASSIGN_OR_RETURN(Manifest m, Manifest::Decode(*v));
+  return std::optional<Manifest>(std::move(m));
+}
+
+Status MetaStore::Txn::PutManifest(uint64_t ino, const Manifest& m) {
+  return Put(store_->manifests_, InoKey(ino), m.Encode());
+}
+
+Status MetaStore::Txn::ForEachManifest(
+    const std::function<void(uint64_t, const Manifest&)>& fn) {
+  Status inner;
+  RETURN_IF_ERROR(Scan(store_->manifests_, {}, {}, [&](std::string_view k, std::string_view v) {
+    auto m = Manifest::Decode(v);
+    if (!m.ok() || k.size() != 8) {
+      inner = m.ok() ? Corrupt("manifest key is damaged") : m.status();
+      return false;
+    }
+    fn(GetU64(k.data()), *m);
+    return true;
+  }));
+  return inner;
+}
+
+Status MetaStore::Txn::DelManifest(uint64_t ino) {
+  return Del(store_->manifests_, InoKey(ino), true);
+}
+
+Result<std::string> MetaStore::Txn::GetSymlink(uint64_t ino) {
+  ASSIGN_OR_RETURN(auto v, Get(store_->symlinks_, InoKey(ino)));
+  if (!v) return NotFound("symlink target of inode " + std::to_string(ino));
+  return std::string(*v);
+}
+
+Status MetaStore::Txn::PutSymlink(uint64_t ino, std::string_view target) {
+  return Put(store_->symlinks_, InoKey(ino), target);
+}
+
+Status MetaStore::Txn::DelSymlink(uint64_t ino) { return Del(store_->symlinks_, InoKey(ino), true); }
+
+Result<std::string> MetaStore::Txn::GetXattr(uint64_t ino, std::string_view name) {
+  ASSIGN_OR_RETURN(auto v, Get(store_->xattrs_, NameKey(ino, name)));
+  if (!v) return Status(Code::kNoData, std::string(name));
+  return std::string(*v);
+}
+
+Status MetaStore::Txn::PutXattr(uint64_t ino, std::string_view name, std::string_view value) {
+  return Put(store_->xattrs_, NameKey(ino, name), value);
+}
+
+Status MetaStore::Txn::DelXattr(uint64_t ino, std::string_view name) {
+  Status st = Del(store_->xattrs_, NameKey(ino, name), false);
+  if (st.code() == Code::kNotFound) return Status(Code::kNoData, std::string(name));
+  return st;
+}
+
+Status MetaStore::Txn::ListXattrs(uint64_t ino, const std::function<void(std::string_view)>& fn) {
+  return Scan(store_->xattrs_, InoKey(ino), {}, [&](std::string_view k, std::string_view) {
+    fn(k.substr(8));
+    return true;
+  });
+}
+
+Status MetaStore::Txn::DelAllXattrs(uint64_t ino) {
+  std::vector<std::string> names;
+  RETURN_IF_ERROR(ListXattrs(ino, [&](std::string_view n) { names.emplace_back(n); }));
+  for (const auto& n : names) RETURN_IF_ERROR(Del(store_->xattrs_, NameKey(ino, n), true));
+  return Status::Ok();
+}
+
+Result<ChunkRecord> MetaStore::Txn::GetChunk(const ChunkId& id) {
+  uint8_t key[16];
+  id.ToBytes(key);
+  ASSIGN_OR_RETURN(auto v, Get(store_->chunks_, std::string_view(reinterpret_cast<char*>(key), 16)));
+  ChunkRecord r;
+  if (!v) return r;
+  if (v->size() != 16) return Corrupt("chunk record " + id.Hex() + " is damaged");
+  r.refs = GetU64(v->data());
+  r.len = GetU64(v->data() + 8);
+  return r;
+}
+
+Result<uint64_t> MetaStore::Txn::AddChunkRefs(const ChunkId& id, uint64_t len, int64_t delta) {
+  ASSIGN_OR_RETURN(ChunkRecord r, GetChunk(id));
+  if (delta < 0 && r.refs < static_cast<uint64_t>(-delta)) {
+    return Internal("chunk " + id.Hex() + " would drop below zero references");
+  }
+  r.refs = static_cast<uint64_t>(static_cast<int64_t>(r.refs) + delta);
+  uint8_t key[16];
+  id.ToBytes(key);
+  std::string_view k(reinterpret_cast<char*>(key), 16);
+  if (r.refs == 0) {
+    RETURN_IF_ERROR(Del(store_->chunks_, k, true));
+    return uint64_t{0};
+  }
+  std::string v;
+  PutU64(v, r.refs);
+  PutU64(v, len);
+  RETURN_IF_ERROR(Put(store_->chunks_, k, v));
+  return r.refs;
+}
+
+Status MetaStore::Txn::ForEachChunk(
+    const std::function<void(const ChunkId&, const ChunkRecord&)>& fn) {
+  return Scan(store_->chunks_, {}, {}, [&](std::string_view k, std::string_view v) {
+    if (k.size() == 16 && v.size() == 16) {
+      fn(ChunkId::FromBytes(reinterpret_cast<const uint8_t*>(k.data())),
+         ChunkRecord{GetU64(v.data()), GetU64(v.data() + 8)});
+    }
+    return true;
+  });
+}
+
+Status MetaStore::Txn::AddOrphan(uint64_t ino) { return Put(store_->orphans_, InoKey(ino), ""); }
+
+Status MetaStore::Txn::DelOrphan(uint64_t ino) { return Del(store_->orphans_, InoKey(ino), true); }
+
+Status MetaStore::Txn::ForEachOrphan(const std::function<void(uint64_t)>& fn) {
+  return Scan(store_->orphans_, {}, {}, [&](std::string_view k, std::string_view) {
+    if (k.size() == 8) fn(GetU64(k.data()));
+    return true;
+  });
+}
+
+}  // namespace ckptfs

@@ -1,0 +1,145 @@
+// MetaStore: every piece of ckptfs metadata, in one LMDB environment under <cache_dir>/meta.
+//
+// Tables (keys big-endian so that LMDB's byte order is numeric order):
+//   inodes     ino                  -> InodeRecord
+//   dentries   parent ino + name    -> DirEntry (child ino, readdir cookie)
+//   dircookies parent ino + cookie  -> name          (stable readdir order and offsets)
+//   manifests  ino                  -> Manifest
+//   symlinks   ino                  -> target
+//   xattrs     ino + name           -> value
+//   chunks     chunk id (16 bytes)  -> ChunkRecord (references, length)
+//   orphans    ino                  -> ""            (unlinked while open; reclaimed at mount)
+//   meta       name                 -> value         (next inode number, format version)
+//
+// A Txn is used by one thread from Begin to Commit/Abort. Write transactions are serialized by
+// LMDB itself; read transactions run concurrently with them and see a consistent snapshot.
+#pragma once
+
+#include <lmdb.h>
+#include <sys/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "common/chunk_id.h"
+#include "common/status.h"
+#include "store/manifest.h"
+
+namespace ckptfs {
+
+constexpr uint64_t kRootIno = 1;
+
+struct InodeRecord {
+  uint64_t ino = 0;
+  uint32_t mode = 0;
+  uint32_t uid = 0;
+  uint32_t gid = 0;
+  uint32_t nlink = 0;
+  uint64_t size = 0;
+  uint64_t rdev = 0;
+  int64_t atime_ns = 0;
+  int64_t mtime_ns = 0;
+  int64_t ctime_ns = 0;
+  uint64_t next_cookie = 1;  // directories: the cookie the next entry gets
+  uint64_t generation = 0;   // bumped whenever the file's bytes change
+};
+
+struct DirEntry {
+  uint64_t ino = 0;
+  uint64_t cookie = 0;
+  uint32_t mode = 0;  // the child's file type bits, for readdir
+};
+
+struct ChunkRecord {
+  uint64_t refs = 0;
+  uint64_t len = 0;
+};
+
+class MetaStore {
+ public:
+  // Opens (creating if needed) the environment in `dir`. `map_bytes` bounds the database size.
+  static Result<std::unique_ptr<MetaStore>> Open(const std::string& dir, uint64_t map_bytes,
+                                                 bool read_only = false);
+  ~MetaStore();
+
+  class Txn {
+   public:
+    Txn(Txn&& o) noexcept : txn_(o.txn_), store_(o.store_) { o.txn_ = nullptr; }
+    Txn& operator=(Txn&&) = delete;
+    ~Txn() { Abort(); }
+
+    Status Commit();
+    void Abort();
+
+    Result<InodeRecord> GetInode(uint64_t ino);
+    Status PutInode(const InodeRecord& rec);
+    Status DelInode(uint64_t ino);
+    Result<uint64_t> AllocIno();
+
+    Result<DirEntry> GetEntry(uint64_t parent, std::string_view name);
+    // Adds or replaces parent/name. A new name gets the directory's next cookie; a replaced one
+    // keeps its own. Updates parent's next_cookie in `parent_rec` (the caller writes it back).
+    Status PutEntry(InodeRecord& parent_rec, std::string_view name, uint64_t ino, uint32_t mode);
+    Status DelEntry(uint64_t parent, std::string_view name);
+    bool DirEmpty(uint64_t dir);
+    // Calls fn(name, entry) for the entries of `dir` with cookie > after, in cookie order, until
+    // fn returns false.
+    Status ListDir(uint64_t dir, uint64_t after,
+                   const std::function<bool(std::string_view, const DirEntry&)>& fn);
+
+    Result<std::optional<Manifest>> GetManifest(uint64_t ino);
+    Status PutManifest(uint64_t ino, const Manifest& m);
+    Status ForEachManifest(const std::function<void(uint64_t ino, const Manifest&)>& fn);
+    Status DelManifest(uint64_t ino);
+
+    Result<std::string> GetSymlink(uint64_t ino);
+    Status PutSymlink(uint64_t ino, std::string_view target);
+    Status DelSymlink(uint64_t ino);
+
+    Result<std::string> GetXattr(uint64_t ino, std::string_view name);  // kNoData if absent
+    Status PutXattr(uint64_t ino, std::string_view name, std::string_view value);
+    Status DelXattr(uint64_t ino, std::string_view name);  // kNoData if absent
+    Status ListXattrs(uint64_t ino, const std::function<void(std::string_view)>& fn);
+    Status DelAllXattrs(uint64_t ino);
+
+    Result<ChunkRecord> GetChunk(const ChunkId& id);  // refs 0 when unknown
+    // Adds `delta` references to chunk `id` of `len` bytes and returns the new count; the record
+    // is removed when the count reaches zero.
+    Result<uint64_t> AddChunkRefs(const ChunkId& id, uint64_t len, int64_t delta);
+    Status ForEachChunk(const std::function<void(const ChunkId&, const ChunkRecord&)>& fn);
+
+    Status AddOrphan(uint64_t ino);
+    Status DelOrphan(uint64_t ino);
+    Status ForEachOrphan(const std::function<void(uint64_t)>& fn);
+
+   private:
+    friend class MetaStore;
+    Txn(MDB_txn* txn, MetaStore* store) : txn_(txn), store_(store) {}
+    Result<std::optional<std::string_view>> Get(MDB_dbi dbi, std::string_view key);
+    Status Put(MDB_dbi dbi, std::string_view key, std::string_view value);
+    Status Del(MDB_dbi dbi, std::string_view key, bool missing_ok);
+    // Calls fn(key, value) for keys starting with prefix (from `start`, default prefix) until
+    // fn returns false.
+    Status Scan(MDB_dbi dbi, std::string_view prefix, std::string_view start,
+                const std::function<bool(std::string_view, std::string_view)>& fn);
+
+    MDB_txn* txn_;
+    MetaStore* store_;
+  };
+
+  Result<Txn> Begin(bool write);
+  // Makes every committed transaction durable (the meta page included).
+  Status Sync();
+
+ private:
+  MetaStore() = default;
+  MDB_env* env_ = nullptr;
+  MDB_dbi inodes_ = 0, dentries_ = 0, dircookies_ = 0, manifests_ = 0, symlinks_ = 0,
+          xattrs_ = 0, chunks_ = 0, orphans_ = 0, meta_ = 0;
+};
+
+}  // namespace ckptfs

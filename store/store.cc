@@ -1,0 +1,313 @@
+// Store: opening, recovery, shutdown, and the chunk bookkeeping shared by every operation.
+#include "store/store.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <map>
+
+namespace ckptfs {
+namespace {
+
+constexpr uint64_t kMetaMapBytes = 64ull << 30;  // address space only; the file grows as needed
+
+Status MakeDirs(const std::string& path) {
+  for (size_t i = 1; i <= path.size(); ++i) {
+    if (i == path.size() || path[i] == '/') {
+      std::string p = path.substr(0, i);
+      if (::mkdir(p.c_str(), 0755) != 0 && errno != EEXIST) {
+        return Status::FromErrno(errno, "mkdir " + p);
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+void RemoveDirContents(const std::string& dir) {
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      if (e->d_name[0] != '.') ::unlinkat(::dirfd(d), e->d_name, 0);
+    }
+    ::closedir(d);
+  }
+}
+
+}  // namespace
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+Result<std::unique_ptr<Store>> Store::Open(const Config& cfg) {
+  const std::string& dir = cfg.cache_dir;
+  RETURN_IF_ERROR(MakeDirs(dir));
+  RETURN_IF_ERROR(MakeDirs(dir + "/staging"));
+  std::string lock_path = dir + "/lock";
+  int lock_fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (lock_fd < 0) return Status::FromErrno(errno, "open " + lock_path);
+  if (::flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
+    int err = errno;
+    ::close(lock_fd);
+    if (err == EWOULDBLOCK) {
+      return Status(Code::kBusy, "cache directory " + dir + " is in use by another ckptfs daemon");
+    }
+    return Status::FromErrno(err, "lock " + lock_path);
+  }
+  auto fail = [&](Status st) {
+    ::close(lock_fd);
+    return st;
+  };
+  // A clean stop leaves this marker; its absence means the last daemon died.
+  std::string clean_path = dir + "/clean";
+  bool existed = ::access((dir + "/meta").c_str(), F_OK) == 0;
+  bool clean = !existed || ::access(clean_path.c_str(), F_OK) == 0;
+  ::unlink(clean_path.c_str());
+
+  IoEngineOptions io;
+  io.kind = cfg.io_engine;
+  auto engine = MakeIoEngine(io);
+  if (!engine.ok()) return fail(engine.status());
+  auto meta = MetaStore::Open(dir + "/meta", kMetaMapBytes);
+  if (!meta.ok()) return fail(meta.status());
+  std::unique_ptr<Store> s(new Store(cfg, std::move(*engine), nullptr, std::move(*meta), lock_fd));
+  auto cache = ChunkCache::Open(dir, s->engine_.get(), cfg.ram_cache_bytes, &s->metrics_);
+  if (!cache.ok()) {
+    s->closed_ = true;
+    return cache.status();
+  }
+  s->cache_ = std::move(*cache);
+  Status st = s->Recover(clean);
+  if (!st.ok()) {
+    s->closed_ = true;
+    return st;
+  }
+  std::string pid = std::to_string(::getpid()) + "\n";
+  if (::ftruncate(lock_fd, 0) == 0) {
+    [[maybe_unused]] ssize_t n = ::pwrite(lock_fd, pid.data(), pid.size(), 0);
+  }
+  return s;
+}
+
+Store::Store(Config cfg, std::unique_ptr<IoEngine> engine, std::unique_ptr<ChunkCache> cache,
+             std::unique_ptr<MetaStore> meta, int lock_fd)
+    : cfg_(std::move(cfg)),
+      log_(GetLogger("store")),
+      engine_(std::move(engine)),
+      cache_(std::move(cache)),
+      meta_(std::move(meta)),
+      lock_fd_(lock_fd) {}
+
+Store::~Store() {
+  Status st = Close();
+  if (!st.ok()) log_->error("closing the store: {}", st.ToString());
+  ::close(lock_fd_);
+}
+
+Status Store::Recover(bool clean) {
+  RemoveDirContents(cfg_.cache_dir + "/staging");
+  std::lock_guard lock(ns_mu_);
+  ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
+  auto root = txn.GetInode(kRootIno);
+  if (!root.ok()) {
+    if (root.status().code() != Code::kNotFound) return root.status();
+    InodeRecord r;
+    r.ino = kRootIno;
+    r.mode = S_IFDIR | 0755;
+    r.uid = ::geteuid();
+    r.gid = ::getegid();
+    r.nlink = 2;
+    r.atime_ns = r.mtime_ns = r.ctime_ns = NowNs();
+    RETURN_IF_ERROR(txn.PutInode(r));
+    log_->info("created a new store in {}", cfg_.cache_dir);
+  }
+  // Files unlinked while open when the last daemon stopped: nobody can open them any more.
+  std::vector<uint64_t> orphans;
+  RETURN_IF_ERROR(txn.ForEachOrphan([&](uint64_t ino) { orphans.push_back(ino); }));
+  std::vector<ChunkId> freed;
+  for (uint64_t ino : orphans) {
+    auto rec = txn.GetInode(ino);
+    if (rec.ok()) RETURN_IF_ERROR(DeleteInode(txn, *rec, &freed));
+    RETURN_IF_ERROR(txn.DelOrphan(ino));
+  }
+  std::unordered_map<ChunkId, uint64_t, ChunkIdHash> referenced;
+  if (!clean) {
+    RETURN_IF_ERROR(txn.ForEachChunk(
+        [&](const ChunkId& id, const ChunkRecord& r) { referenced.emplace(id, r.len); }));
+  }
+  RETURN_IF_ERROR(txn.Commit());
+  for (const ChunkId& id : freed) RETURN_IF_ERROR(cache_->Remove(id));
+  if (!clean) {
+    // Chunks written for files whose commit never happened.
+    uint64_t removed = 0;
+    RETURN_IF_ERROR(cache_->ForEach([&](const ChunkId& id, uint64_t) {
+      if (!referenced.count(id) && cache_->Remove(id).ok()) ++removed;
+    }));
+    log_->warn("recovered from an unclean stop: {} orphan files and {} unreferenced chunks removed",
+               orphans.size(), removed);
+  }
+  return Status::Ok();
+}
+
+Status Store::Close() {
+  if (closed_) return Status::Ok();
+  closed_ = true;
+  Status first;
+  std::vector<std::pair<uint64_t, std::shared_ptr<OpenFile>>> open;
+  {
+    std::lock_guard lock(files_mu_);
+    open.assign(files_.begin(), files_.end());
+  }
+  for (auto& [ino, f] : open) {
+    std::lock_guard lock(f->mu);
+    Status st = Commit(ino, *f, false);
+    if (!st.ok() && first.ok()) first = st;
+  }
+  Status st = cache_->Sync();
+  if (!st.ok() && first.ok()) first = st;
+  st = meta_->Sync();
+  if (!st.ok() && first.ok()) first = st;
+  if (first.ok()) {
+    int fd = ::open((cfg_.cache_dir + "/clean").c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+    if (fd >= 0) ::close(fd);
+  }
+  return first;
+}
+
+Status Store::PutChunk(const ChunkId& id, const uint8_t* data, size_t len) {
+  {
+    std::lock_guard lock(holds_mu_);
+    ++holds_[id];
+  }
+  auto written = cache_->Put(id, data, len);
+  if (!written.ok()) {
+    ReleaseHolds({id});
+    if (written.status().code() == Code::kNoSpace) {
+      log_->error("the local tier is full: {}", written.status().ToString());
+    }
+    return written.status();
+  }
+  if (!*written) {
+    metrics_.chunk_dedup_hits.Add(1);
+    metrics_.chunk_dedup_bytes.Add(len);
+  }
+  return Status::Ok();
+}
+
+Result<ChunkRef> Store::GetChunk(const ChunkId& id, size_t len) { return cache_->Get(id, len); }
+
+std::string Store::NewStagingPath() {
+  return cfg_.cache_dir + "/staging/" + std::to_string(::getpid()) + "." +
+         std::to_string(++staging_seq_);
+}
+
+void Store::ReleaseHolds(const std::vector<ChunkId>& ids) {
+  std::vector<ChunkId> unheld;
+  {
+    std::lock_guard lock(holds_mu_);
+    for (const ChunkId& id : ids) {
+      auto it = holds_.find(id);
+      if (it == holds_.end()) continue;
+      if (--it->second == 0) {
+        holds_.erase(it);
+        unheld.push_back(id);
+      }
+    }
+  }
+  Reclaim(unheld);
+}
+
+void Store::Reclaim(const std::vector<ChunkId>& ids) {
+  if (ids.empty()) return;
+  // Under holds_mu_, so that no writer can start holding a chunk between the check and the unlink.
+  std::lock_guard lock(holds_mu_);
+  auto txn = meta_->Begin(false);
+  if (!txn.ok()) {
+    log_->error("reclaiming chunks: {}", txn.status().ToString());
+    return;
+  }
+  for (const ChunkId& id : ids) {
+    if (holds_.count(id)) continue;
+    auto rec = txn->GetChunk(id);
+    if (!rec.ok() || rec->refs > 0) continue;
+    Status st = cache_->Remove(id);
+    if (st.ok()) {
+      metrics_.chunks_reclaimed.Add(1);
+    } else {
+      log_->error("reclaiming chunk {}: {}", id.Hex(), st.ToString());
+    }
+  }
+}
+
+Status Store::AddManifestRefs(MetaStore::Txn& txn, const Manifest& m, int sign,
+                              std::vector<ChunkId>* freed) {
+  std::map<ChunkId, std::pair<uint64_t, int64_t>> counts;  // id -> (len, references)
+  for (const Extent& e : m.extents()) {
+    if (e.hole()) continue;
+    auto& c = counts[e.id];
+    c.first = e.len;
+    c.second += sign;
+  }
+  for (const auto& [id, c] : counts) {
+    ASSIGN_OR_RETURN(uint64_t left, txn.AddChunkRefs(id, c.first, c.second));
+    if (left == 0 && freed) freed->push_back(id);
+  }
+  return Status::Ok();
+}
+
+Status Store::DeleteInode(MetaStore::Txn& txn, const InodeRecord& rec,
+                          std::vector<ChunkId>* freed) {
+  ASSIGN_OR_RETURN(auto m, txn.GetManifest(rec.ino));
+  if (m) RETURN_IF_ERROR(AddManifestRefs(txn, *m, -1, freed));
+  RETURN_IF_ERROR(txn.DelManifest(rec.ino));
+  RETURN_IF_ERROR(txn.DelSymlink(rec.ino));
+  RETURN_IF_ERROR(txn.DelAllXattrs(rec.ino));
+  return txn.DelInode(rec.ino);
+}
+
+Status Store::DropLink(MetaStore::Txn& txn, InodeRecord& rec, std::vector<ChunkId>* freed) {
+  const bool dir = S_ISDIR(rec.mode);
+  rec.nlink = dir ? 0 : rec.nlink - 1;
+  rec.ctime_ns = NowNs();
+  if (rec.nlink > 0) return txn.PutInode(rec);
+  if (!dir && IsOpen(rec.ino)) {
+    RETURN_IF_ERROR(txn.AddOrphan(rec.ino));
+    return txn.PutInode(rec);
+  }
+  return DeleteInode(txn, rec, freed);
+}
+
+Status Store::ReapIfOrphan(uint64_t ino) {
+  std::vector<ChunkId> freed;
+  {
+    std::lock_guard lock(ns_mu_);
+    if (IsOpen(ino)) return Status::Ok();
+    ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
+    auto rec = txn.GetInode(ino);
+    if (!rec.ok()) return rec.status().code() == Code::kNotFound ? Status::Ok() : rec.status();
+    if (rec->nlink > 0) return Status::Ok();
+    RETURN_IF_ERROR(DeleteInode(txn, *rec, &freed));
+    RETURN_IF_ERROR(txn.DelOrphan(ino));
+    RETURN_IF_ERROR(txn.Commit());
+  }
+  Reclaim(freed);
+  return Status::Ok();
+}
+
+Result<struct statvfs> Store::StatFs() {
+  struct statvfs st;
+  if (::statvfs(cfg_.cache_dir.c_str(), &st) != 0) {
+    return Status::FromErrno(errno, "statvfs " + cfg_.cache_dir);
+  }
+  st.f_namemax = 255;
+  return st;
+}
+
+}  // namespace ckptfs

@@ -1,0 +1,173 @@
+// Store: the filesystem ckptfs serves, independent of FUSE. Namespace operations work on LMDB
+// (store/meta_store.h); file bytes go through FileWriter into content-addressed chunks on the
+// local tier (cache/chunk_cache.h) and come back through manifests.
+//
+// Thread-safe. Lock order, outermost first:
+//   OpenFile::mu (one file's bytes)  ->  ns_mu_ (namespace changes and commits)
+//     ->  files_mu_ (the open-file table)  ->  holds_mu_ (chunk holds and reclamation)
+// Reads of metadata use LMDB read transactions and take no store lock.
+//
+// Durability: closing a file (Flush) commits its manifest after its chunks are written to the
+// local tier's files, so a crash of the daemon never loses or tears a closed file. Fsync also
+// syncs the chunks before the commit and the metadata after it, so the file survives a crash of
+// the machine too.
+#pragma once
+
+#include <sys/statvfs.h>
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "cache/chunk_cache.h"
+#include "cache/io_engine.h"
+#include "common/config.h"
+#include "common/log.h"
+#include "common/metrics.h"
+#include "store/file_writer.h"
+#include "store/meta_store.h"
+
+namespace ckptfs {
+
+struct Caller {
+  uint32_t uid = 0;
+  uint32_t gid = 0;
+};
+
+struct SetAttrRequest {
+  std::optional<uint32_t> mode;  // permission bits; the file type is kept
+  std::optional<uint32_t> uid;
+  std::optional<uint32_t> gid;
+  std::optional<uint64_t> size;
+  std::optional<int64_t> atime_ns;  // kNow: the current time
+  std::optional<int64_t> mtime_ns;
+  static constexpr int64_t kNow = INT64_MIN;
+};
+
+struct DirItem {
+  std::string_view name;
+  uint64_t ino;
+  uint32_t mode;         // file type bits
+  uint64_t next_offset;  // the readdir offset that continues after this item
+};
+
+class Store final : private ChunkSink {
+ public:
+  // Opens the cache directory named in cfg (creating it), takes its lock (one daemon per cache
+  // directory), and recovers from an unclean stop. cfg must be validated.
+  static Result<std::unique_ptr<Store>> Open(const Config& cfg);
+  // Commits files still dirty and syncs everything (see Close).
+  ~Store() override;
+  // Commits every dirty file, makes everything durable and marks the stop clean. Idempotent.
+  Status Close();
+
+  // --- namespace ---
+  Result<InodeRecord> Lookup(uint64_t parent, std::string_view name);
+  Result<InodeRecord> GetAttr(uint64_t ino);
+  Result<InodeRecord> SetAttr(uint64_t ino, const SetAttrRequest& req);
+  // Creates a file, directory, fifo, socket or device node (by the type bits of mode).
+  Result<InodeRecord> MakeNode(uint64_t parent, std::string_view name, uint32_t mode,
+                               uint64_t rdev, const Caller& who);
+  Result<InodeRecord> Symlink(uint64_t parent, std::string_view name, std::string_view target,
+                              const Caller& who);
+  Result<InodeRecord> Link(uint64_t ino, uint64_t new_parent, std::string_view new_name);
+  Result<std::string> ReadLink(uint64_t ino);
+  Status Unlink(uint64_t parent, std::string_view name);
+  Status Rmdir(uint64_t parent, std::string_view name);
+  // flags: 0, RENAME_NOREPLACE or RENAME_EXCHANGE.
+  Status Rename(uint64_t parent, std::string_view name, uint64_t new_parent,
+                std::string_view new_name, unsigned flags);
+  // Lists `dir` from readdir offset `offset` ("." and ".." included) until fn returns false.
+  Status ReadDir(uint64_t dir, uint64_t offset, const std::function<bool(const DirItem&)>& fn);
+  // flags: 0, XATTR_CREATE or XATTR_REPLACE.
+  Status SetXattr(uint64_t ino, std::string_view name, std::string_view value, int flags);
+  Result<std::string> GetXattr(uint64_t ino, std::string_view name);
+  Result<std::vector<std::string>> ListXattrs(uint64_t ino);
+  Status RemoveXattr(uint64_t ino, std::string_view name);
+  Result<struct statvfs> StatFs();
+
+  // --- file bytes ---
+  // Every Open is paired with one Release. An unlinked file lives on until its last Release.
+  Status Open(uint64_t ino);
+  Status Release(uint64_t ino);
+  Status Write(uint64_t ino, uint64_t offset, const uint8_t* data, size_t len);
+  Status Read(uint64_t ino, uint64_t offset, size_t len, std::vector<ReadSlice>* out);
+  // Commits the file's bytes written so far (close(2)).
+  Status Flush(uint64_t ino);
+  // Commits and makes the file durable (fsync(2)).
+  Status Fsync(uint64_t ino);
+
+  const Metrics& metrics() const { return metrics_; }
+  const Config& config() const { return cfg_; }
+
+ private:
+  struct OpenFile {
+    std::mutex mu;  // guards writer and manifest
+    int opens = 0;  // guarded by files_mu_
+    std::unique_ptr<FileWriter> writer;
+    std::shared_ptr<const Manifest> manifest;  // committed bytes, loaded on first read
+    // Seen without mu by GetAttr while a writer is active.
+    std::atomic<bool> dirty{false};
+    std::atomic<uint64_t> size{0};
+    std::atomic<int64_t> mtime_ns{0};
+  };
+
+  Store(Config cfg, std::unique_ptr<IoEngine> engine, std::unique_ptr<ChunkCache> cache,
+        std::unique_ptr<MetaStore> meta, int lock_fd);
+  Status Recover(bool clean);
+
+  // ChunkSink
+  Status PutChunk(const ChunkId& id, const uint8_t* data, size_t len) override;
+  Result<ChunkRef> GetChunk(const ChunkId& id, size_t len) override;
+  std::string NewStagingPath() override;
+
+  std::shared_ptr<OpenFile> FindFile(uint64_t ino);
+  // The open-file entry of ino, created if absent, with one more open counted.
+  std::shared_ptr<OpenFile> PinFile(uint64_t ino);
+  // Drops one open; returns true when it was the last.
+  bool UnpinFile(uint64_t ino);
+  bool IsOpen(uint64_t ino);
+  void Overlay(InodeRecord* rec);
+  Status EnsureWriter(uint64_t ino, OpenFile& f);
+  // REQUIRES: f.mu held. Commits f's writer, if any. durable: sync chunks before, metadata after.
+  Status Commit(uint64_t ino, OpenFile& f, bool durable);
+  // REQUIRES: ns_mu_ held, inside txn. Drops rec's last link: keeps it as an orphan while open,
+  // otherwise deletes it; chunks left unreferenced go into *freed.
+  Status DropLink(MetaStore::Txn& txn, InodeRecord& rec, std::vector<ChunkId>* freed);
+  Status DeleteInode(MetaStore::Txn& txn, const InodeRecord& rec, std::vector<ChunkId>* freed);
+  Status AddManifestRefs(MetaStore::Txn& txn, const Manifest& m, int sign,
+                         std::vector<ChunkId>* freed);
+  // Deletes the chunks among ids that no manifest references and no writer holds.
+  void Reclaim(const std::vector<ChunkId>& ids);
+  void ReleaseHolds(const std::vector<ChunkId>& ids);
+  // Deletes an orphan whose last open went away.
+  Status ReapIfOrphan(uint64_t ino);
+
+  const Config cfg_;
+  Metrics metrics_;
+  Logger log_;
+  std::unique_ptr<IoEngine> engine_;
+  std::unique_ptr<ChunkCache> cache_;
+  std::unique_ptr<MetaStore> meta_;
+  int lock_fd_;
+  bool closed_ = false;
+
+  std::mutex ns_mu_;
+  std::mutex files_mu_;
+  std::unordered_map<uint64_t, std::shared_ptr<OpenFile>> files_;  // guarded by files_mu_
+  std::mutex holds_mu_;
+  std::unordered_map<ChunkId, uint32_t, ChunkIdHash> holds_;  // guarded by holds_mu_
+  std::atomic<uint64_t> staging_seq_{0};
+};
+
+// Wall-clock time in nanoseconds since the epoch.
+int64_t NowNs();
+
+}  // namespace ckptfs

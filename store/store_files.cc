@@ -1,0 +1,198 @@
+// Store: file bytes — open files, writes, reads and commits.
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+
+#include "store/store.h"
+
+namespace ckptfs {
+
+std::shared_ptr<Store::OpenFile> Store::FindFile(uint64_t ino) {
+  std::lock_guard lock(files_mu_);
+  auto it = files_.find(ino);
+  return it == files_.end() ? nullptr : it->second;
+}
+
+std::shared_ptr<Store::OpenFile> Store::PinFile(uint64_t ino) {
+  std::lock_guard lock(files_mu_);
+  auto& f = files_[ino];
+  if (!f) f = std::make_shared<OpenFile>();
+  ++f->opens;
+  return f;
+}
+
+bool Store::UnpinFile(uint64_t ino) {
+  std::lock_guard lock(files_mu_);
+  auto it = files_.find(ino);
+  if (it == files_.end()) return true;
+  if (--it->second->opens > 0) return false;
+  files_.erase(it);
+  return true;
+}
+
+bool Store::IsOpen(uint64_t ino) {
+  std::lock_guard lock(files_mu_);
+  return files_.count(ino) > 0;
+}
+
+void Store::Overlay(InodeRecord* rec) {
+  auto f = FindFile(rec->ino);
+  if (f && f->dirty.load()) {
+    rec->size = f->size.load();
+    rec->mtime_ns = rec->ctime_ns = f->mtime_ns.load();
+  }
+}
+
+Status Store::Open(uint64_t ino) {
+  ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
+  ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(ino));
+  if (S_ISDIR(rec.mode)) return Status(Code::kIsDir, "open of a directory as a file");
+  PinFile(ino);
+  return Status::Ok();
+}
+
+Status Store::Release(uint64_t ino) {
+  Status st;
+  if (auto f = FindFile(ino)) {
+    std::lock_guard lock(f->mu);
+    st = Commit(ino, *f, false);
+  }
+  if (UnpinFile(ino)) {
+    Status reap = ReapIfOrphan(ino);
+    if (st.ok()) st = reap;
+  }
+  return st;
+}
+
+Status Store::EnsureWriter(uint64_t ino, OpenFile& f) {
+  if (f.writer) return Status::Ok();
+  Manifest base;
+  if (f.manifest) {
+    base = *f.manifest;
+  } else {
+    ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
+    ASSIGN_OR_RETURN(auto m, txn.GetManifest(ino));
+    if (m) base = std::move(*m);
+  }
+  f.writer = std::make_unique<FileWriter>(std::move(base), static_cast<ChunkSink*>(this), cfg_.chunking, cfg_.reorder_bytes,
+                                          &metrics_);
+  f.size = f.writer->size();
+  f.mtime_ns = NowNs();
+  f.dirty = true;
+  return Status::Ok();
+}
+
+Status Store::Write(uint64_t ino, uint64_t offset, const uint8_t* data, size_t len) {
+  auto f = FindFile(ino);
+  if (!f) return Internal("write to inode " + std::to_string(ino) + " that is not open");
+  std::lock_guard lock(f->mu);
+  RETURN_IF_ERROR(EnsureWriter(ino, *f));
+  Status st = f->writer->Write(offset, data, len);
+  f->size = f->writer->size();
+  f->mtime_ns = NowNs();
+  return st;
+}
+
+Status Store::Read(uint64_t ino, uint64_t offset, size_t len, std::vector<ReadSlice>* out) {
+  auto f = FindFile(ino);
+  if (!f) return Internal("read of inode " + std::to_string(ino) + " that is not open");
+  std::shared_ptr<const Manifest> m;
+  {
+    std::lock_guard lock(f->mu);
+    if (f->writer) return f->writer->Read(offset, len, out);
+    if (!f->manifest) {
+      ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
+      ASSIGN_OR_RETURN(auto loaded, txn.GetManifest(ino));
+      f->manifest = std::make_shared<const Manifest>(loaded ? std::move(*loaded) : Manifest());
+    }
+    m = f->manifest;
+  }
+  // Committed bytes are immutable: read them without holding the file's lock.
+  const uint64_t end = std::min<uint64_t>(offset + len, m->size());
+  for (uint64_t pos = offset; pos < end;) {
+    size_t idx = m->Find(pos);
+    const Extent& e = m->extents()[idx];
+    const uint64_t within = pos - m->StartOf(idx);
+    const uint64_t n = std::min(e.len - within, end - pos);
+    if (e.hole()) {
+      static const std::shared_ptr<const uint8_t[]> zeros(new uint8_t[1 << 20]());
+      for (uint64_t z = 0; z < n;) {
+        size_t k = static_cast<size_t>(std::min<uint64_t>(n - z, 1 << 20));
+        out->push_back(ReadSlice{zeros, zeros.get(), k});
+        z += k;
+      }
+    } else {
+      auto c = cache_->Get(e.id, e.len);
+      if (!c.ok()) {
+        if (c.status().code() == Code::kNotFound) {
+          log_->error("inode {}: chunk {} at offset {} is missing from the local tier", ino,
+                      e.id.Hex(), m->StartOf(idx));
+          return Corrupt("chunk " + e.id.Hex() + " is missing");
+        }
+        return c.status();
+      }
+      out->push_back(ReadSlice{*c, (*c)->bytes.get() + within, static_cast<size_t>(n)});
+    }
+    pos += n;
+  }
+  return Status::Ok();
+}
+
+Status Store::Flush(uint64_t ino) {
+  auto f = FindFile(ino);
+  if (!f) return Status::Ok();
+  std::lock_guard lock(f->mu);
+  return Commit(ino, *f, false);
+}
+
+Status Store::Fsync(uint64_t ino) {
+  if (auto f = FindFile(ino)) {
+    std::lock_guard lock(f->mu);
+    RETURN_IF_ERROR(Commit(ino, *f, true));
+  }
+  // A file committed earlier by close(2) is made durable here too.
+  RETURN_IF_ERROR(cache_->Sync());
+  return meta_->Sync();
+}
+
+Status Store::Commit(uint64_t ino, OpenFile& f, bool durable) {
+  if (!f.writer) return Status::Ok();
+  std::unique_ptr<FileWriter> writer = std::move(f.writer);
+  f.dirty = false;
+  const int64_t mtime = f.mtime_ns.load();
+  auto finished = writer->Finish();
+  Status st = finished.status();
+  if (st.ok() && durable) st = cache_->Sync();  // chunks first (invariant 2)
+  std::vector<ChunkId> freed;
+  std::shared_ptr<const Manifest> committed;
+  if (st.ok()) {
+    std::lock_guard lock(ns_mu_);
+    st = [&]() -> Status {
+      ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
+      ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(ino));
+      ASSIGN_OR_RETURN(auto old, txn.GetManifest(ino));
+      RETURN_IF_ERROR(AddManifestRefs(txn, *finished, +1, nullptr));
+      if (old) RETURN_IF_ERROR(AddManifestRefs(txn, *old, -1, &freed));
+      RETURN_IF_ERROR(txn.PutManifest(ino, *finished));
+      rec.size = finished->size();
+      rec.mtime_ns = rec.ctime_ns = mtime;
+      ++rec.generation;
+      RETURN_IF_ERROR(txn.PutInode(rec));
+      return txn.Commit();
+    }();
+  }
+  if (st.ok()) {
+    committed = std::make_shared<const Manifest>(std::move(*finished));
+    metrics_.file_commits.Add(1);
+    if (durable) st = meta_->Sync();
+  } else {
+    freed.clear();
+    log_->error("inode {}: its new bytes could not be committed and are dropped: {}", ino,
+                st.ToString());
+  }
+  f.manifest = std::move(committed);  // null after a failure: reloaded from the committed state
+  ReleaseHolds(writer->held());
+  Reclaim(freed);
+  return st;
+}
+
+}  // namespace ckptfs

@@ -1,0 +1,329 @@
+// Store: the namespace — inodes, directory entries, links, attributes and xattrs.
+#include <linux/fs.h>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <sys/xattr.h>
+
+#include "store/store.h"
+
+namespace ckptfs {
+namespace {
+
+constexpr size_t kMaxName = 255;
+constexpr size_t kMaxXattrValue = 64 * 1024;
+
+Status CheckName(std::string_view name) {
+  if (name.empty() || name == "." || name == "..") return Invalid("bad name");
+  if (name.size() > kMaxName) return Status(Code::kNameTooLong, std::string(name.substr(0, 32)));
+  return Status::Ok();
+}
+
+Result<InodeRecord> GetDir(MetaStore::Txn& txn, uint64_t ino) {
+  ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(ino));
+  if (!S_ISDIR(rec.mode)) return Status(Code::kNotDir, "inode " + std::to_string(ino));
+  return rec;
+}
+
+}  // namespace
+
+Result<InodeRecord> Store::Lookup(uint64_t parent, std::string_view name) {
+  if (name.size() > kMaxName) return Status(Code::kNameTooLong, "lookup");
+  ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
+  ASSIGN_OR_RETURN(InodeRecord dir, GetDir(txn, parent));
+  (void)dir;
+  ASSIGN_OR_RETURN(DirEntry e, txn.GetEntry(parent, name));
+  ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(e.ino));
+  Overlay(&rec);
+  return rec;
+}
+
+Result<InodeRecord> Store::GetAttr(uint64_t ino) {
+  ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
+  ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(ino));
+  Overlay(&rec);
+  return rec;
+}
+
+Result<InodeRecord> Store::SetAttr(uint64_t ino, const SetAttrRequest& req) {
+  const int64_t now = NowNs();
+  if (req.size) {
+    {
+      ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
+      ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(ino));
+      if (S_ISDIR(rec.mode)) return Status(Code::kIsDir, "truncate of a directory");
+      if (!S_ISREG(rec.mode)) return Invalid("truncate of a special file");
+    }
+    auto f = PinFile(ino);
+    Status st = [&]() -> Status {
+      std::lock_guard lock(f->mu);
+      RETURN_IF_ERROR(EnsureWriter(ino, *f));
+      RETURN_IF_ERROR(f->writer->Truncate(*req.size));
+      f->size = f->writer->size();
+      f->mtime_ns = now;
+      // truncate(2) has no close to commit it: commit at once.
+      return Commit(ino, *f, false);
+    }();
+    if (UnpinFile(ino)) RETURN_IF_ERROR(ReapIfOrphan(ino));
+    RETURN_IF_ERROR(st);
+  }
+  std::lock_guard lock(ns_mu_);
+  ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
+  ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(ino));
+  if (req.mode) rec.mode = (rec.mode & S_IFMT) | (*req.mode & 07777);
+  if (req.uid) rec.uid = *req.uid;
+  if (req.gid) rec.gid = *req.gid;
+  if (req.atime_ns) rec.atime_ns = *req.atime_ns == SetAttrRequest::kNow ? now : *req.atime_ns;
+  if (req.mtime_ns) {
+    rec.mtime_ns = *req.mtime_ns == SetAttrRequest::kNow ? now : *req.mtime_ns;
+    if (auto f = FindFile(ino)) f->mtime_ns = rec.mtime_ns;
+  }
+  rec.ctime_ns = now;
+  RETURN_IF_ERROR(txn.PutInode(rec));
+  RETURN_IF_ERROR(txn.Commit());
+  Overlay(&rec);
+  return rec;
+}
+
+Result<InodeRecord> Store::MakeNode(uint64_t parent, std::string_view name, uint32_t mode,
+                                    uint64_t rdev, const Caller& who) {
+  RETURN_IF_ERROR(CheckName(name));
+  std::lock_guard lock(ns_mu_);
+  ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
+  ASSIGN_OR_RETURN(InodeRecord dir, GetDir(txn, parent));
+  auto existing = txn.GetEntry(parent, name);
+  if (existing.ok()) return Status(Code::kExists, std::string(name));
+  if (existing.status().code() != Code::kNotFound) return existing.status();
+  InodeRecord rec;
+  ASSIGN_OR_RETURN(rec.ino, txn.AllocIno());
+  rec.mode = mode;
+  rec.uid = who.uid;
+  rec.gid = who.gid;
+  if (dir.mode & S_ISGID) {  // BSD group semantics for setgid directories
+    rec.gid = dir.gid;
+    if (S_ISDIR(mode)) rec.mode |= S_ISGID;
+  }
+  rec.rdev = rdev;
+  rec.nlink = S_ISDIR(mode) ? 2 : 1;
+  rec.atime_ns = rec.mtime_ns = rec.ctime_ns = NowNs();
+  RETURN_IF_ERROR(txn.PutEntry(dir, name, rec.ino, rec.mode));
+  if (S_ISDIR(mode)) ++dir.nlink;
+  dir.mtime_ns = dir.ctime_ns = rec.ctime_ns;
+  RETURN_IF_ERROR(txn.PutInode(dir));
+  RETURN_IF_ERROR(txn.PutInode(rec));
+  RETURN_IF_ERROR(txn.Commit());
+  return rec;
+}
+
+Result<InodeRecord> Store::Symlink(uint64_t parent, std::string_view name,
+                                   std::string_view target, const Caller& who) {
+  RETURN_IF_ERROR(CheckName(name));
+  if (target.empty() || target.size() > 4095) return Invalid("symlink target length");
+  std::lock_guard lock(ns_mu_);
+  ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
+  ASSIGN_OR_RETURN(InodeRecord dir, GetDir(txn, parent));
+  if (txn.GetEntry(parent, name).ok()) return Status(Code::kExists, std::string(name));
+  InodeRecord rec;
+  ASSIGN_OR_RETURN(rec.ino, txn.AllocIno());
+  rec.mode = S_IFLNK | 0777;
+  rec.uid = who.uid;
+  rec.gid = (dir.mode & S_ISGID) ? dir.gid : who.gid;
+  rec.nlink = 1;
+  rec.size = target.size();
+  rec.atime_ns = rec.mtime_ns = rec.ctime_ns = NowNs();
+  RETURN_IF_ERROR(txn.PutEntry(dir, name, rec.ino, rec.mode));
+  dir.mtime_ns = dir.ctime_ns = rec.ctime_ns;
+  RETURN_IF_ERROR(txn.PutInode(dir));
+  RETURN_IF_ERROR(txn.PutInode(rec));
+  RETURN_IF_ERROR(txn.PutSymlink(rec.ino, target));
+  RETURN_IF_ERROR(txn.Commit());
+  return rec;
+}
+
+Result<InodeRecord> Store::Link(uint64_t ino, uint64_t new_parent, std::string_view new_name) {
+  RETURN_IF_ERROR(CheckName(new_name));
+  std::lock_guard lock(ns_mu_);
+  ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
+  ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(ino));
+  if (S_ISDIR(rec.mode)) return Status(Code::kPermission, "hard link to a directory");
+  ASSIGN_OR_RETURN(InodeRecord dir, GetDir(txn, new_parent));
+  if (txn.GetEntry(new_parent, new_name).ok()) return Status(Code::kExists, std::string(new_name));
+  const int64_t now = NowNs();
+  RETURN_IF_ERROR(txn.PutEntry(dir, new_name, ino, rec.mode));
+  dir.mtime_ns = dir.ctime_ns = now;
+  RETURN_IF_ERROR(txn.PutInode(dir));
+  ++rec.nlink;
+  rec.ctime_ns = now;
+  RETURN_IF_ERROR(txn.PutInode(rec));
+  RETURN_IF_ERROR(txn.Commit());
+  Overlay(&rec);
+  return rec;
+}
+
+Result<std::string> Store::ReadLink(uint64_t ino) {
+  ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
+  ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(ino));
+  if (!S_ISLNK(rec.mode)) return Invalid("not a symlink");
+  return txn.GetSymlink(ino);
+}
+
+Status Store::Unlink(uint64_t parent, std::string_view name) {
+  std::vector<ChunkId> freed;
+  {
+    std::lock_guard lock(ns_mu_);
+    ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
+    ASSIGN_OR_RETURN(InodeRecord dir, GetDir(txn, parent));
+    ASSIGN_OR_RETURN(DirEntry e, txn.GetEntry(parent, name));
+    ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(e.ino));
+    if (S_ISDIR(rec.mode)) return Status(Code::kIsDir, std::string(name));
+    RETURN_IF_ERROR(txn.DelEntry(parent, name));
+    dir.mtime_ns = dir.ctime_ns = NowNs();
+    RETURN_IF_ERROR(txn.PutInode(dir));
+    RETURN_IF_ERROR(DropLink(txn, rec, &freed));
+    RETURN_IF_ERROR(txn.Commit());
+  }
+  Reclaim(freed);
+  return Status::Ok();
+}
+
+Status Store::Rmdir(uint64_t parent, std::string_view name) {
+  if (name == ".") return Invalid("rmdir .");
+  if (name == "..") return Status(Code::kNotEmpty, "rmdir ..");
+  std::lock_guard lock(ns_mu_);
+  ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
+  ASSIGN_OR_RETURN(InodeRecord dir, GetDir(txn, parent));
+  ASSIGN_OR_RETURN(DirEntry e, txn.GetEntry(parent, name));
+  ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(e.ino));
+  if (!S_ISDIR(rec.mode)) return Status(Code::kNotDir, std::string(name));
+  if (!txn.DirEmpty(rec.ino)) return Status(Code::kNotEmpty, std::string(name));
+  RETURN_IF_ERROR(txn.DelEntry(parent, name));
+  --dir.nlink;
+  dir.mtime_ns = dir.ctime_ns = NowNs();
+  RETURN_IF_ERROR(txn.PutInode(dir));
+  RETURN_IF_ERROR(DropLink(txn, rec, nullptr));
+  return txn.Commit();
+}
+
+Status Store::Rename(uint64_t parent, std::string_view name, uint64_t new_parent,
+                     std::string_view new_name, unsigned flags) {
+  RETURN_IF_ERROR(CheckName(new_name));
+  if (flags & ~(RENAME_NOREPLACE | RENAME_EXCHANGE)) return Status(Code::kUnsupported, "rename flags");
+  std::vector<ChunkId> freed;
+  {
+    std::lock_guard lock(ns_mu_);
+    ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
+    ASSIGN_OR_RETURN(InodeRecord src_dir, GetDir(txn, parent));
+    InodeRecord dst_dir_storage;
+    if (new_parent != parent) {
+      ASSIGN_OR_RETURN(dst_dir_storage, GetDir(txn, new_parent));
+    }
+    InodeRecord& dst_dir = new_parent != parent ? dst_dir_storage : src_dir;
+    ASSIGN_OR_RETURN(DirEntry se, txn.GetEntry(parent, name));
+    ASSIGN_OR_RETURN(InodeRecord src, txn.GetInode(se.ino));
+    auto de = txn.GetEntry(new_parent, new_name);
+    if (!de.ok() && de.status().code() != Code::kNotFound) return de.status();
+    const int64_t now = NowNs();
+    const bool src_is_dir = S_ISDIR(src.mode);
+
+    if (flags & RENAME_EXCHANGE) {
+      if (!de.ok()) return de.status();
+      ASSIGN_OR_RETURN(InodeRecord dst, txn.GetInode(de->ino));
+      const bool dst_is_dir = S_ISDIR(dst.mode);
+      RETURN_IF_ERROR(txn.PutEntry(src_dir, name, dst.ino, dst.mode));
+      RETURN_IF_ERROR(txn.PutEntry(dst_dir, new_name, src.ino, src.mode));
+      if (new_parent != parent && src_is_dir != dst_is_dir) {
+        src_dir.nlink += src_is_dir ? -1 : 1;
+        dst_dir.nlink += src_is_dir ? 1 : -1;
+      }
+      src.ctime_ns = dst.ctime_ns = now;
+      RETURN_IF_ERROR(txn.PutInode(src));
+      RETURN_IF_ERROR(txn.PutInode(dst));
+    } else {
+      if (de.ok()) {
+        if (flags & RENAME_NOREPLACE) return Status(Code::kExists, std::string(new_name));
+        if (de->ino == src.ino) return Status::Ok();  // two names of one inode: nothing to do
+        ASSIGN_OR_RETURN(InodeRecord dst, txn.GetInode(de->ino));
+        if (S_ISDIR(dst.mode)) {
+          if (!src_is_dir) return Status(Code::kIsDir, std::string(new_name));
+          if (!txn.DirEmpty(dst.ino)) return Status(Code::kNotEmpty, std::string(new_name));
+          --dst_dir.nlink;
+        } else if (src_is_dir) {
+          return Status(Code::kNotDir, std::string(new_name));
+        }
+        RETURN_IF_ERROR(DropLink(txn, dst, &freed));
+      }
+      RETURN_IF_ERROR(txn.DelEntry(parent, name));
+      RETURN_IF_ERROR(txn.PutEntry(dst_dir, new_name, src.ino, src.mode));
+      if (src_is_dir && new_parent != parent) {
+        --src_dir.nlink;
+        ++dst_dir.nlink;
+      }
+      src.ctime_ns = now;
+      RETURN_IF_ERROR(txn.PutInode(src));
+    }
+    src_dir.mtime_ns = src_dir.ctime_ns = now;
+    dst_dir.mtime_ns = dst_dir.ctime_ns = now;
+    RETURN_IF_ERROR(txn.PutInode(src_dir));
+    if (new_parent != parent) RETURN_IF_ERROR(txn.PutInode(dst_dir));
+    RETURN_IF_ERROR(txn.Commit());
+  }
+  Reclaim(freed);
+  return Status::Ok();
+}
+
+Status Store::ReadDir(uint64_t dir, uint64_t offset,
+                      const std::function<bool(const DirItem&)>& fn) {
+  ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
+  ASSIGN_OR_RETURN(InodeRecord rec, GetDir(txn, dir));
+  // Offsets: 1 after ".", 2 after "..", cookie + 2 after an entry.
+  if (offset < 1 && !fn(DirItem{".", rec.ino, S_IFDIR, 1})) return Status::Ok();
+  if (offset < 2 && !fn(DirItem{"..", rec.ino, S_IFDIR, 2})) return Status::Ok();
+  const uint64_t after = offset > 2 ? offset - 2 : 0;
+  return txn.ListDir(dir, after, [&](std::string_view name, const DirEntry& e) {
+    return fn(DirItem{name, e.ino, e.mode, e.cookie + 2});
+  });
+}
+
+Status Store::SetXattr(uint64_t ino, std::string_view name, std::string_view value, int flags) {
+  if (name.empty() || name.size() > kMaxName) return Status(Code::kRange, "xattr name length");
+  if (value.size() > kMaxXattrValue) return Status(Code::kTooBig, "xattr value too large");
+  if (name.substr(0, 7) == "system.") return Status(Code::kUnsupported, std::string(name));
+  std::lock_guard lock(ns_mu_);
+  ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
+  ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(ino));
+  auto old = txn.GetXattr(ino, name);
+  if (!old.ok() && old.status().code() != Code::kNoData) return old.status();
+  if ((flags & XATTR_CREATE) && old.ok()) return Status(Code::kExists, std::string(name));
+  if ((flags & XATTR_REPLACE) && !old.ok()) return old.status();
+  RETURN_IF_ERROR(txn.PutXattr(ino, name, value));
+  rec.ctime_ns = NowNs();
+  RETURN_IF_ERROR(txn.PutInode(rec));
+  return txn.Commit();
+}
+
+Result<std::string> Store::GetXattr(uint64_t ino, std::string_view name) {
+  ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
+  ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(ino));
+  (void)rec;
+  return txn.GetXattr(ino, name);
+}
+
+Result<std::vector<std::string>> Store::ListXattrs(uint64_t ino) {
+  ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
+  ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(ino));
+  (void)rec;
+  std::vector<std::string> names;
+  RETURN_IF_ERROR(txn.ListXattrs(ino, [&](std::string_view n) { names.emplace_back(n); }));
+  return names;
+}
+
+Status Store::RemoveXattr(uint64_t ino, std::string_view name) {
+  std::lock_guard lock(ns_mu_);
+  ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
+  ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(ino));
+  RETURN_IF_ERROR(txn.DelXattr(ino, name));
+  rec.ctime_ns = NowNs();
+  RETURN_IF_ERROR(txn.PutInode(rec));
+  return txn.Commit();
+}
+
+}  // namespace ckptfs

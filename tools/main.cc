@@ -1,0 +1,310 @@
+// The ckptfs command: mount, umount, stats.
+#include <fcntl.h>
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/config.h"
+#include "common/log.h"
+#include "fs/fuse_fs.h"
+#include "store/meta_store.h"
+#include "store/store.h"
+#include "tools/mount_table.h"
+
+namespace ckptfs {
+namespace {
+
+constexpr const char* kUsage = R"(usage:
+  ckptfs mount MOUNTPOINT [--cache-dir DIR] [--foreground] [--log-level LEVEL] [-o OPT[,OPT...]]
+  ckptfs umount MOUNTPOINT [--lazy]
+  ckptfs stats MOUNTPOINT|CACHE_DIR
+
+mount options (-o): ram_cache=SIZE, reorder_buffer=SIZE, io_engine=uring|pread,
+  writeback_cache[=0|1], max_threads=N, max_background=N, max_readahead=SIZE,
+  attr_timeout=SECONDS, entry_timeout=SECONDS, chunk_min=SIZE, chunk_avg=SIZE, chunk_max=SIZE;
+  any other option goes to FUSE (e.g. ro, allow_other).
+The cache directory defaults to /var/cache/ckptfs/<mountpoint> (root) or ~/.cache/ckptfs/...
+)";
+
+int Fail(const std::string& msg) {
+  std::fprintf(stderr, "ckptfs: %s\n", msg.c_str());
+  return 1;
+}
+
+// Applies one -o option to cfg; options ckptfs does not know go to FUSE.
+Status ApplyOption(const std::string& opt, Config& cfg) {
+  auto eq = opt.find('=');
+  std::string key = opt.substr(0, eq);
+  std::string val = eq == std::string::npos ? "" : opt.substr(eq + 1);
+  auto size = [&](auto& field) -> Status {
+    ASSIGN_OR_RETURN(uint64_t v, ParseSize(val));
+    field = static_cast<std::remove_reference_t<decltype(field)>>(v);
+    return Status::Ok();
+  };
+  try {
+    if (key == "ram_cache") return size(cfg.ram_cache_bytes);
+    if (key == "reorder_buffer") return size(cfg.reorder_bytes);
+    if (key == "max_readahead") return size(cfg.max_readahead_bytes);
+    if (key == "chunk_min") return size(cfg.chunking.min_bytes);
+    if (key == "chunk_avg") return size(cfg.chunking.avg_bytes);
+    if (key == "chunk_max") return size(cfg.chunking.max_bytes);
+    if (key == "io_engine") return (cfg.io_engine = val), Status::Ok();
+    if (key == "writeback_cache") return (cfg.writeback_cache = val != "0"), Status::Ok();
+    if (key == "max_threads") return (cfg.max_threads = std::stoul(val)), Status::Ok();
+    if (key == "max_background") return (cfg.max_background = std::stoul(val)), Status::Ok();
+    if (key == "attr_timeout") return (cfg.attr_timeout_s = std::stod(val)), Status::Ok();
+    if (key == "entry_timeout") return (cfg.entry_timeout_s = std::stod(val)), Status::Ok();
+  } catch (const std::exception&) {
+    return Invalid("bad value in option '" + opt + "'");
+  }
+  cfg.fuse_options.push_back(opt);
+  return Status::Ok();
+}
+
+Status ParseMountArgs(const std::vector<std::string>& args, Config& cfg) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto next = [&]() -> Result<std::string> {
+      if (i + 1 >= args.size()) return Invalid(a + " needs a value");
+      return args[++i];
+    };
+    if (a == "--foreground" || a == "-f") {
+      cfg.foreground = true;
+    } else if (a == "--cache-dir") {
+      ASSIGN_OR_RETURN(cfg.cache_dir, next());
+      cfg.cache_dir = AbsolutePath(cfg.cache_dir);
+    } else if (a == "--log-level") {
+      ASSIGN_OR_RETURN(cfg.log_level, next());
+    } else if (a == "-o") {
+      ASSIGN_OR_RETURN(std::string opts, next());
+      size_t start = 0;
+      while (start <= opts.size()) {
+        size_t comma = opts.find(',', start);
+        std::string o = opts.substr(start, comma == std::string::npos ? comma : comma - start);
+        if (!o.empty()) RETURN_IF_ERROR(ApplyOption(o, cfg));
+        if (comma == std::string::npos) break;
+        start = comma + 1;
+      }
+    } else if (!a.empty() && a[0] == '-') {
+      return Invalid("unknown option " + a);
+    } else if (cfg.mountpoint.empty()) {
+      cfg.mountpoint = AbsolutePath(a);
+    } else {
+      return Invalid("unexpected argument " + a);
+    }
+  }
+  return cfg.Validate();
+}
+
+// Tells the waiting parent how the start went: "ok" or an error message.
+void Report(int fd, const std::string& msg) {
+  if (fd < 0) return;
+  [[maybe_unused]] ssize_t n = ::write(fd, msg.data(), msg.size());
+  ::close(fd);
+}
+
+void Detach() {
+  int null = ::open("/dev/null", O_RDWR);
+  if (null >= 0) {
+    ::dup2(null, 0);
+    ::dup2(null, 1);
+    ::dup2(null, 2);
+    if (null > 2) ::close(null);
+  }
+  [[maybe_unused]] int rc = ::chdir("/");
+}
+
+int RunDaemon(const Config& cfg, int notify_fd) {
+  Logger log = GetLogger("main");
+  auto store = Store::Open(cfg);
+  if (!store.ok()) {
+    log->error("cannot open the store: {}", store.status().ToString());
+    Report(notify_fd, store.status().ToString());
+    if (notify_fd < 0) std::fprintf(stderr, "ckptfs: %s\n", store.status().ToString().c_str());
+    return 1;
+  }
+  log->info("ckptfs {} serving {} from {}", "0.1.0", cfg.mountpoint, cfg.cache_dir);
+  bool reported = false;
+  Status st = ServeMount(store->get(), cfg, [&] {
+    reported = true;
+    Report(notify_fd, "ok");
+    if (notify_fd >= 0) Detach();
+  });
+  if (!st.ok()) {
+    log->error("{}", st.ToString());
+    if (!reported) Report(notify_fd, st.ToString());
+    if (notify_fd < 0) std::fprintf(stderr, "ckptfs: %s\n", st.ToString().c_str());
+  }
+  Status closed = (*store)->Close();
+  if (!closed.ok()) log->error("closing the store: {}", closed.ToString());
+  store->reset();
+  log->info("stopped");
+  FlushLogs();
+  return st.ok() && closed.ok() ? 0 : 1;
+}
+
+int Mount(const std::vector<std::string>& args) {
+  Config cfg;
+  Status st = ParseMountArgs(args, cfg);
+  if (!st.ok()) return Fail(st.message() + "\n" + kUsage);
+  struct stat sb;
+  if (::stat(cfg.mountpoint.c_str(), &sb) != 0) {
+    if (errno == ENOTCONN) {
+      return Fail(cfg.mountpoint + " is a dead mount (its daemon died): run `ckptfs umount " +
+                  cfg.mountpoint + "` first");
+    }
+    return Fail("mountpoint " + cfg.mountpoint + ": " + std::strerror(errno));
+  }
+  if (!S_ISDIR(sb.st_mode)) return Fail("mountpoint " + cfg.mountpoint + " is not a directory");
+  if (FindMount(cfg.mountpoint)) return Fail(cfg.mountpoint + " is already a ckptfs mount");
+  for (size_t i = 1; i <= cfg.cache_dir.size(); ++i) {
+    if (i == cfg.cache_dir.size() || cfg.cache_dir[i] == '/') {
+      ::mkdir(cfg.cache_dir.substr(0, i).c_str(), 0755);
+    }
+  }
+  if (cfg.foreground) {
+    st = InitLogging(cfg.log_level, "");
+    if (!st.ok()) return Fail(st.ToString());
+    return RunDaemon(cfg, -1);
+  }
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) return Fail(std::string("pipe: ") + std::strerror(errno));
+  pid_t pid = ::fork();
+  if (pid < 0) return Fail(std::string("fork: ") + std::strerror(errno));
+  if (pid == 0) {
+    ::close(fds[0]);
+    ::setsid();
+    st = InitLogging(cfg.log_level, cfg.cache_dir + "/ckptfs.log");
+    if (!st.ok()) {
+      Report(fds[1], st.ToString());
+      ::_exit(1);
+    }
+    ::_exit(RunDaemon(cfg, fds[1]));
+  }
+  ::close(fds[1]);
+  std::string msg;
+  char buf[512];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof(buf))) != 0;) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) break;
+    msg.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fds[0]);
+  if (msg != "ok") {
+    if (msg.empty()) msg = "the daemon died during start-up; see " + cfg.cache_dir + "/ckptfs.log";
+    return Fail(msg);
+  }
+  std::printf("ckptfs: mounted %s (cache %s, daemon pid %d)\n", cfg.mountpoint.c_str(),
+              cfg.cache_dir.c_str(), pid);
+  return 0;
+}
+
+pid_t DaemonPid(const std::string& cache_dir) {
+  std::ifstream in(cache_dir + "/lock");
+  long pid = 0;
+  in >> pid;
+  return static_cast<pid_t>(pid);
+}
+
+int Umount(const std::vector<std::string>& args) {
+  std::string mnt;
+  bool lazy = false;
+  for (const auto& a : args) {
+    if (a == "--lazy" || a == "-z") {
+      lazy = true;
+    } else if (mnt.empty()) {
+      mnt = AbsolutePath(a);
+    } else {
+      return Fail(std::string("unexpected argument ") + a + "\n" + kUsage);
+    }
+  }
+  if (mnt.empty()) return Fail(std::string("no mountpoint given\n") + kUsage);
+  auto entry = FindMount(mnt);
+  if (!entry) return Fail(mnt + " is not a ckptfs mount");
+  pid_t pid = DaemonPid(entry->cache_dir);
+  if (::umount2(mnt.c_str(), lazy ? MNT_DETACH : 0) != 0) {
+    int err = errno;
+    if (err == EPERM) {  // not root: the setuid helper may unmount our own mounts
+      std::string cmd = std::string("fusermount3 -u ") + (lazy ? "-z " : "") + "'" + mnt + "'";
+      if (std::system(cmd.c_str()) != 0) return Fail("fusermount3 could not unmount " + mnt);
+    } else if (err == EBUSY) {
+      return Fail(mnt + " is busy (files or directories in use); `--lazy` detaches it now");
+    } else {
+      return Fail("umount " + mnt + ": " + std::strerror(err));
+    }
+  }
+  // Wait for the daemon to commit, sync and let go of its cache directory.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(5);
+  while (pid > 0 && ::kill(pid, 0) == 0 && std::chrono::steady_clock::now() < deadline) {
+    std::ifstream comm("/proc/" + std::to_string(pid) + "/comm");
+    std::string name;
+    comm >> name;
+    if (name != "ckptfs") break;  // the pid was reused by something else
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return 0;
+}
+
+int Stats(const std::vector<std::string>& args) {
+  if (args.size() != 1) return Fail(std::string("stats takes one path\n") + kUsage);
+  std::string path = AbsolutePath(args[0]);
+  std::string cache_dir = path;
+  if (auto entry = FindMount(path)) cache_dir = entry->cache_dir;
+  auto meta = MetaStore::Open(cache_dir + "/meta", 64ull << 30, /*read_only=*/true);
+  if (!meta.ok()) return Fail(path + ": not a ckptfs mount or cache directory (" +
+                              meta.status().ToString() + ")");
+  auto txn = (*meta)->Begin(false);
+  if (!txn.ok()) return Fail(txn.status().ToString());
+  uint64_t files = 0, logical = 0, data = 0, chunks = 0, stored = 0;
+  Status st = txn->ForEachManifest([&](uint64_t, const Manifest& m) {
+    ++files;
+    logical += m.size();
+    for (const Extent& e : m.extents()) data += e.hole() ? 0 : e.len;
+  });
+  if (st.ok()) st = txn->ForEachChunk([&](const ChunkId&, const ChunkRecord& r) {
+    ++chunks;
+    stored += r.len;
+  });
+  if (!st.ok()) return Fail(st.ToString());
+  std::printf("files          %lu\n", static_cast<unsigned long>(files));
+  std::printf("logical_bytes  %lu\n", static_cast<unsigned long>(logical));
+  std::printf("data_bytes     %lu\n", static_cast<unsigned long>(data));
+  std::printf("stored_bytes   %lu\n", static_cast<unsigned long>(stored));
+  std::printf("chunks         %lu\n", static_cast<unsigned long>(chunks));
+  std::printf("dedup_ratio    %.3f\n", stored ? static_cast<double>(data) / stored : 1.0);
+  return 0;
+}
+
+}  // namespace
+}  // namespace ckptfs
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
+    std::fputs(ckptfs::kUsage, args.empty() ? stderr : stdout);
+    return args.empty() ? 2 : 0;
+  }
+  if (args[0] == "--version") {
+    std::puts("ckptfs 0.1.0");
+    return 0;
+  }
+  std::string cmd = args[0];
+  args.erase(args.begin());
+  if (cmd == "mount") return ckptfs::Mount(args);
+  if (cmd == "umount" || cmd == "unmount") return ckptfs::Umount(args);
+  if (cmd == "stats") return ckptfs::Stats(args);
+  return ckptfs::Fail("unknown command '" + cmd + "'\n" + ckptfs::kUsage);
+}
