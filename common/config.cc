@@ -28,6 +28,8 @@ Status Config::Validate() {
   if (max_write_bytes < 4096 || max_write_bytes > (1u << 20)) {
     return Invalid("max_write must be in 4K..1M");
   }
+  if (write_threads < 1 || write_threads > 64) return Invalid("write_threads must be in 1..64");
+  if (write_queue_bytes < max_write_bytes) return Invalid("write queue smaller than one write");
   if (reorder_bytes < max_write_bytes) return Invalid("reorder buffer smaller than one write");
   if (attr_timeout_s < 0 || entry_timeout_s < 0) return Invalid("timeouts must be >= 0");
   return Status::Ok();

@@ -34,6 +34,11 @@ struct Config {
   // fill; past this the file switches to its staging file (see store/file_writer.h).
   uint64_t reorder_bytes = 64ull << 20;
   ChunkingOptions chunking;
+  // Writes are acknowledged once queued; this many bytes may wait per file for the chunking
+  // workers before a writer blocks (back-pressure).
+  uint64_t write_queue_bytes = 32ull << 20;
+  // Threads that chunk, hash and store queued writes (each file is handled by one at a time).
+  uint32_t write_threads = 2;
 
   // "uring" (io_uring, falls back to pread when the kernel refuses) or "pread".
   std::string io_engine = "uring";

@@ -18,7 +18,9 @@ void SetOpenFlags(fuse_file_info* fi) {
 }
 
 void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
-  Status st = Ctx(req).store->Open(ino);
+  // The kernel hands O_TRUNC to open (FUSE_CAP_ATOMIC_O_TRUNC, on by default) instead of
+  // truncating first: the store must drop the old bytes.
+  Status st = Ctx(req).store->Open(ino, (fi->flags & O_TRUNC) != 0);
   if (!st.ok()) return ReplyError(req, st, "open", ino);
   SetOpenFlags(fi);
   if (fuse_reply_open(req, fi) != 0) (void)Ctx(req).store->Release(ino);  // the opener is gone

@@ -23,16 +23,54 @@ constexpr std::array<uint64_t, 256> MakeGear() {
 }
 constexpr std::array<uint64_t, 256> kGear = MakeGear();
 
-// `bits` one-bits at the top of the word: the gear hash shifts left, so its top bits depend on
-// the most recent 64 bytes.
-constexpr uint64_t TopMask(int bits) { return bits <= 0 ? 0 : ~0ull << (64 - bits); }
+constexpr std::array<uint64_t, 256> MakeGearShifted() {
+  std::array<uint64_t, 256> g{};
+  for (size_t i = 0; i < 256; ++i) g[i] = kGear[i] << 1;
+  return g;
+}
+constexpr std::array<uint64_t, 256> kGearShifted = MakeGearShifted();
+
+// `bits` one-bits just below the top bit: the gear hash shifts left, so these bits depend on the
+// most recent 63 bytes. Bit 63 stays out of the mask so that a mask shifted left by one loses
+// nothing, which the two-bytes-at-a-time scan relies on.
+constexpr uint64_t HighMask(int bits) {
+  return bits <= 0 ? 0 : (((1ull << bits) - 1) << (63 - bits));
+}
+
+// Scans data[i..end) two bytes per step. The hash after byte i+1 is (h << 2) + (G[b_i] << 1) +
+// G[b_i+1]: the serial chain is one shift and one add per two bytes, with the table lookups off
+// the chain. The hash after byte i is checked through its left shift, (h << 2) + (G[b_i] << 1),
+// against the mask shifted left by one. Returns the cut (one past the byte whose hash matched) or
+// 0, leaving the hash and position for the next call.
+inline size_t Scan(const uint8_t* data, size_t& i, size_t end, uint64_t& h, uint64_t mask) {
+  const uint64_t mask2 = mask << 1;
+  for (; i + 2 <= end; i += 2) {
+    uint64_t a = (h << 2) + kGearShifted[data[i]];
+    h = a + kGear[data[i + 1]];
+    if ((a & mask2) == 0) {
+      h = a >> 1;  // the hash after byte i, so that a resumed scan stays exact
+      ++i;
+      return i;
+    }
+    if ((h & mask) == 0) {
+      i += 2;
+      return i;
+    }
+  }
+  if (i < end) {
+    h = (h << 1) + kGear[data[i]];
+    ++i;
+    if ((h & mask) == 0) return i;
+  }
+  return 0;
+}
 
 }  // namespace
 
 Chunker::Chunker(const ChunkingOptions& opts) : opts_(opts) {
   int bits = std::countr_zero(opts.avg_bytes);
-  mask_small_ = TopMask(bits + 2);
-  mask_large_ = TopMask(bits - 2);
+  mask_small_ = HighMask(bits + 2);
+  mask_large_ = HighMask(bits - 2);
 }
 
 size_t Chunker::FindCut(const uint8_t* data, size_t len) {
@@ -42,18 +80,16 @@ size_t Chunker::FindCut(const uint8_t* data, size_t len) {
   uint64_t h = pos_ < min ? 0 : hash_;
   const size_t end = std::min(len, max);
   const size_t normal_end = std::min(end, avg);
-  for (; i < normal_end; ++i) {
-    h = (h << 1) + kGear[data[i]];
-    if ((h & mask_small_) == 0) {
+  if (i < normal_end) {
+    if (size_t cut = Scan(data, i, normal_end, h, mask_small_)) {
       Reset();
-      return i + 1;
+      return cut;
     }
   }
-  for (; i < end; ++i) {
-    h = (h << 1) + kGear[data[i]];
-    if ((h & mask_large_) == 0) {
+  if (i < end) {
+    if (size_t cut = Scan(data, i, end, h, mask_large_)) {
       Reset();
-      return i + 1;
+      return cut;
     }
   }
   if (end == max) {

@@ -111,9 +111,13 @@ Status FileWriter::StreamWrite(uint64_t offset, const uint8_t* data, size_t len)
     return PwriteAll(staging_fd_, data, len, offset, staging_path_);
   }
   const size_t at = static_cast<size_t>(offset - cut_end);
-  if (at < buf_.size()) chunker_.Reset();  // bytes already scanned change: scan again
-  if (at + len > buf_.size()) buf_.resize(at + len);
-  std::memcpy(buf_.data() + at, data, len);
+  if (at == buf_.size()) {
+    buf_.Append(data, len);  // the common case
+  } else {
+    chunker_.Reset();  // bytes already scanned change: scan again
+    if (at + len > buf_.size()) buf_.Resize(at + len);
+    std::memcpy(buf_.data() + at, data, len);
+  }
   RETURN_IF_ERROR(CutChunks(false));
   return DrainPending();
 }
@@ -132,7 +136,7 @@ Status FileWriter::DrainPending() {
   while (!pending_.empty() && pending_.begin()->first == stream_end()) {
     auto node = pending_.extract(pending_.begin());
     pending_bytes_ -= node.mapped().size();
-    buf_.insert(buf_.end(), node.mapped().begin(), node.mapped().end());
+    buf_.Append(node.mapped().data(), node.mapped().size());
     RETURN_IF_ERROR(CutChunks(false));
   }
   return Status::Ok();
@@ -150,7 +154,7 @@ Status FileWriter::CutChunks(bool final) {
     RETURN_IF_ERROR(EmitChunk(buf_.data() + start, cut, &manifest_));
     start += cut;
   }
-  buf_.erase(buf_.begin(), buf_.begin() + static_cast<ptrdiff_t>(start));
+  buf_.Consume(start);
   return Status::Ok();
 }
 
@@ -168,7 +172,7 @@ Status FileWriter::ResumeTail() {
   if (last.hole()) return Status::Ok();
   ASSIGN_OR_RETURN(ChunkRef chunk, sink_->GetChunk(last.id, last.len));
   manifest_.PopBack();
-  buf_.assign(chunk->bytes.get(), chunk->bytes.get() + chunk->size);
+  buf_.Assign(chunk->bytes.get(), chunk->size);
   chunker_.Reset();
   return Status::Ok();
 }
@@ -199,7 +203,7 @@ Status FileWriter::Truncate(uint64_t size) {
     pending_bytes_ = 0;
     st = size >= manifest_.size() ? Status::Ok() : Rewind(size);
     if (st.ok()) {
-      buf_.resize(size - manifest_.size());
+      buf_.Resize(size - manifest_.size());
       chunker_.Reset();
     }
   }
@@ -220,7 +224,7 @@ Status FileWriter::Rewind(uint64_t size) {
     manifest_.AppendHole(size - start);
   } else if (size > start) {
     ASSIGN_OR_RETURN(ChunkRef chunk, sink_->GetChunk(ext.id, ext.len));
-    buf_.assign(chunk->bytes.get(), chunk->bytes.get() + (size - start));
+    buf_.Assign(chunk->bytes.get(), size - start);
   }
   tail_resumed_ = true;
   return Status::Ok();
@@ -247,7 +251,7 @@ Status FileWriter::ToStaging() {
     return Status::FromErrno(errno, "truncate staging file " + staging_path_);
   }
   manifest_ = Manifest();
-  buf_ = {};
+  buf_.Release();
   pending_.clear();
   pending_bytes_ = 0;
   return Status::Ok();
@@ -323,7 +327,7 @@ Result<Manifest> FileWriter::Finish() {
       if (!st.ok()) break;
       manifest_.AppendHole(off - manifest_.size());
     }
-    buf_.insert(buf_.end(), bytes.begin(), bytes.end());
+    buf_.Append(bytes.data(), bytes.size());
     st = CutChunks(false);
     if (!st.ok()) break;
   }

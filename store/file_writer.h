@@ -45,6 +45,51 @@ class ChunkSink {
   virtual std::string NewStagingPath() = 0;
 };
 
+// The bytes after the last cut. Cutting consumes from the front without moving the rest; the
+// remainder moves down only when an append would otherwise reallocate.
+class TailBuffer {
+ public:
+  const uint8_t* data() const { return v_.data() + start_; }
+  uint8_t* data() { return v_.data() + start_; }
+  size_t size() const { return v_.size() - start_; }
+  bool empty() const { return size() == 0; }
+  void clear() {
+    v_.clear();
+    start_ = 0;
+  }
+  void Assign(const uint8_t* p, size_t n) {
+    v_.assign(p, p + n);
+    start_ = 0;
+  }
+  void Append(const uint8_t* p, size_t n) {
+    MakeRoom(n);
+    v_.insert(v_.end(), p, p + n);
+  }
+  // Grows with zeros or shrinks to n bytes.
+  void Resize(size_t n) {
+    if (n > size()) MakeRoom(n - size());
+    v_.resize(start_ + n);
+  }
+  void Consume(size_t n) {
+    start_ += n;
+    if (start_ == v_.size()) clear();
+  }
+  void Release() {
+    v_ = {};
+    start_ = 0;
+  }
+
+ private:
+  void MakeRoom(size_t more) {
+    if (start_ > 0 && v_.size() + more > v_.capacity()) {
+      v_.erase(v_.begin(), v_.begin() + static_cast<ptrdiff_t>(start_));
+      start_ = 0;
+    }
+  }
+  std::vector<uint8_t> v_;
+  size_t start_ = 0;
+};
+
 class FileWriter {
  public:
   // Starts from the committed bytes `base` (the file's manifest; empty for a new file).
@@ -92,7 +137,7 @@ class FileWriter {
   // Stream mode: manifest_ holds the bytes cut so far, buf_ the bytes after the last cut, and
   // pending_ out-of-order writes beyond stream_end(), none overlapping another.
   Manifest manifest_;
-  std::vector<uint8_t> buf_;
+  TailBuffer buf_;
   std::map<uint64_t, std::vector<uint8_t>> pending_;
   uint64_t pending_bytes_ = 0;
   bool tail_resumed_ = false;

@@ -103,7 +103,8 @@ Store::Store(Config cfg, std::unique_ptr<IoEngine> engine, std::unique_ptr<Chunk
       engine_(std::move(engine)),
       cache_(std::move(cache)),
       meta_(std::move(meta)),
-      lock_fd_(lock_fd) {}
+      lock_fd_(lock_fd),
+      write_pool_(std::make_unique<ThreadPool>(cfg_.write_threads)) {}
 
 Store::~Store() {
   Status st = Close();
@@ -166,6 +167,7 @@ Status Store::Close() {
     open.assign(files_.begin(), files_.end());
   }
   for (auto& [ino, f] : open) {
+    WaitDrained(*f);
     std::lock_guard lock(f->mu);
     Status st = Commit(ino, *f, false);
     if (!st.ok() && first.ok()) first = st;

@@ -7,6 +7,10 @@
 //     ->  files_mu_ (the open-file table)  ->  holds_mu_ (chunk holds and reclamation)
 // Reads of metadata use LMDB read transactions and take no store lock.
 //
+// Writes are acknowledged once copied into the file's bounded queue; pool threads chunk, hash and
+// store them behind the writer, so the application and the daemon work in parallel. An error
+// found there is returned by the file's next write, flush or fsync.
+//
 // Durability: closing a file (Flush) commits its manifest after its chunks are written to the
 // local tier's files, so a crash of the daemon never loses or tears a closed file. Fsync also
 // syncs the chunks before the commit and the metadata after it, so the file survives a crash of
@@ -16,6 +20,8 @@
 #include <sys/statvfs.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <deque>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -31,6 +37,7 @@
 #include "common/config.h"
 #include "common/log.h"
 #include "common/metrics.h"
+#include "common/thread_pool.h"
 #include "store/file_writer.h"
 #include "store/meta_store.h"
 
@@ -95,7 +102,9 @@ class Store final : private ChunkSink {
 
   // --- file bytes ---
   // Every Open is paired with one Release. An unlinked file lives on until its last Release.
-  Status Open(uint64_t ino);
+  // truncate (open(2) with O_TRUNC): the file's bytes are dropped in its writer, committed like
+  // any write on close, so a crash before then leaves the previous version.
+  Status Open(uint64_t ino, bool truncate = false);
   Status Release(uint64_t ino);
   Status Write(uint64_t ino, uint64_t offset, const uint8_t* data, size_t len);
   Status Read(uint64_t ino, uint64_t offset, size_t len, std::vector<ReadSlice>* out);
@@ -108,16 +117,34 @@ class Store final : private ChunkSink {
   const Config& config() const { return cfg_; }
 
  private:
+  // A write acknowledged to the kernel and not yet applied to the file's writer.
+  struct QueuedWrite {
+    uint64_t offset;
+    std::unique_ptr<uint8_t[]> data;
+    size_t len;
+  };
+
   struct OpenFile {
-    std::mutex mu;  // guards writer and manifest
+    std::mutex mu;  // guards writer and manifest; held while a write is applied
     int opens = 0;  // guarded by files_mu_
     std::unique_ptr<FileWriter> writer;
     std::shared_ptr<const Manifest> manifest;  // committed bytes, loaded on first read
-    // Seen without mu by GetAttr while a writer is active.
+
+    // The write queue. Write() appends and returns; one pool task at a time drains it into the
+    // writer. Never held together with mu.
+    std::mutex qmu;
+    std::condition_variable qcv;                   // signalled when the queue shrinks
+    std::deque<QueuedWrite> queue;                 // guarded by qmu
+    uint64_t queued_bytes = 0;                     // guarded by qmu
+    bool draining = false;                         // guarded by qmu: a drain task is scheduled
+    Status async_error;                            // guarded by qmu: sticky until reported
+
+    // What GetAttr shows while the file has uncommitted bytes; read without locks.
     std::atomic<bool> dirty{false};
     std::atomic<uint64_t> size{0};
     std::atomic<int64_t> mtime_ns{0};
   };
+
 
   Store(Config cfg, std::unique_ptr<IoEngine> engine, std::unique_ptr<ChunkCache> cache,
         std::unique_ptr<MetaStore> meta, int lock_fd);
@@ -136,6 +163,10 @@ class Store final : private ChunkSink {
   bool IsOpen(uint64_t ino);
   void Overlay(InodeRecord* rec);
   Status EnsureWriter(uint64_t ino, OpenFile& f);
+  // Applies f's queued writes (a pool task).
+  void Drain(uint64_t ino, const std::shared_ptr<OpenFile>& f);
+  // Waits until every queued write of f is applied. REQUIRES: f.mu not held.
+  void WaitDrained(OpenFile& f);
   // REQUIRES: f.mu held. Commits f's writer, if any. durable: sync chunks before, metadata after.
   Status Commit(uint64_t ino, OpenFile& f, bool durable);
   // REQUIRES: ns_mu_ held, inside txn. Drops rec's last link: keeps it as an orphan while open,
@@ -165,6 +196,8 @@ class Store final : private ChunkSink {
   std::mutex holds_mu_;
   std::unordered_map<ChunkId, uint32_t, ChunkIdHash> holds_;  // guarded by holds_mu_
   std::atomic<uint64_t> staging_seq_{0};
+  // Last member: destroyed first, so its threads are joined before anything they use goes away.
+  std::unique_ptr<ThreadPool> write_pool_;
 };
 
 // Wall-clock time in nanoseconds since the epoch.

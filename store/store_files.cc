@@ -2,6 +2,9 @@
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <cstring>
+
 #include "store/store.h"
 
 namespace ckptfs {
@@ -42,20 +45,32 @@ void Store::Overlay(InodeRecord* rec) {
   }
 }
 
-Status Store::Open(uint64_t ino) {
+Status Store::Open(uint64_t ino, bool truncate) {
   ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
   ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(ino));
   if (S_ISDIR(rec.mode)) return Status(Code::kIsDir, "open of a directory as a file");
-  PinFile(ino);
+  txn.Abort();  // EnsureWriter opens its own read transaction
+  auto f = PinFile(ino);
+  if (!f->dirty) f->size = rec.size;
+  if (truncate && S_ISREG(rec.mode)) {
+    WaitDrained(*f);
+    std::lock_guard lock(f->mu);
+    Status st = EnsureWriter(ino, *f);
+    if (st.ok()) st = f->writer->Truncate(0);
+    if (!st.ok()) {
+      if (UnpinFile(ino)) (void)ReapIfOrphan(ino);
+      return st;
+    }
+    f->size = 0;
+    f->mtime_ns = NowNs();
+    f->dirty = true;
+  }
   return Status::Ok();
 }
 
 Status Store::Release(uint64_t ino) {
   Status st;
-  if (auto f = FindFile(ino)) {
-    std::lock_guard lock(f->mu);
-    st = Commit(ino, *f, false);
-  }
+  if (auto f = FindFile(ino)) st = Flush(ino);
   if (UnpinFile(ino)) {
     Status reap = ReapIfOrphan(ino);
     if (st.ok()) st = reap;
@@ -73,29 +88,71 @@ Status Store::EnsureWriter(uint64_t ino, OpenFile& f) {
     ASSIGN_OR_RETURN(auto m, txn.GetManifest(ino));
     if (m) base = std::move(*m);
   }
-  f.writer = std::make_unique<FileWriter>(std::move(base), static_cast<ChunkSink*>(this), cfg_.chunking, cfg_.reorder_bytes,
-                                          &metrics_);
-  f.size = f.writer->size();
-  f.mtime_ns = NowNs();
-  f.dirty = true;
+  f.writer = std::make_unique<FileWriter>(std::move(base), static_cast<ChunkSink*>(this),
+                                          cfg_.chunking, cfg_.reorder_bytes, &metrics_);
   return Status::Ok();
 }
 
 Status Store::Write(uint64_t ino, uint64_t offset, const uint8_t* data, size_t len) {
   auto f = FindFile(ino);
   if (!f) return Internal("write to inode " + std::to_string(ino) + " that is not open");
-  std::lock_guard lock(f->mu);
-  RETURN_IF_ERROR(EnsureWriter(ino, *f));
-  Status st = f->writer->Write(offset, data, len);
-  f->size = f->writer->size();
+  std::unique_lock q(f->qmu);
+  // Back-pressure: wait for room, but a write larger than the whole queue still goes in alone.
+  f->qcv.wait(q, [&] {
+    return !f->async_error.ok() || f->queued_bytes == 0 ||
+           f->queued_bytes + len <= cfg_.write_queue_bytes;
+  });
+  if (!f->async_error.ok()) return f->async_error;
+  QueuedWrite w{offset, std::unique_ptr<uint8_t[]>(new uint8_t[len]), len};
+  std::memcpy(w.data.get(), data, len);
+  f->queue.push_back(std::move(w));
+  f->queued_bytes += len;
+  f->size = std::max(f->size.load(), offset + len);
   f->mtime_ns = NowNs();
-  return st;
+  f->dirty = true;
+  if (!f->draining) {
+    f->draining = true;
+    write_pool_->Submit([this, ino, f] { Drain(ino, f); });
+  }
+  return Status::Ok();
+}
+
+void Store::Drain(uint64_t ino, const std::shared_ptr<OpenFile>& f) {
+  for (;;) {
+    QueuedWrite w;
+    {
+      std::lock_guard q(f->qmu);
+      if (f->queue.empty()) {
+        f->draining = false;
+        f->qcv.notify_all();
+        return;
+      }
+      w = std::move(f->queue.front());
+      f->queue.pop_front();
+    }
+    Status st;
+    {
+      std::lock_guard lock(f->mu);
+      st = EnsureWriter(ino, *f);
+      if (st.ok()) st = f->writer->Write(w.offset, w.data.get(), w.len);
+    }
+    std::lock_guard q(f->qmu);
+    f->queued_bytes -= w.len;
+    if (!st.ok() && f->async_error.ok()) f->async_error = st;
+    f->qcv.notify_all();
+  }
+}
+
+void Store::WaitDrained(OpenFile& f) {
+  std::unique_lock q(f.qmu);
+  f.qcv.wait(q, [&] { return !f.draining && f.queue.empty(); });
 }
 
 Status Store::Read(uint64_t ino, uint64_t offset, size_t len, std::vector<ReadSlice>* out) {
   auto f = FindFile(ino);
   if (!f) return Internal("read of inode " + std::to_string(ino) + " that is not open");
   std::shared_ptr<const Manifest> m;
+  if (f->dirty) WaitDrained(*f);
   {
     std::lock_guard lock(f->mu);
     if (f->writer) return f->writer->Read(offset, len, out);
@@ -140,14 +197,28 @@ Status Store::Read(uint64_t ino, uint64_t offset, size_t len, std::vector<ReadSl
 Status Store::Flush(uint64_t ino) {
   auto f = FindFile(ino);
   if (!f) return Status::Ok();
+  WaitDrained(*f);
   std::lock_guard lock(f->mu);
-  return Commit(ino, *f, false);
+  Status st = Commit(ino, *f, false);
+  std::lock_guard q(f->qmu);
+  if (!f->async_error.ok()) {  // reported once, here; the file keeps its committed bytes
+    st = f->async_error;
+    f->async_error = Status::Ok();
+  }
+  return st;
 }
 
 Status Store::Fsync(uint64_t ino) {
   if (auto f = FindFile(ino)) {
+    WaitDrained(*f);
     std::lock_guard lock(f->mu);
     RETURN_IF_ERROR(Commit(ino, *f, true));
+    std::lock_guard q(f->qmu);
+    if (!f->async_error.ok()) {
+      Status st = f->async_error;
+      f->async_error = Status::Ok();
+      return st;
+    }
   }
   // A file committed earlier by close(2) is made durable here too.
   RETURN_IF_ERROR(cache_->Sync());
@@ -181,6 +252,7 @@ Status Store::Commit(uint64_t ino, OpenFile& f, bool durable) {
     }();
   }
   if (st.ok()) {
+    f.size = finished->size();
     committed = std::make_shared<const Manifest>(std::move(*finished));
     metrics_.file_commits.Add(1);
     if (durable) st = meta_->Sync();

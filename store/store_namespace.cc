@@ -54,6 +54,7 @@ Result<InodeRecord> Store::SetAttr(uint64_t ino, const SetAttrRequest& req) {
       if (!S_ISREG(rec.mode)) return Invalid("truncate of a special file");
     }
     auto f = PinFile(ino);
+    WaitDrained(*f);
     Status st = [&]() -> Status {
       std::lock_guard lock(f->mu);
       RETURN_IF_ERROR(EnsureWriter(ino, *f));

@@ -32,7 +32,8 @@ constexpr const char* kUsage = R"(usage:
   ckptfs umount MOUNTPOINT [--lazy]
   ckptfs stats MOUNTPOINT|CACHE_DIR
 
-mount options (-o): ram_cache=SIZE, reorder_buffer=SIZE, io_engine=uring|pread,
+mount options (-o): ram_cache=SIZE, write_queue=SIZE, write_threads=N, reorder_buffer=SIZE,
+  io_engine=uring|pread,
   writeback_cache[=0|1], max_threads=N, max_background=N, max_readahead=SIZE,
   attr_timeout=SECONDS, entry_timeout=SECONDS, chunk_min=SIZE, chunk_avg=SIZE, chunk_max=SIZE;
   any other option goes to FUSE (e.g. ro, allow_other).
@@ -57,6 +58,8 @@ Status ApplyOption(const std::string& opt, Config& cfg) {
   try {
     if (key == "ram_cache") return size(cfg.ram_cache_bytes);
     if (key == "reorder_buffer") return size(cfg.reorder_bytes);
+    if (key == "write_queue") return size(cfg.write_queue_bytes);
+    if (key == "write_threads") return (cfg.write_threads = std::stoul(val)), Status::Ok();
     if (key == "max_readahead") return size(cfg.max_readahead_bytes);
     if (key == "chunk_min") return size(cfg.chunking.min_bytes);
     if (key == "chunk_avg") return size(cfg.chunking.avg_bytes);
@@ -253,6 +256,15 @@ int Umount(const std::vector<std::string>& args) {
     std::string name;
     comm >> name;
     if (name != "ckptfs") break;  // the pid was reused by something else
+    // A zombie has exited and let go of everything; its reaper (init) may take its time.
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    std::string line;
+    std::getline(stat, line);
+    size_t paren = line.rfind(')');
+    if (paren != std::string::npos && paren + 2 < line.size() &&
+        (line[paren + 2] == 'Z' || line[paren + 2] == 'X')) {
+      break;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   return 0;
