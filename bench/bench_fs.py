@@ -1,0 +1,144 @@
+#!/usr/bin/python3
+"""ckptfs filesystem benchmark: the mount against the plain directory its cache lives on.
+
+Every figure is a ratio measured in this run (higher is better for the mount; 1.00 = as fast as
+the plain directory):
+  save mount/plain        torch.save of a state dict of SIZE bytes
+  load-warm mount/plain   torch.load of it, second load (page caches warm)
+  write-1M mount/plain    sequential 1 MiB writes of SIZE bytes, closed
+  read-1M-cold            sequential 1 MiB reads after dropping the kernel's caches
+  read-1M-warm            the same with caches warm
+and the daemon's peak RSS (VmHWM) against its budget (256 MiB + configured RAM cache).
+
+Usage: /usr/bin/python3 bench/bench_fs.py [--gib 2] [--dir /var/tmp/ckptfs-bench]
+       [--repeat 3] [-o mount-options]
+"""
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def drop_caches():
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+def timed(fn):
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def write_seq(path, total, block):
+    buf = os.urandom(block)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        for _ in range(total // block):
+            os.write(fd, buf)
+    finally:
+        os.close(fd)
+
+
+def read_seq(path, block):
+    fd = os.open(path, os.O_RDONLY)
+    n = 0
+    try:
+        while True:
+            b = os.read(fd, block)
+            if not b:
+                break
+            n += len(b)
+    finally:
+        os.close(fd)
+    return n
+
+
+def daemon_pid(cache):
+    with open(os.path.join(cache, "lock")) as f:
+        return int(f.readline())
+
+
+def vm_hwm_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return 0
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gib", type=float, default=2.0)
+    ap.add_argument("--dir", default="/var/tmp/ckptfs-bench")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--bin", default=os.environ.get("CKPTFS_BIN", os.path.join(ROOT, "build/tools/ckptfs")))
+    ap.add_argument("-o", dest="opts", default="")
+    args = ap.parse_args()
+
+    size = int(args.gib * (1 << 30))
+    base = args.dir
+    plain, cache, mnt = (os.path.join(base, d) for d in ("plain", "cache", "mnt"))
+    subprocess.run([args.bin, "umount", mnt], stderr=subprocess.DEVNULL)
+    shutil.rmtree(base, ignore_errors=True)
+    for d in (plain, mnt):
+        os.makedirs(d)
+    cmd = [args.bin, "mount", mnt, "--cache-dir", cache]
+    if args.opts:
+        cmd += ["-o", args.opts]
+    subprocess.run(cmd, check=True)
+    pid = daemon_pid(cache)
+    results = {}
+    try:
+        # A state dict of 64 MiB tensors, like one rank's shard of a large model.
+        n = max(1, size // (64 << 20))
+        torch.manual_seed(0)
+        sd = {f"layers.{i}.weight": torch.randn(4096, 4096) for i in range(n)}
+        sd["step"] = 1000
+        real = sum(t.numel() * t.element_size() for t in sd.values() if torch.is_tensor(t))
+        print(f"# state dict: {n} tensors, {real / (1 << 30):.2f} GiB; block I/O: {size / (1 << 30):.2f} GiB; "
+              f"repeat {args.repeat}, median", flush=True)
+
+        def ratio(name, plain_fn, mount_fn, prep=None):
+            tp, tm = [], []
+            for _ in range(args.repeat):
+                for fn, acc in ((plain_fn, tp), (mount_fn, tm)):
+                    if prep:
+                        prep()
+                    acc.append(timed(fn))
+            p, m = statistics.median(tp), statistics.median(tm)
+            results[name] = p / m
+            print(f"{name:<12} mount/plain = {p / m:.2f}   (plain {size / p / 1e9 if 'save' not in name and 'load' not in name else real / p / 1e9:.2f} GB/s, "
+                  f"mount {size / m / 1e9 if 'save' not in name and 'load' not in name else real / m / 1e9:.2f} GB/s)", flush=True)
+
+        pf, mf = os.path.join(plain, "model.pt"), os.path.join(mnt, "model.pt")
+        ratio("save", lambda: torch.save(sd, pf), lambda: torch.save(sd, mf))
+        torch.load(pf)
+        torch.load(mf)
+        ratio("load-warm", lambda: torch.load(pf), lambda: torch.load(mf))
+        del sd
+        os.unlink(pf)
+        os.unlink(mf)
+
+        pb, mb = os.path.join(plain, "seq.bin"), os.path.join(mnt, "seq.bin")
+        ratio("write-1M", lambda: write_seq(pb, size, 1 << 20), lambda: write_seq(mb, size, 1 << 20))
+        ratio("read-1M-cold", lambda: read_seq(pb, 1 << 20), lambda: read_seq(mb, 1 << 20), prep=drop_caches)
+        ratio("read-1M-warm", lambda: read_seq(pb, 1 << 20), lambda: read_seq(mb, 1 << 20))
+        hwm = vm_hwm_kib(pid) / 1024
+        print(f"daemon peak RSS = {hwm:.0f} MiB (budget 256 MiB + 128 MiB RAM cache = 384 MiB)")
+    finally:
+        subprocess.run([args.bin, "umount", mnt])
+    shutil.rmtree(base, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

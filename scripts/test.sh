@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs what is missing, builds, and runs the whole test suite: the unit tests under
+# AddressSanitizer and UndefinedBehaviorSanitizer, then every test (unit and real-mount
+# integration with Debian's PyTorch) on the optimized build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install-deps.sh
+jobs=$(nproc)
+echo "== build (sanitizers: address,undefined)"
+bash scripts/build.sh build-asan -DCKPTFS_SANITIZE=address,undefined
+echo "== unit tests under ASan/UBSan"
+(cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+   ctest --output-on-failure -j "$jobs" -E '^integration')
+echo "== build"
+bash scripts/build.sh build
+echo "== all tests"
+(cd build && ctest --output-on-failure)
