@@ -26,6 +26,7 @@ inline Caller CallerOf(fuse_req_t req) {
 // Replies with the errno of `st`, logging it once unless it is an expected answer (ENOENT, ...).
 void ReplyError(fuse_req_t req, const Status& st, const char* op, fuse_ino_t ino);
 void FillStat(const InodeRecord& rec, struct stat* st);
+fuse_entry_param EntryOf(fuse_req_t req, const InodeRecord& rec);
 void ReplyEntry(fuse_req_t req, const InodeRecord& rec);
 
 void AddEntryOps(fuse_lowlevel_ops* ops);  // lookup, getattr, setattr, links, renames, nodes

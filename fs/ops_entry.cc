@@ -127,13 +127,18 @@ void FillStat(const InodeRecord& rec, struct stat* st) {
   st->st_ctim = ToTimespec(rec.ctime_ns);
 }
 
-void ReplyEntry(fuse_req_t req, const InodeRecord& rec) {
+fuse_entry_param EntryOf(fuse_req_t req, const InodeRecord& rec) {
   fuse_entry_param e{};
   e.ino = rec.ino;
   e.generation = 1;  // inode numbers are never reused
   FillStat(rec, &e.attr);
   e.attr_timeout = Ctx(req).cfg.attr_timeout_s;
   e.entry_timeout = Ctx(req).cfg.entry_timeout_s;
+  return e;
+}
+
+void ReplyEntry(fuse_req_t req, const InodeRecord& rec) {
+  fuse_entry_param e = EntryOf(req, rec);
   fuse_reply_entry(req, &e);
 }
 

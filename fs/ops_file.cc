@@ -33,12 +33,7 @@ void Create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, fu
   Status st = store->Open(rec->ino);
   if (!st.ok()) return ReplyError(req, st, "create", rec->ino);
   SetOpenFlags(fi);
-  fuse_entry_param e{};
-  e.ino = rec->ino;
-  e.generation = 1;
-  FillStat(*rec, &e.attr);
-  e.attr_timeout = Ctx(req).cfg.attr_timeout_s;
-  e.entry_timeout = Ctx(req).cfg.entry_timeout_s;
+  fuse_entry_param e = EntryOf(req, *rec);
   if (fuse_reply_create(req, &e, fi) != 0) (void)store->Release(rec->ino);
 }
 

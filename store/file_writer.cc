@@ -142,19 +142,21 @@ Status FileWriter::DrainPending() {
   return Status::Ok();
 }
 
-Status FileWriter::CutChunks(bool final) {
+Status FileWriter::CutChunks(bool final) { return CutInto(buf_, final, &manifest_); }
+
+Status FileWriter::CutInto(TailBuffer& buf, bool final, Manifest* into) {
   size_t start = 0;
-  while (start < buf_.size()) {
-    size_t cut = chunker_.FindCut(buf_.data() + start, buf_.size() - start);
+  while (start < buf.size()) {
+    size_t cut = chunker_.FindCut(buf.data() + start, buf.size() - start);
     if (cut == 0) {
       if (!final) break;
-      cut = buf_.size() - start;
+      cut = buf.size() - start;
       chunker_.Reset();
     }
-    RETURN_IF_ERROR(EmitChunk(buf_.data() + start, cut, &manifest_));
+    RETURN_IF_ERROR(EmitChunk(buf.data() + start, cut, into));
     start += cut;
   }
-  buf_.Consume(start);
+  buf.Consume(start);
   return Status::Ok();
 }
 
@@ -341,24 +343,9 @@ Result<Manifest> FileWriter::Finish() {
 Result<Manifest> FileWriter::ChunkStagingFile() {
   Manifest m;
   const size_t max = chunker_.options().max_bytes;
-  std::vector<uint8_t> buf;
-  buf.reserve(2 * max);
+  TailBuffer buf;
   chunker_.Reset();
-  auto cut_all = [&](bool final) -> Status {
-    size_t start = 0;
-    while (start < buf.size()) {
-      size_t cut = chunker_.FindCut(buf.data() + start, buf.size() - start);
-      if (cut == 0) {
-        if (!final) break;
-        cut = buf.size() - start;
-        chunker_.Reset();
-      }
-      RETURN_IF_ERROR(EmitChunk(buf.data() + start, cut, &m));
-      start += cut;
-    }
-    buf.erase(buf.begin(), buf.begin() + static_cast<ptrdiff_t>(start));
-    return Status::Ok();
-  };
+  auto cut_all = [&](bool final) { return CutInto(buf, final, &m); };
   // Walk the data regions, so that a sparse file's holes stay holes.
   uint64_t pos = 0;
   while (pos < size_) {
@@ -376,14 +363,14 @@ Result<Manifest> FileWriter::ChunkStagingFile() {
     while (pos < data_end) {
       size_t want = static_cast<size_t>(std::min<uint64_t>(max, data_end - pos));
       size_t at = buf.size();
-      buf.resize(at + want);
+      buf.Resize(at + want);
       ssize_t r = ::pread(staging_fd_, buf.data() + at, want, static_cast<off_t>(pos));
       if (r < 0 && errno == EINTR) {
-        buf.resize(at);
+        buf.Resize(at);
         continue;
       }
       if (r <= 0) return Status::FromErrno(r < 0 ? errno : EIO, "read staging file");
-      buf.resize(at + static_cast<size_t>(r));
+      buf.Resize(at + static_cast<size_t>(r));
       pos += static_cast<uint64_t>(r);
       RETURN_IF_ERROR(cut_all(false));
     }

@@ -118,6 +118,8 @@ class FileWriter {
   uint64_t stream_end() const { return manifest_.size() + buf_.size(); }
   Status StreamWrite(uint64_t offset, const uint8_t* data, size_t len);
   Status CutChunks(bool final);
+  // Cuts chunks off the front of buf into `into`; final: the rest becomes the last chunk.
+  Status CutInto(TailBuffer& buf, bool final, Manifest* into);
   Status EmitChunk(const uint8_t* data, size_t len, Manifest* into);
   Status DrainPending();
   bool OverlapsPending(uint64_t begin, uint64_t end) const;
