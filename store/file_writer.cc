@@ -246,10 +246,14 @@ Status FileWriter::ToStaging() {
                               staging_path_));
   }
   RETURN_IF_ERROR(PwriteAll(staging_fd_, buf_.data(), buf_.size(), manifest_.size(), staging_path_));
+  // size_ does not count the write being handled yet (Write updates it afterwards), and that write
+  // may be among pending_ (the one that overflowed the window): the file must keep its bytes.
+  uint64_t staged_size = size_;
   for (const auto& [off, bytes] : pending_) {
     RETURN_IF_ERROR(PwriteAll(staging_fd_, bytes.data(), bytes.size(), off, staging_path_));
+    staged_size = std::max<uint64_t>(staged_size, off + bytes.size());
   }
-  if (::ftruncate(staging_fd_, static_cast<off_t>(size_)) != 0) {
+  if (::ftruncate(staging_fd_, static_cast<off_t>(staged_size)) != 0) {
     return Status::FromErrno(errno, "truncate staging file " + staging_path_);
   }
   manifest_ = Manifest();

@@ -1,0 +1,313 @@
+#include "cache/chunk_cache.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <latch>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cache/io_engine.h"
+#include "tests/test_util.h"
+
+namespace ckptfs {
+namespace {
+
+struct Chunk {
+  std::vector<uint8_t> bytes;
+  ChunkId id;
+};
+
+Chunk MakeChunk(size_t len, uint64_t seed) {
+  Chunk c{test::RandomBytes(len, seed), {}};
+  c.id = ChunkId::Of(c.bytes.data(), c.bytes.size());
+  return c;
+}
+
+std::vector<std::string> ListDir(const std::string& dir) {
+  std::vector<std::string> names;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      if (e->d_name[0] != '.') names.emplace_back(e->d_name);
+    }
+    ::closedir(d);
+  }
+  return names;
+}
+
+bool Exists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+// Every test runs against both I/O engines.
+class ChunkCacheTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    IoEngineOptions opts;
+    opts.kind = GetParam();
+    auto e = MakeIoEngine(opts);
+    ASSERT_TRUE(e.ok());
+    engine_ = std::move(*e);
+    root_ = dir_.path();
+  }
+
+  void TearDown() override { cache_.reset(); }
+
+  void Open(uint64_t ram_bytes = 64 << 20) {
+    cache_.reset();
+    auto c = ChunkCache::Open(root_, engine_.get(), ram_bytes, &metrics_);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    cache_ = std::move(*c);
+  }
+
+  void Put(const Chunk& c, bool expect_new = true) {
+    auto r = cache_->Put(c.id, c.bytes.data(), c.bytes.size());
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(*r, expect_new);
+  }
+
+  void ExpectReadsBack(const Chunk& c) {
+    auto r = cache_->Get(c.id, c.bytes.size());
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    ASSERT_EQ((*r)->size, c.bytes.size());
+    EXPECT_EQ(0, std::memcmp((*r)->bytes.get(), c.bytes.data(), c.bytes.size()));
+  }
+
+  test::TempDir dir_;
+  std::string root_;
+  std::unique_ptr<IoEngine> engine_;
+  Metrics metrics_;
+  std::unique_ptr<ChunkCache> cache_;
+};
+
+TEST_P(ChunkCacheTest, PutIsDeduplicated) {
+  Open();
+  Chunk c = MakeChunk(100000, 1);
+  EXPECT_FALSE(cache_->Contains(c.id));
+  Put(c, true);
+  EXPECT_TRUE(cache_->Contains(c.id));
+  Put(c, false);
+  EXPECT_EQ(metrics_.chunks_written.Get(), 1u);
+  EXPECT_EQ(metrics_.chunk_bytes_written.Get(), 100000u);
+  // The chunk lives at PathOf(id), under a directory named by its first two hex digits.
+  const std::string path = cache_->PathOf(c.id);
+  EXPECT_EQ(path, root_ + "/chunks/" + c.id.Hex().substr(0, 2) + "/" + c.id.Hex());
+  struct stat st;
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_size, 100000);
+  EXPECT_TRUE(ListDir(root_ + "/chunks/tmp").empty());
+}
+
+TEST_P(ChunkCacheTest, GetReturnsVerifiedBytes) {
+  Open();
+  Chunk c = MakeChunk(3 << 20, 2), empty = MakeChunk(0, 0);
+  Put(c);
+  Put(empty);
+  ExpectReadsBack(c);
+  ExpectReadsBack(c);  // from RAM this time
+  ExpectReadsBack(empty);
+  EXPECT_EQ(metrics_.cache_miss_bytes.Get(), c.bytes.size());
+  EXPECT_EQ(metrics_.cache_hit_bytes.Get(), c.bytes.size());
+  auto missing = cache_->Get(MakeChunk(10, 3).id, 10);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), Code::kNotFound);
+}
+
+TEST_P(ChunkCacheTest, ConcurrentGetsShareOneRead) {
+  Open();
+  Chunk c = MakeChunk(16 << 20, 4);
+  Put(c);
+  constexpr int kThreads = 12;
+  std::latch start(kThreads);
+  std::vector<ChunkRef> got(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      start.arrive_and_wait();
+      auto r = cache_->Get(c.id, c.bytes.size());
+      if (r.ok()) got[t] = *r;
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < kThreads; ++t) {
+    ASSERT_TRUE(got[t]) << "thread " << t;
+    EXPECT_TRUE(got[t] == got[0]) << "thread " << t << " did not share the one verified copy";
+  }
+  EXPECT_EQ(0, std::memcmp(got[0]->bytes.get(), c.bytes.data(), c.bytes.size()));
+  // Exactly one disk read: the others waited for it or found its result in RAM.
+  EXPECT_EQ(metrics_.cache_miss_bytes.Get(), c.bytes.size());
+}
+
+TEST_P(ChunkCacheTest, CorruptChunkIsMovedAsideAndRewritten) {
+  Open(/*ram_bytes=*/0);
+  Chunk c = MakeChunk(50000, 5);
+  Put(c);
+  const std::string path = cache_->PathOf(c.id);
+  {
+    int fd = ::open(path.c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    uint8_t b;
+    ASSERT_EQ(::pread(fd, &b, 1, 12345), 1);
+    b ^= 0x40;
+    ASSERT_EQ(::pwrite(fd, &b, 1, 12345), 1);
+    ::close(fd);
+  }
+  auto r = cache_->Get(c.id, c.bytes.size());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kCorrupt);
+  EXPECT_EQ(metrics_.chunk_verify_failures.Get(), 1u);
+  EXPECT_FALSE(Exists(path));
+  EXPECT_TRUE(Exists(root_ + "/chunks/corrupt/" + c.id.Hex()));
+  EXPECT_FALSE(cache_->Contains(c.id));
+  // Not cached as a failure: the next Get looks again and finds nothing.
+  EXPECT_EQ(cache_->Get(c.id, c.bytes.size()).status().code(), Code::kNotFound);
+  // The next Put writes the chunk anew and it reads back.
+  Put(c, true);
+  ExpectReadsBack(c);
+}
+
+TEST_P(ChunkCacheTest, TruncatedChunkIsCorrupt) {
+  Open(0);
+  Chunk c = MakeChunk(50000, 6);
+  Put(c);
+  ASSERT_EQ(::truncate(cache_->PathOf(c.id).c_str(), 40000), 0);
+  auto r = cache_->Get(c.id, c.bytes.size());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kCorrupt);
+  EXPECT_FALSE(cache_->Contains(c.id));
+  Put(c, true);
+  ExpectReadsBack(c);
+}
+
+TEST_P(ChunkCacheTest, PutRewritesAFileOfTheWrongSize) {
+  Open(0);
+  Chunk c = MakeChunk(50000, 7);
+  Put(c);
+  ASSERT_EQ(::truncate(cache_->PathOf(c.id).c_str(), 100), 0);
+  Put(c, true);
+  ExpectReadsBack(c);
+}
+
+TEST_P(ChunkCacheTest, RemoveDropsDiskAndRam) {
+  Open();
+  Chunk c = MakeChunk(50000, 8);
+  Put(c);
+  ExpectReadsBack(c);  // now in RAM too
+  ASSERT_TRUE(cache_->Remove(c.id).ok());
+  EXPECT_FALSE(cache_->Contains(c.id));
+  EXPECT_FALSE(Exists(cache_->PathOf(c.id)));
+  EXPECT_EQ(cache_->Get(c.id, c.bytes.size()).status().code(), Code::kNotFound);
+  EXPECT_TRUE(cache_->Remove(c.id).ok());  // missing: not an error
+}
+
+TEST_P(ChunkCacheTest, RamCacheEvictsLeastRecentlyUsed) {
+  Open(/*ram_bytes=*/3000);
+  Chunk a = MakeChunk(1000, 10), b = MakeChunk(1000, 11), c = MakeChunk(1000, 12),
+        d = MakeChunk(1000, 13);
+  for (const Chunk* x : {&a, &b, &c, &d}) Put(*x);
+  for (const Chunk* x : {&a, &b, &c}) ExpectReadsBack(*x);  // 3 misses; RAM: c b a
+  ExpectReadsBack(a);                                       // hit; RAM: a c b
+  ExpectReadsBack(d);                                       // miss, evicts b; RAM: d a c
+  EXPECT_EQ(metrics_.cache_hit_bytes.Get(), 1000u);
+  EXPECT_EQ(metrics_.cache_miss_bytes.Get(), 4000u);
+  ExpectReadsBack(a);  // hit
+  ExpectReadsBack(c);  // hit
+  EXPECT_EQ(metrics_.cache_hit_bytes.Get(), 3000u);
+  ExpectReadsBack(b);  // miss: it was evicted
+  EXPECT_EQ(metrics_.cache_miss_bytes.Get(), 5000u);
+}
+
+TEST_P(ChunkCacheTest, ForEachListsEveryChunk) {
+  Open();
+  std::map<ChunkId, uint64_t> want;
+  for (int i = 0; i < 40; ++i) {
+    Chunk c = MakeChunk(100 + i * 37, 100 + i);
+    Put(c);
+    want[c.id] = c.bytes.size();
+  }
+  std::map<ChunkId, uint64_t> seen;
+  ASSERT_TRUE(cache_->ForEach([&](const ChunkId& id, uint64_t size) { seen[id] = size; }).ok());
+  EXPECT_EQ(seen, want);
+}
+
+TEST_P(ChunkCacheTest, OpenClearsLeftoverTempFiles) {
+  Open();
+  const std::string tmp = root_ + "/chunks/tmp/" + std::string(32, 'a') + ".1";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT, 0600);
+  ASSERT_GE(fd, 0);
+  ::close(fd);
+  Chunk c = MakeChunk(1000, 14);
+  Put(c);
+  Open();  // a restart
+  EXPECT_FALSE(Exists(tmp));
+  EXPECT_TRUE(cache_->Contains(c.id));
+  ExpectReadsBack(c);
+}
+
+// The local tier is a 2 MiB tmpfs: Put fills it until ENOSPC.
+class ChunkCacheNoSpaceTest : public ChunkCacheTest {
+ protected:
+  void SetUp() override {
+    ChunkCacheTest::SetUp();
+    root_ = dir_.Sub("tier");
+    ASSERT_EQ(::mkdir(root_.c_str(), 0700), 0);
+    if (::mount("tmpfs", root_.c_str(), "tmpfs", 0, "size=2m") != 0) {
+      GTEST_SKIP() << "cannot mount a tmpfs (" << std::strerror(errno) << "); needs root";
+    }
+    mounted_ = true;
+  }
+  void TearDown() override {
+    cache_.reset();  // closes its directory descriptor, so the unmount is not busy
+    if (mounted_) {
+      EXPECT_EQ(::umount(root_.c_str()), 0) << std::strerror(errno);
+    }
+  }
+  bool mounted_ = false;
+};
+
+TEST_P(ChunkCacheNoSpaceTest, PutFailsCleanlyWhenFull) {
+  Open(0);
+  std::vector<Chunk> stored;
+  Status failure;
+  Chunk failed;
+  for (int i = 0; i < 40; ++i) {
+    Chunk c = MakeChunk(300 << 10, 1000 + i);
+    auto r = cache_->Put(c.id, c.bytes.data(), c.bytes.size());
+    if (!r.ok()) {
+      failure = r.status();
+      failed = std::move(c);
+      break;
+    }
+    EXPECT_TRUE(*r);
+    stored.push_back(std::move(c));
+  }
+  ASSERT_FALSE(failure.ok()) << "a 2 MiB tier took 12 MiB";
+  EXPECT_EQ(failure.code(), Code::kNoSpace) << failure.ToString();
+  EXPECT_GE(stored.size(), 3u);
+  // Nothing is left behind: no temporary file, no torn chunk under the real name.
+  EXPECT_TRUE(ListDir(root_ + "/chunks/tmp").empty());
+  EXPECT_FALSE(cache_->Contains(failed.id));
+  EXPECT_FALSE(Exists(cache_->PathOf(failed.id)));
+  for (const Chunk& c : stored) ExpectReadsBack(c);
+  // Freeing space makes the chunk fit.
+  ASSERT_TRUE(cache_->Remove(stored[0].id).ok());
+  ASSERT_TRUE(cache_->Remove(stored[1].id).ok());
+  Put(failed, true);
+  ExpectReadsBack(failed);
+}
+
+INSTANTIATE_TEST_SUITE_P(Engines, ChunkCacheTest, ::testing::Values("uring", "pread"),
+                         [](const auto& info) { return info.param; });
+INSTANTIATE_TEST_SUITE_P(Engines, ChunkCacheNoSpaceTest, ::testing::Values("uring", "pread"),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace ckptfs

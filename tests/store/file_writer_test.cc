@@ -1,0 +1,467 @@
+#include "store/file_writer.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "tests/test_util.h"
+
+namespace ckptfs {
+namespace {
+
+using Bytes = std::vector<uint8_t>;
+
+// An in-memory chunk store; optionally runs out of space after `space` puts.
+class MemSink : public ChunkSink {
+ public:
+  explicit MemSink(std::string dir) : dir_(std::move(dir)) {}
+
+  Status PutChunk(const ChunkId& id, const uint8_t* data, size_t len) override {
+    EXPECT_EQ(id, ChunkId::Of(data, len)) << "a chunk's id must be the hash of its bytes";
+    if (space_ == 0) return Status(Code::kNoSpace, "test sink is full");
+    if (space_ > 0) --space_;
+    ++puts_;
+    chunks_.emplace(id, Bytes(data, data + len));
+    return Status::Ok();
+  }
+  Result<ChunkRef> GetChunk(const ChunkId& id, size_t len) override {
+    auto it = chunks_.find(id);
+    if (it == chunks_.end()) return NotFound("no chunk " + id.Hex());
+    EXPECT_EQ(it->second.size(), len);
+    auto d = std::make_shared<ChunkData>();
+    d->bytes.reset(new uint8_t[len ? len : 1]);
+    std::memcpy(d->bytes.get(), it->second.data(), len);
+    d->size = len;
+    return ChunkRef(std::move(d));
+  }
+  std::string NewStagingPath() override { return dir_ + "/staging." + std::to_string(++seq_); }
+
+  // The bytes a manifest names, holes as zeros.
+  Bytes Reassemble(const Manifest& m) const {
+    Bytes out;
+    for (const Extent& e : m.extents()) {
+      if (e.hole()) {
+        out.resize(out.size() + e.len, 0);
+        continue;
+      }
+      auto it = chunks_.find(e.id);
+      EXPECT_NE(it, chunks_.end()) << "manifest names a chunk that was never put";
+      if (it == chunks_.end()) return {};
+      EXPECT_EQ(it->second.size(), e.len);
+      out.insert(out.end(), it->second.begin(), it->second.end());
+    }
+    return out;
+  }
+
+  size_t distinct() const { return chunks_.size(); }
+  int puts() const { return puts_; }
+  void set_space(int puts_left) { space_ = puts_left; }
+
+ private:
+  std::string dir_;
+  std::map<ChunkId, Bytes> chunks_;
+  int puts_ = 0;
+  int space_ = -1;  // -1: unlimited
+  int seq_ = 0;
+};
+
+// Equal bytes, or a short message naming the first difference (not two megabyte-long dumps).
+::testing::AssertionResult SameBytes(const Bytes& got, const Bytes& want) {
+  if (got == want) return ::testing::AssertionSuccess();
+  size_t i = 0;
+  while (i < got.size() && i < want.size() && got[i] == want[i]) ++i;
+  return ::testing::AssertionFailure() << "got " << got.size() << " bytes, want " << want.size()
+                                       << "; first difference at offset " << i;
+}
+
+ChunkingOptions Small() {
+  ChunkingOptions o;
+  o.min_bytes = 4 << 10;
+  o.avg_bytes = 16 << 10;
+  o.max_bytes = 64 << 10;
+  return o;
+}
+
+// A FileWriter next to a plain byte-string model of what the file should hold.
+class FileWriterTest : public ::testing::Test {
+ protected:
+  void Start(Manifest base = {}, uint64_t reorder = 1 << 20) {
+    model_ = sink_.Reassemble(base);
+    base_ids_.clear();
+    for (const Extent& e : base.extents()) base_ids_.insert(e.id);
+    w_ = std::make_unique<FileWriter>(std::move(base), &sink_, Small(), reorder, &metrics_);
+  }
+
+  void Write(uint64_t off, const Bytes& data) {
+    ASSERT_TRUE(w_->Write(off, data.data(), data.size()).ok()) << "write at " << off;
+    if (model_.size() < off + data.size()) model_.resize(off + data.size(), 0);
+    std::copy(data.begin(), data.end(), model_.begin() + off);
+    ASSERT_EQ(w_->size(), model_.size());
+  }
+  void Truncate(uint64_t size) {
+    ASSERT_TRUE(w_->Truncate(size).ok()) << "truncate to " << size;
+    model_.resize(size, 0);
+    ASSERT_EQ(w_->size(), model_.size());
+  }
+
+  Bytes Read(uint64_t off, size_t len) {
+    std::vector<ReadSlice> slices;
+    Status st = w_->Read(off, len, &slices);
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    Bytes out;
+    for (const ReadSlice& s : slices) out.insert(out.end(), s.data, s.data + s.len);
+    return out;
+  }
+  // Reads at many offsets (chunk edges included) must equal the model.
+  void CheckReads(uint64_t seed) {
+    ASSERT_TRUE(SameBytes(Read(0, model_.size() + 100), model_)) << "whole-file read";
+    test::SplitMix64 rng(seed);
+    for (int i = 0; i < 40; ++i) {
+      uint64_t off = rng.Below(model_.size() + 10);
+      size_t len = 1 + rng.Below(i % 4 == 0 ? 200000 : 5000);
+      uint64_t end = std::min<uint64_t>(off + len, model_.size());
+      Bytes want = off < end ? Bytes(model_.begin() + off, model_.begin() + end) : Bytes();
+      ASSERT_TRUE(SameBytes(Read(off, len), want)) << "read of " << len << " at " << off;
+    }
+  }
+
+  // Finishes the writer and checks the manifest holds exactly the model's bytes.
+  Manifest Finish() {
+    auto m = w_->Finish();
+    EXPECT_TRUE(m.ok()) << m.status().ToString();
+    if (!m.ok()) return {};
+    EXPECT_EQ(m->size(), model_.size());
+    EXPECT_TRUE(SameBytes(sink_.Reassemble(*m), model_)) << "committed bytes differ from the model";
+    // Every chunk new to this manifest is held by the writer until the store commits it.
+    std::set<ChunkId> held(w_->held().begin(), w_->held().end());
+    for (const Extent& e : m->extents()) {
+      if (e.hole()) continue;
+      EXPECT_TRUE(held.count(e.id) || base_ids_.count(e.id)) << "new chunk not held by the writer";
+      EXPECT_LE(e.len, Small().max_bytes);
+    }
+    return std::move(*m);
+  }
+
+  test::TempDir dir_;
+  MemSink sink_{dir_.path()};
+  Metrics metrics_;
+  std::unique_ptr<FileWriter> w_;
+  Bytes model_;
+  std::set<ChunkId> base_ids_;
+};
+
+size_t Holes(const Manifest& m) {
+  return std::count_if(m.extents().begin(), m.extents().end(), [](auto& e) { return e.hole(); });
+}
+
+TEST(TailBufferTest, ConsumeAppendResizeKeepTheBytes) {
+  TailBuffer b;
+  EXPECT_TRUE(b.empty());
+  Bytes model;
+  test::SplitMix64 rng(1);
+  for (int i = 0; i < 2000; ++i) {
+    switch (rng.Below(4)) {
+      case 0:
+      case 1: {
+        Bytes more = test::RandomBytes(1 + rng.Below(5000), rng.Next());
+        b.Append(more.data(), more.size());
+        model.insert(model.end(), more.begin(), more.end());
+        break;
+      }
+      case 2: {
+        size_t n = rng.Below(model.size() + 1);
+        b.Consume(n);
+        model.erase(model.begin(), model.begin() + n);
+        break;
+      }
+      default: {
+        size_t n = rng.Below(model.size() + 3000);
+        b.Resize(n);
+        model.resize(n, 0);  // growing adds zeros
+        break;
+      }
+    }
+    ASSERT_EQ(b.size(), model.size());
+    ASSERT_TRUE(SameBytes(Bytes(b.data(), b.data() + b.size()), model)) << "step " << i;
+  }
+  const Bytes fresh = test::RandomBytes(100, 2);
+  b.Assign(fresh.data(), fresh.size());
+  EXPECT_TRUE(SameBytes(Bytes(b.data(), b.data() + b.size()), fresh));
+  b.Release();
+  EXPECT_TRUE(b.empty());
+}
+
+TEST_F(FileWriterTest, SequentialAppendsStream) {
+  Start();
+  const Bytes data = test::RandomBytes(1 << 20, 1);
+  test::SplitMix64 rng(2);
+  for (size_t off = 0; off < data.size();) {
+    size_t n = std::min<size_t>(data.size() - off, 1 + rng.Below(20000));
+    Write(off, Bytes(data.begin() + off, data.begin() + off + n));
+    off += n;
+    if (rng.Below(8) == 0) CheckReads(off);
+  }
+  EXPECT_FALSE(w_->staging());
+  CheckReads(3);
+  Manifest m = Finish();
+  EXPECT_EQ(Holes(m), 0u);
+  EXPECT_GT(m.extents().size(), 10u);
+  for (size_t i = 0; i + 1 < m.extents().size(); ++i)
+    EXPECT_GE(m.extents()[i].len, Small().min_bytes);
+  EXPECT_EQ(metrics_.staging_switches.Get(), 0u);
+}
+
+TEST_F(FileWriterTest, SameDataTwiceGivesTheSameManifest) {
+  const Bytes data = test::RandomBytes(600000, 4);
+  Start();
+  Write(0, data);
+  Manifest first = Finish();
+  const size_t distinct = sink_.distinct();
+  // Streamed in different pieces the second time: the cuts depend on the content only.
+  Start();
+  for (size_t off = 0; off < data.size(); off += 7000) {
+    size_t n = std::min<size_t>(7000, data.size() - off);
+    Write(off, Bytes(data.begin() + off, data.begin() + off + n));
+  }
+  Manifest second = Finish();
+  EXPECT_EQ(first, second);
+  EXPECT_EQ(sink_.distinct(), distinct) << "the second copy must add no new chunks";
+}
+
+TEST_F(FileWriterTest, OutOfOrderWritesWithinTheWindowStream) {
+  const Bytes data = test::RandomBytes(512 << 10, 5);
+  Start();
+  Write(0, data);
+  Manifest in_order = Finish();
+
+  Start();
+  // Pieces of 8 KiB, each group of four written back to front, as reordered writeback does.
+  constexpr size_t kPiece = 8 << 10;
+  test::SplitMix64 rng(6);
+  for (size_t group = 0; group < data.size(); group += 4 * kPiece) {
+    for (int k = 3; k >= 0; --k) {
+      size_t off = group + k * kPiece;
+      if (off >= data.size()) continue;
+      Write(off, Bytes(data.begin() + off, data.begin() + off + kPiece));
+      if (rng.Below(3) == 0) CheckReads(off);  // gaps read as zeros meanwhile
+    }
+  }
+  EXPECT_FALSE(w_->staging());
+  Manifest m = Finish();
+  EXPECT_EQ(m, in_order);
+}
+
+TEST_F(FileWriterTest, PatchingTheUncutTailStaysStreaming) {
+  const Bytes data = test::RandomBytes(100000, 7);
+  Start();
+  Write(0, data);
+  // Where the stream stands: the bytes after the last cut of what was written are still buffered.
+  Chunker c(Small());
+  size_t last_cut = 0;
+  while (size_t cut = c.FindCut(data.data() + last_cut, data.size() - last_cut)) last_cut += cut;
+  ASSERT_LT(last_cut + 200, data.size());
+  Write(data.size() - 150, test::RandomBytes(100, 8));
+  Write(last_cut + 10, test::RandomBytes(50, 9));
+  EXPECT_FALSE(w_->staging());
+  CheckReads(10);
+  Finish();
+}
+
+TEST_F(FileWriterTest, OverwritingCutBytesSwitchesToStaging) {
+  const Bytes data = test::RandomBytes(300000, 11);
+  Start();
+  Write(0, data);
+  EXPECT_FALSE(w_->staging());
+  Write(1000, test::RandomBytes(5000, 12));  // inside the first chunk, long since cut
+  EXPECT_TRUE(w_->staging());
+  EXPECT_EQ(metrics_.staging_switches.Get(), 1u);
+  CheckReads(13);
+  // The file keeps changing in staging mode: overwrite, append, a hole, a shrink.
+  Write(150000, test::RandomBytes(70000, 14));
+  Write(300000, test::RandomBytes(1000, 15));
+  Write(500000, test::RandomBytes(1000, 16));
+  CheckReads(17);
+  Truncate(450000);
+  CheckReads(18);
+  Finish();
+}
+
+TEST_F(FileWriterTest, WritesPastTheEndLeaveHoles) {
+  Start();
+  Write(0, test::RandomBytes(10000, 20));
+  Write(100000, test::RandomBytes(10000, 21));
+  Write(300000, test::RandomBytes(20000, 22));
+  CheckReads(23);
+  Truncate(400000);  // and a hole at the end
+  CheckReads(24);
+  EXPECT_FALSE(w_->staging());
+  Manifest m = Finish();
+  // The gaps are hole extents exactly where nothing was written, not chunks of zeros.
+  std::vector<std::pair<uint64_t, uint64_t>> holes;  // start, len
+  for (size_t i = 0; i < m.extents().size(); ++i) {
+    if (m.extents()[i].hole()) holes.emplace_back(m.StartOf(i), m.extents()[i].len);
+  }
+  EXPECT_EQ(holes, (std::vector<std::pair<uint64_t, uint64_t>>{
+                       {10000, 90000}, {110000, 190000}, {320000, 80000}}));
+}
+
+TEST_F(FileWriterTest, OverflowingTheReorderWindowKeepsEveryByte) {
+  Start({}, /*reorder=*/64 << 10);
+  Write(0, test::RandomBytes(8000, 30));
+  // Ahead of the stream end, each beyond the file's current size: past 64 KiB they cannot wait.
+  for (int i = 0; i < 12; ++i) Write(20000 + i * 10000, test::RandomBytes(10000, 31 + i));
+  EXPECT_TRUE(w_->staging());
+  CheckReads(50);
+  Write(8000, test::RandomBytes(12000, 51));  // fills the gap
+  CheckReads(52);
+  Finish();
+}
+
+TEST_F(FileWriterTest, TruncateShrinksAndGrows) {
+  Start();
+  Write(0, test::RandomBytes(300000, 60));
+  Truncate(299000);  // inside the buffered tail
+  CheckReads(61);
+  Truncate(50000);  // inside chunks already cut
+  CheckReads(62);
+  EXPECT_FALSE(w_->staging());
+  Write(50000, test::RandomBytes(30000, 63));  // appends continue from the new end
+  CheckReads(64);
+  Truncate(200000);  // grows with zeros
+  CheckReads(65);
+  Write(250000, test::RandomBytes(100, 66));
+  Truncate(190000);  // drops the write waiting past the end, keeps the zeros
+  CheckReads(67);
+  Truncate(0);
+  CheckReads(68);
+  Write(0, test::RandomBytes(70000, 69));
+  EXPECT_FALSE(w_->staging());
+  Finish();
+}
+
+TEST_F(FileWriterTest, TruncateIntoAHole) {
+  Start();
+  Write(0, test::RandomBytes(20000, 70));
+  Truncate(100000);
+  Write(100000, test::RandomBytes(20000, 71));
+  Manifest base = Finish();
+  ASSERT_EQ(Holes(base), 1u);
+  Start(base);
+  Truncate(60000);  // the cut lands inside the hole
+  CheckReads(72);
+  Write(60000, test::RandomBytes(5000, 73));
+  CheckReads(74);
+  Finish();
+}
+
+TEST_F(FileWriterTest, ContinuesFromABaseManifest) {
+  Start();
+  Write(0, test::RandomBytes(200000, 80));
+  Manifest base = Finish();
+
+  Start(base);  // reopened for append
+  EXPECT_EQ(w_->size(), 200000u);
+  CheckReads(81);
+  Write(200000, test::RandomBytes(100000, 82));
+  EXPECT_FALSE(w_->staging());
+  CheckReads(83);
+  Manifest appended = Finish();
+  // Appending re-cuts the old last chunk; the earlier chunks are shared.
+  size_t shared = 0;
+  for (size_t i = 0; i + 1 < base.extents().size(); ++i) {
+    shared += base.extents()[i] == appended.extents()[i];
+  }
+  EXPECT_EQ(shared, base.extents().size() - 1);
+
+  Start(appended);  // reopened for a rewrite in the middle
+  Write(10, test::RandomBytes(10, 84));
+  EXPECT_TRUE(w_->staging());
+  CheckReads(85);
+  Finish();
+}
+
+// Model-based: random mixes of appends, writes ahead of the end, patches, rewrites and truncates,
+// over several commit rounds (each round starts from the manifest the previous one committed, as
+// the store does on every reopen), checked against the model after every few operations.
+TEST_F(FileWriterTest, RandomOperationsMatchTheModel) {
+  for (uint64_t seed = 100; seed < 140; ++seed) {
+    test::SplitMix64 rng(seed);
+    Manifest base;
+    for (int round = 0; round < 3; ++round) {
+      Start(base, /*reorder=*/(seed % 2) ? (256 << 10) : (24 << 10));
+      for (int op = 0; op < 60; ++op) {
+        const uint64_t size = model_.size();
+        const uint64_t r = rng.Below(100);
+        if (r < 55) {  // append
+          Write(size, test::RandomBytes(1 + rng.Below(30000), rng.Next()));
+        } else if (r < 70) {  // a little ahead of the end
+          Write(size + rng.Below(40000), test::RandomBytes(1 + rng.Below(10000), rng.Next()));
+        } else if (r < 85 && size > 0) {  // near the end (often the uncut tail)
+          uint64_t off = size - std::min<uint64_t>(size, rng.Below(20000));
+          Write(off, test::RandomBytes(1 + rng.Below(3000), rng.Next()));
+        } else if (r < 90 && size > 0) {  // anywhere
+          Write(rng.Below(size), test::RandomBytes(1 + rng.Below(3000), rng.Next()));
+        } else if (r < 97) {
+          Truncate(rng.Below(size + 30000));
+        } else {
+          Truncate(size + rng.Below(50000));
+        }
+        if (HasFatalFailure()) return;
+        if (op % 10 == 0) CheckReads(seed * 1000 + op);
+      }
+      CheckReads(seed);
+      base = Finish();
+      if (HasFailure()) return;
+    }
+  }
+}
+
+TEST_F(FileWriterTest, NoSpaceIsSticky) {
+  Start();
+  sink_.set_space(2);
+  const Bytes data = test::RandomBytes(1 << 20, 90);
+  Status failed;
+  for (size_t off = 0; off < data.size() && failed.ok(); off += 32 << 10) {
+    failed = w_->Write(off, data.data() + off, 32 << 10);
+  }
+  ASSERT_FALSE(failed.ok()) << "three chunks' worth of data fit in a sink with room for two";
+  EXPECT_EQ(failed.code(), Code::kNoSpace);
+  EXPECT_EQ(sink_.puts(), 2);
+  // Everything after the failure reports it, even once space comes back.
+  sink_.set_space(-1);
+  EXPECT_EQ(w_->Write(0, data.data(), 10).code(), Code::kNoSpace);
+  EXPECT_EQ(w_->Truncate(10).code(), Code::kNoSpace);
+  std::vector<ReadSlice> slices;
+  EXPECT_EQ(w_->Read(0, 10, &slices).code(), Code::kNoSpace);
+  auto m = w_->Finish();
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), Code::kNoSpace);
+}
+
+TEST_F(FileWriterTest, NoSpaceAtFinish) {
+  Start();
+  sink_.set_space(0);
+  Write(0, test::RandomBytes(3000, 91));  // below the minimum chunk: nothing is cut yet
+  auto m = w_->Finish();
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), Code::kNoSpace);
+}
+
+TEST_F(FileWriterTest, NoSpaceInStagingFinish) {
+  Start();
+  Write(0, test::RandomBytes(200000, 92));
+  Write(0, test::RandomBytes(10, 93));
+  ASSERT_TRUE(w_->staging());
+  sink_.set_space(1);
+  auto m = w_->Finish();
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), Code::kNoSpace);
+}
+
+}  // namespace
+}  // namespace ckptfs

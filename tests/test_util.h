@@ -1,0 +1,64 @@
+// Helpers shared by the unit tests: a temporary directory that cleans up after itself and a
+// deterministic byte generator, so that every run sees the same data.
+#pragma once
+
+#include <stdlib.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace ckptfs::test {
+
+// A fresh directory under /tmp, removed with everything in it when the object goes away.
+class TempDir {
+ public:
+  TempDir() {
+    char tmpl[] = "/tmp/ckptfs-test-XXXXXX";
+    if (!::mkdtemp(tmpl)) throw std::runtime_error("mkdtemp failed");
+    path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+
+  const std::string& path() const { return path_; }
+  std::string Sub(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+// splitmix64: small, fast and fully specified, so golden values do not depend on the C++ library.
+class SplitMix64 {
+ public:
+  explicit SplitMix64(uint64_t seed) : x_(seed) {}
+  uint64_t Next() {
+    uint64_t z = (x_ += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  // Uniform enough in [0, n) for tests.
+  uint64_t Below(uint64_t n) { return Next() % n; }
+
+ private:
+  uint64_t x_;
+};
+
+inline std::vector<uint8_t> RandomBytes(size_t n, uint64_t seed) {
+  SplitMix64 rng(seed);
+  std::vector<uint8_t> out(n);
+  for (size_t i = 0; i < n; i += 8) {
+    uint64_t v = rng.Next();
+    for (size_t j = 0; j < 8 && i + j < n; ++j) out[i + j] = static_cast<uint8_t>(v >> (8 * j));
+  }
+  return out;
+}
+
+}  // namespace ckptfs::test
