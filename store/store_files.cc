@@ -228,7 +228,6 @@ Status Store::Fsync(uint64_t ino) {
 Status Store::Commit(uint64_t ino, OpenFile& f, bool durable) {
   if (!f.writer) return Status::Ok();
   std::unique_ptr<FileWriter> writer = std::move(f.writer);
-  f.dirty = false;
   const int64_t mtime = f.mtime_ns.load();
   auto finished = writer->Finish();
   Status st = finished.status();
@@ -251,8 +250,8 @@ Status Store::Commit(uint64_t ino, OpenFile& f, bool durable) {
       return txn.Commit();
     }();
   }
+  const uint64_t committed_size = st.ok() ? finished->size() : 0;
   if (st.ok()) {
-    f.size = finished->size();
     committed = std::make_shared<const Manifest>(std::move(*finished));
     metrics_.file_commits.Add(1);
     if (durable) st = meta_->Sync();
@@ -262,6 +261,14 @@ Status Store::Commit(uint64_t ino, OpenFile& f, bool durable) {
                 st.ToString());
   }
   f.manifest = std::move(committed);  // null after a failure: reloaded from the committed state
+  {
+    // GetAttr shows the uncommitted size until the commit is in LMDB, and for as long as writes
+    // acknowledged after the caller drained the queue wait to be applied: a smaller size would
+    // move the kernel's end of file back (O_APPEND writes then land short of it).
+    std::lock_guard q(f.qmu);
+    f.dirty = f.queued_bytes > 0;
+    if (!f.dirty && st.ok()) f.size = committed_size;
+  }
   ReleaseHolds(writer->held());
   Reclaim(freed);
   return st;

@@ -1,0 +1,318 @@
+# Shared fixtures of the mount integration tests: they run against a real FUSE mount of the
+# ckptfs binary and must be run as root by /usr/bin/python3 (Debian's PyTorch lives there).
+#
+# Environment:
+#   CKPTFS_BIN       the ckptfs binary (default: build/tools/ckptfs under the repository root)
+#   CKPTFS_TEST_TMP  where temporary mountpoints and cache directories go (default: /tmp)
+#   CKPTFS_TEST_TIMEOUT  seconds one test may run before it is interrupted (default: 600)
+#   CKPTFS_TEST_MOUNT_OPTIONS  -o options added to every test mount (e.g. writeback_cache=1), to run
+#                    the suite against another configuration
+import errno
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CKPTFS_BIN = Path(os.environ.get("CKPTFS_BIN", REPO_ROOT / "build" / "tools" / "ckptfs"))
+TEST_TMP = Path(os.environ.get("CKPTFS_TEST_TMP", "/tmp"))
+DEFAULT_TIMEOUT = int(os.environ.get("CKPTFS_TEST_TIMEOUT", "600"))
+EXTRA_OPTIONS = os.environ.get("CKPTFS_TEST_MOUNT_OPTIONS", "")
+
+# Small chunks for tests that want many chunk boundaries in small files.
+SMALL_CHUNKS = "chunk_min=4K,chunk_avg=16K,chunk_max=64K"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "timeout(seconds): interrupt the test after this long")
+    config.addinivalue_line("markers", "large: writes several GiB (still part of the default run)")
+
+
+def run(cmd, timeout=120, check=True, **kw):
+    """Runs a command, capturing its output; fails with both streams shown."""
+    p = subprocess.run([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       text=True, timeout=timeout, **kw)
+    if check and p.returncode != 0:
+        raise AssertionError(f"{cmd} exited {p.returncode}\nstdout: {p.stdout}\nstderr: {p.stderr}")
+    return p
+
+
+def _unescape_mountinfo(s):
+    out, i = [], 0
+    while i < len(s):
+        if s[i] == "\\" and s[i + 1:i + 4].isdigit() and len(s[i + 1:i + 4]) == 3:
+            out.append(chr(int(s[i + 1:i + 4], 8)))
+            i += 4
+        else:
+            out.append(s[i])
+            i += 1
+    return "".join(out)
+
+
+def mount_fstype(path):
+    """The filesystem type mounted exactly at path (the last stacked), or None."""
+    path = os.path.abspath(path)
+    found = None
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            dash = fields.index("-")
+            if _unescape_mountinfo(fields[4]) == path:
+                found = fields[dash + 1]
+    return found
+
+
+def pid_alive(pid):
+    """True while pid runs (a zombie counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        return state not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+
+
+class CkptMount:
+    """One ckptfs mount: a mountpoint and its cache directory."""
+
+    def __init__(self, mnt, cache, options=None, log_level="info"):
+        self.mnt = Path(mnt)
+        self.cache = Path(cache)
+        self.options = options
+        self.log_level = log_level
+
+    # --- paths ---
+    def __truediv__(self, rel):
+        return self.mnt / rel
+
+    @property
+    def log_path(self):
+        return self.cache / "ckptfs.log"
+
+    @property
+    def chunks_dir(self):
+        return self.cache / "chunks"
+
+    # --- life cycle ---
+    def mount(self):
+        cmd = [CKPTFS_BIN, "mount", self.mnt, "--cache-dir", self.cache,
+               "--log-level", self.log_level]
+        opts = ",".join(o for o in (EXTRA_OPTIONS, self.options) if o)
+        if opts:
+            cmd += ["-o", opts]
+        run(cmd, timeout=60)
+        assert self.mounted(), f"{self.mnt} is not a ckptfs mount after `ckptfs mount`"
+
+    def mounted(self):
+        return mount_fstype(self.mnt) == "fuse.ckptfs"
+
+    def umount(self):
+        """Unmounts with `ckptfs umount` (which waits for the daemon to stop)."""
+        run([CKPTFS_BIN, "umount", self.mnt], timeout=360)
+        assert not self.mounted()
+
+    def force_umount(self):
+        """Gets the mount out of the way whatever state it is in; never raises."""
+        if not self.mounted():
+            return
+        try:
+            p = run([CKPTFS_BIN, "umount", self.mnt], timeout=360, check=False)
+            if p.returncode == 0 and not self.mounted():
+                return
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            subprocess.run(["umount", "-l", str(self.mnt)], timeout=60, check=False)
+        except subprocess.TimeoutExpired:
+            pass
+        pid = self.daemon_pid()
+        if pid and pid_alive(pid):
+            # A lazily detached mount may keep its daemon alive; wait a little, then stop it.
+            deadline = time.monotonic() + 30
+            while pid_alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if pid_alive(pid) and _comm(pid) == "ckptfs":
+                os.kill(pid, signal.SIGKILL)
+
+    def remount(self):
+        self.umount()
+        self.mount()
+
+    def daemon_pid(self):
+        try:
+            return int((self.cache / "lock").read_text().split()[0])
+        except (FileNotFoundError, IndexError, ValueError):
+            return None
+
+    def kill_daemon(self):
+        """kill -9 of the daemon; returns once it is gone."""
+        pid = self.daemon_pid()
+        assert pid and pid_alive(pid) and _comm(pid) == "ckptfs"
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not pid_alive(pid), "the daemon survived SIGKILL"
+
+    # --- observation ---
+    def stats(self):
+        """`ckptfs stats`, parsed: {name: int or float}."""
+        out = run([CKPTFS_BIN, "stats", self.mnt]).stdout
+        result = {}
+        for line in out.splitlines():
+            k, v = line.split()
+            result[k] = float(v) if "." in v else int(v)
+        return result
+
+    def log(self):
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def chunk_files(self):
+        """Every chunk file on the local tier: chunks/<2 hex>/<32 hex>."""
+        out = []
+        for sub in self.chunks_dir.glob("??"):
+            out.extend(p for p in sub.iterdir() if len(p.name) == 32)
+        return out
+
+    def chunk_bytes_on_disk(self):
+        return sum(p.stat().st_size for p in self.chunk_files())
+
+
+def _comm(pid):
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except FileNotFoundError:
+        return None
+
+
+@pytest.fixture(scope="session")
+def ckptfs_bin():
+    if not CKPTFS_BIN.is_file():
+        pytest.fail(f"no ckptfs binary at {CKPTFS_BIN} (build it or set CKPTFS_BIN)")
+    if os.geteuid() != 0:
+        pytest.fail("the mount tests must run as root")
+    if not os.path.exists("/dev/fuse"):
+        pytest.fail("/dev/fuse is missing")
+    return CKPTFS_BIN
+
+
+@pytest.fixture
+def workdir(request):
+    """A fresh directory for one test, removed afterwards (mounts must be gone by then)."""
+    TEST_TMP.mkdir(parents=True, exist_ok=True)
+    d = Path(tempfile.mkdtemp(prefix="ckptfs-it-", dir=TEST_TMP))
+    os.chmod(d, 0o755)  # non-root users must be able to reach the mountpoint
+    yield d
+    # Never recurse into something still mounted.
+    with open("/proc/self/mountinfo") as f:
+        busy = [l for l in f if str(d) in l]
+    if not busy:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def make_mount(ckptfs_bin, workdir, request):
+    """Factory: make_mount(options=None, cache=None, name="m") mounts ckptfs on a fresh
+    mountpoint (with a fresh cache directory unless one is given) and returns a CkptMount.
+    Everything it mounted is unmounted at teardown, even when the test failed."""
+    mounts = []
+
+    def factory(options=None, cache=None, name="m", log_level="info", mount=True):
+        mnt = workdir / f"{name}.mnt"
+        mnt.mkdir()
+        os.chmod(mnt, 0o755)
+        cache = Path(cache) if cache else workdir / f"{name}.cache"
+        m = CkptMount(mnt, cache, options, log_level)
+        mounts.append(m)
+        if mount:
+            m.mount()
+        return m
+
+    yield factory
+    failed = getattr(request.node, "rep_call", None) is not None and request.node.rep_call.failed
+    for m in reversed(mounts):
+        if failed:
+            tail = m.log().splitlines()[-40:]
+            print(f"\n--- tail of {m.log_path} ---\n" + "\n".join(tail))
+        m.force_umount()
+    for m in mounts:
+        assert not m.mounted(), f"could not unmount {m.mnt}"
+
+
+@pytest.fixture
+def mnt(make_mount):
+    """A ckptfs mount with default options on a fresh mountpoint and cache directory."""
+    return make_mount()
+
+
+@pytest.hookimpl(tryfirst=True, hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    setattr(item, "rep_" + rep.when, rep)
+
+
+class TimeLimitExceeded(Exception):
+    pass
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    """Interrupts a test body that runs past its limit (marker `timeout`, else
+    CKPTFS_TEST_TIMEOUT), so that a hung mount fails that test instead of stalling the run. Only
+    the body: fixture teardown (the unmounts) always runs to the end."""
+    marker = item.get_closest_marker("timeout")
+    limit = int(marker.args[0]) if marker else DEFAULT_TIMEOUT
+
+    def on_alarm(signum, frame):
+        raise TimeLimitExceeded(f"test ran past its {limit} s limit")
+
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    signal.alarm(limit)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+# --- helpers shared by the test files ---
+
+def expect_errno(err, fn, *args, **kw):
+    """Calls fn and asserts that it raises OSError with errno err."""
+    with pytest.raises(OSError) as info:
+        fn(*args, **kw)
+    assert info.value.errno == err, f"expected {errno.errorcode[err]}, got {info.value!r}"
+    return info.value
+
+
+def write_file(path, data, fsync=False):
+    with open(path, "wb") as f:
+        f.write(data)
+        if fsync:
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def read_file(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def wait_for(probe, done, timeout=20.0):
+    """Calls probe() until done(result) holds or timeout seconds pass; returns the last result.
+    For effects the kernel delivers asynchronously (RELEASE after close(2))."""
+    deadline = time.monotonic() + timeout
+    while True:
+        r = probe()
+        if done(r) or time.monotonic() > deadline:
+            return r
+        time.sleep(0.05)

@@ -1,0 +1,221 @@
+# What survives: overwrites, atomic replace, unlink, a clean remount, and a kill -9 of the daemon.
+import errno
+import os
+import random
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from conftest import expect_errno, read_file, write_file
+
+MiB = 1 << 20
+
+
+def rand_bytes(n, seed):
+    return random.Random(seed).randbytes(n)
+
+
+def test_overwrite_existing_file(mnt):
+    p = mnt / "ckpt"
+    v1 = rand_bytes(6 * MiB, 1)
+    v2 = rand_bytes(2 * MiB + 5, 2)
+    write_file(p, v1)
+    ino = os.stat(p).st_ino
+    write_file(p, v2)
+    assert os.stat(p).st_ino == ino
+    assert os.stat(p).st_size == len(v2)
+    assert read_file(p) == v2
+    mnt.remount()
+    assert read_file(p) == v2
+    # The first version's chunks are reclaimed: only v2 is stored.
+    assert mnt.stats()["stored_bytes"] == len(v2)
+
+
+def test_save_to_temp_then_atomic_replace(mnt):
+    final = mnt / "model.pt"
+    tmp = mnt / "model.pt.tmp"
+    old = rand_bytes(3 * MiB, 3)
+    new = rand_bytes(4 * MiB, 4)
+    write_file(final, old)
+    with open(final, "rb") as reader:  # a reader of the old version keeps it
+        write_file(tmp, new, fsync=True)
+        os.replace(tmp, final)
+        assert reader.read() == old
+    assert not tmp.exists()
+    assert sorted(os.listdir(mnt.mnt)) == ["model.pt"]
+    assert read_file(final) == new
+    mnt.remount()
+    assert sorted(os.listdir(mnt.mnt)) == ["model.pt"]
+    assert read_file(final) == new
+    s = mnt.stats()
+    assert s["files"] == 1 and s["stored_bytes"] == len(new)
+
+
+def test_unlink_frees_and_persists(mnt):
+    write_file(mnt / "a", rand_bytes(2 * MiB, 5))
+    write_file(mnt / "b", rand_bytes(2 * MiB, 6))
+    os.unlink(mnt / "a")
+    assert mnt.stats()["stored_bytes"] == 2 * MiB
+    mnt.remount()
+    assert os.listdir(mnt.mnt) == ["b"]
+    expect_errno(errno.ENOENT, os.stat, mnt / "a")
+    assert read_file(mnt / "b") == rand_bytes(2 * MiB, 6)
+    assert mnt.chunk_bytes_on_disk() == 2 * MiB
+
+
+def snapshot(root):
+    """Everything observable about a tree: {relative path: attributes (+ bytes, target, xattrs)}."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = os.path.join(dirpath, name)
+            rel = os.path.relpath(p, root)
+            st = os.lstat(p)
+            rec = {"mode": st.st_mode, "uid": st.st_uid, "gid": st.st_gid,
+                   "nlink": st.st_nlink, "mtime_ns": st.st_mtime_ns, "atime_ns": st.st_atime_ns,
+                   "ino": st.st_ino}
+            if stat.S_ISLNK(st.st_mode):
+                rec["target"] = os.readlink(p)
+            else:
+                rec["xattrs"] = {n: os.getxattr(p, n) for n in sorted(os.listxattr(p))}
+            if stat.S_ISREG(st.st_mode):
+                rec["size"] = st.st_size
+                rec["data"] = read_file(p)
+            out[rel] = rec
+    return out
+
+
+def test_remount_preserves_everything(mnt):
+    root = mnt.mnt
+    os.makedirs(root / "run" / "step-100")
+    os.makedirs(root / "run" / "empty")
+    write_file(root / "run" / "step-100" / "model.pt", rand_bytes(5 * MiB + 3, 7))
+    write_file(root / "run" / "step-100" / "optim.pt", rand_bytes(700_000, 8), fsync=True)
+    write_file(root / "run" / "config.json", b'{"lr": 0.1}')
+    write_file(root / "empty-file", b"")
+    with open(root / "sparse", "wb") as f:
+        f.seek(10 * MiB)
+        f.write(b"end")
+    os.symlink("step-100", root / "run" / "latest")
+    os.symlink("/absolute/dangling", root / "dangling")
+    os.link(root / "run" / "config.json", root / "config-hardlink")
+    os.chmod(root / "run" / "config.json", 0o640)
+    os.chmod(root / "run" / "empty", 0o700)
+    os.chown(root / "run" / "step-100" / "optim.pt", 1000, 1001)
+    os.setxattr(root / "run" / "step-100" / "model.pt", "user.step", b"100")
+    os.setxattr(root / "run", "user.owner", b"team-a")
+    os.utime(root / "run" / "step-100" / "model.pt", ns=(1_234_567_890_123_456_789, 1_111_111_111_222_333_444))
+    os.mkfifo(root / "fifo")
+    # Directories last: their mtimes change with every entry made in them.
+    os.utime(root / "run" / "empty", ns=(1_000_000_000_000_000_001, 1_000_000_000_000_000_002))
+    before = snapshot(root)
+    assert len(before) == 12
+    mnt.remount()
+    after = snapshot(root)
+    assert after.keys() == before.keys()
+    for k in before:
+        assert after[k] == before[k], k
+    # And once more, after a change on the remounted store.
+    write_file(root / "run" / "config.json", b'{"lr": 0.2}')
+    before = snapshot(root)
+    mnt.remount()
+    assert snapshot(root) == before
+    assert read_file(root / "config-hardlink") == b'{"lr": 0.2}'
+
+
+# --- kill -9 of the daemon ---
+
+# Writes argv[2] bytes of a seeded pattern to argv[1] (opened with argv[3]: "trunc" or
+# "inplace"), prints "ready" after argv[4] bytes, and keeps writing without ever closing.
+WRITER = r"""
+import os, random, sys, time
+path, total, how, ready_after, seed = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+flags = os.O_WRONLY | (os.O_TRUNC | os.O_CREAT if how == "trunc" else 0)
+fd = os.open(path, flags, 0o644)
+rng = random.Random(seed)
+done, told = 0, False
+while True:
+    block = rng.randbytes(1 << 20)
+    try:
+        os.write(fd, block)
+    except OSError:
+        time.sleep(0.05)  # the mount is gone: wait to be killed
+        continue
+    done += len(block)
+    if done >= ready_after and not told:
+        print("ready", flush=True)
+        told = True
+    if done >= total:
+        while True:
+            time.sleep(1)  # everything written, never closed
+"""
+
+
+def start_writer(path, total, how, ready_after, seed):
+    p = subprocess.Popen([sys.executable, "-c", WRITER, str(path), str(total), how,
+                          str(ready_after), str(seed)], stdout=subprocess.PIPE, text=True)
+    line = p.stdout.readline()
+    assert line.strip() == "ready", f"writer failed to start: {line!r}"
+    return p
+
+
+@pytest.mark.timeout(300)
+def test_kill_dash_nine_keeps_closed_files(make_mount):
+    m = make_mount()
+    root = m.mnt
+    closed = {}
+    for i in range(4):
+        data = rand_bytes(random.Random(i).randrange(1, 3 * MiB), 100 + i)
+        write_file(root / f"closed-{i}", data)
+        closed[f"closed-{i}"] = data
+    os.mkdir(root / "dir")
+    for i in range(3):
+        data = rand_bytes(2 * MiB + i, 200 + i)
+        write_file(root / "dir" / f"synced-{i}", data, fsync=True)
+        closed[f"dir/synced-{i}"] = data
+    old_trunc = rand_bytes(5 * MiB, 300)
+    old_inplace = rand_bytes(5 * MiB, 301)
+    write_file(root / "victim-trunc", old_trunc)
+    write_file(root / "victim-inplace", old_inplace)
+    os.symlink("closed-0", root / "link")
+    os.setxattr(root / "closed-1", "user.k", b"v")
+
+    writers = [
+        start_writer(root / "new-big", 256 * MiB, "trunc", 48 * MiB, 400),  # a new file
+        start_writer(root / "victim-trunc", 256 * MiB, "trunc", 24 * MiB, 401),  # open("wb")
+        start_writer(root / "victim-inplace", 3 * MiB, "inplace", 3 * MiB, 402),  # open("r+b")
+    ]
+    try:
+        m.kill_daemon()
+    finally:
+        for w in writers:
+            w.kill()
+            w.wait(timeout=60)
+    # The mount is dead: its users see ENOTCONN.
+    expect_errno(errno.ENOTCONN, os.stat, root / "closed-0")
+    m.umount()
+    m.mount()
+    assert "recovered from an unclean stop" in m.log()
+
+    for name, data in closed.items():
+        assert os.stat(root / name).st_size == len(data), name
+        assert read_file(root / name) == data, name
+    assert os.readlink(root / "link") == "closed-0"
+    assert os.getxattr(root / "closed-1", "user.k") == b"v"
+    # Files being written when the daemon died hold their last committed version: never torn.
+    assert read_file(root / "victim-trunc") == old_trunc
+    assert read_file(root / "victim-inplace") == old_inplace
+    if (root / "new-big").exists():  # created (an empty file) but never closed
+        assert os.stat(root / "new-big").st_size == 0
+    # Nothing the dead writers put on disk is left behind: the tier holds what manifests use.
+    s = m.stats()
+    assert s["stored_bytes"] == m.chunk_bytes_on_disk()
+    assert s["chunks"] == len(m.chunk_files())
+    assert not os.listdir(m.cache / "staging")
+    # The recovered store keeps working.
+    write_file(root / "victim-trunc", b"after")
+    m.remount()
+    assert read_file(root / "victim-trunc") == b"after"
+    assert read_file(root / "dir" / "synced-0") == closed["dir/synced-0"]

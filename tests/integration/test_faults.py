@@ -1,0 +1,183 @@
+# Faults of the local tier: a full cache disk (ENOSPC) and a corrupted chunk file (EIO).
+import errno
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import expect_errno, read_file, run, wait_for, write_file
+
+MiB = 1 << 20
+
+
+# torch.save(state of argv[3] MiB, argv[1]) by path or through a Python file object (argv[2]).
+TORCH_SAVE = r"""
+import sys, torch
+path, how, mib = sys.argv[1], sys.argv[2], int(sys.argv[3])
+g = torch.Generator().manual_seed(1)
+state = {"a": torch.randn(mib << 17, generator=g), "b": torch.randn(mib << 17, generator=g)}
+try:
+    if how == "path":
+        torch.save(state, path)
+    else:
+        with open(path, "wb") as f:
+            torch.save(state, f)
+    print("saved", flush=True)
+except Exception as e:
+    print("raised", type(e).__name__, e, flush=True)
+"""
+
+
+def rand_bytes(n, seed):
+    return random.Random(seed).randbytes(n)
+
+
+@pytest.fixture
+def small_disk(workdir):
+    """A 64 MiB tmpfs to hold a cache directory; unmounted afterwards (after the ckptfs mount,
+    which make_mount's teardown removes first: this fixture is set up before it)."""
+    d = workdir / "small-disk"
+    d.mkdir()
+    run(["mount", "-t", "tmpfs", "-o", "size=64m", "ckptfs-test-tmpfs", d])
+    yield d
+    subprocess.run(["umount", str(d)], timeout=60, check=False)
+    if os.path.ismount(d):
+        subprocess.run(["umount", "-l", str(d)], timeout=60, check=False)
+
+
+def write_until_error(path, total, seed):
+    """Writes `total` bytes in 1 MiB pieces; returns the OSError seen at write() or close()."""
+    rng = random.Random(seed)
+    fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+    err = None
+    try:
+        for _ in range(total // MiB):
+            os.write(fd, rng.randbytes(MiB))
+    except OSError as e:
+        err = e
+    finally:
+        try:
+            os.close(fd)
+        except OSError as e:
+            err = err or e
+    return err
+
+
+@pytest.mark.timeout(300)
+def test_cache_disk_full(small_disk, make_mount):
+    m = make_mount(cache=small_disk / "cache")
+    root = m.mnt
+    keep = rand_bytes(4 * MiB, 1)
+    write_file(root / "keep", keep)
+    os.mkdir(root / "dir")
+    write_file(root / "dir" / "small", b"small file")
+
+    err = write_until_error(root / "huge", 200 * MiB, 2)
+    assert err is not None, "writing 200 MiB onto a 64 MiB cache disk succeeded"
+    assert err.errno == errno.ENOSPC, err
+    # (The daemon's log lives on the full disk too: what it says about this may be lost.)
+
+    # The store is consistent: what was there before reads back; the partial file is no bigger
+    # than what fitted and can be deleted.
+    assert read_file(root / "keep") == keep
+    assert read_file(root / "dir" / "small") == b"small file"
+    assert os.stat(root / "huge").st_size < 64 * MiB
+    os.unlink(root / "huge")
+    assert sorted(os.listdir(root)) == ["dir", "keep"]
+    # The failed writer's chunks are reclaimed: the tier holds only what manifests reference.
+    s = wait_for(m.stats, lambda s: s["stored_bytes"] == m.chunk_bytes_on_disk())
+    assert s["files"] == 2
+    assert s["stored_bytes"] == m.chunk_bytes_on_disk() == len(keep) + len(b"small file")
+    # Space is back: new files can be written.
+    fresh = rand_bytes(8 * MiB, 3)
+    write_file(root / "fresh", fresh)
+    assert read_file(root / "fresh") == fresh
+
+    # torch.save of a state dict that does not fit fails instead of leaving a checkpoint, and an
+    # existing checkpoint it was meant to replace keeps its previous version. (In a subprocess:
+    # PyTorch 1.13 aborts the process when its zip writer's destructor fails after the error.)
+    small_state = {"w": torch.arange(10.0)}
+    torch.save(small_state, root / "ok.pt")
+    for target, how in (("too-big.pt", "path"), ("ok.pt", "path"), ("ok.pt", "fileobj")):
+        p = subprocess.run([sys.executable, "-c", TORCH_SAVE, str(root / target), how, "192"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
+        assert "saved" not in p.stdout, (target, how, p.stdout, p.stderr[-2000:])
+        assert p.returncode != 0 or "raised" in p.stdout, (target, how, p.stdout)
+    assert os.stat(root / "too-big.pt").st_size == 0  # created, but no bytes were committed
+    os.unlink(root / "too-big.pt")
+    assert torch.equal(torch.load(root / "ok.pt")["w"], small_state["w"])
+
+    # A clean unmount and a remount keep all of it.
+    m.remount()
+    assert read_file(root / "keep") == keep
+    assert read_file(root / "fresh") == fresh
+    assert sorted(os.listdir(root)) == ["dir", "fresh", "keep", "ok.pt"]
+
+
+def chunk_of(m, data):
+    """The chunk files whose bytes occur in `data`: {path: offset in data}."""
+    out = {}
+    for p in m.chunk_files():
+        b = p.read_bytes()
+        off = data.find(b)
+        if off >= 0:
+            out[p] = (off, len(b))
+    return out
+
+
+def test_corrupt_chunk_reads_fail_with_eio(make_mount):
+    m = make_mount()
+    root = m.mnt
+    victim = rand_bytes(16 * MiB, 10)
+    write_file(root / "victim", victim)
+    m.umount()
+    chunks = chunk_of(m, victim)
+    assert sum(n for _, n in chunks.values()) == len(victim)
+    # A chunk well inside the file, at least 2 MiB from both ends.
+    inner = sorted((off, n, p) for p, (off, n) in chunks.items()
+                   if off >= 3 * MiB and off + n <= len(victim) - 3 * MiB)
+    assert inner, chunks
+    bad_off, bad_len, bad_path = inner[len(inner) // 2]
+    raw = bytearray(bad_path.read_bytes())
+    raw[len(raw) // 2] ^= 0x40
+    bad_path.write_bytes(raw)
+
+    m.mount()
+    other = rand_bytes(3 * MiB, 11)
+    write_file(root / "other", other)
+    # Reads of the damaged range fail with EIO...
+    with open(root / "victim", "rb", buffering=0) as f:
+        expect_errno(errno.EIO, os.pread, f.fileno(), 4096, bad_off + bad_len // 2)
+        expect_errno(errno.EIO, os.pread, f.fileno(), bad_len, bad_off)
+        # ... again (the daemon moved the bad chunk aside; it stays unreadable) ...
+        expect_errno(errno.EIO, os.pread, f.fileno(), 100, bad_off)
+        # ... and ranges far from it read correctly.
+        assert os.pread(f.fileno(), MiB, 0) == victim[:MiB]
+        assert os.pread(f.fileno(), MiB, len(victim) - MiB) == victim[-MiB:]
+    # Never wrong bytes: every piece either fails with EIO or matches.
+    failed = 0
+    with open(root / "victim", "rb", buffering=0) as f:
+        for off in range(0, len(victim), 64 * 1024):
+            try:
+                got = os.pread(f.fileno(), 64 * 1024, off)
+            except OSError as e:
+                assert e.errno == errno.EIO
+                failed += 1
+                continue
+            # A short read may stop before the damage; what comes back is right.
+            assert len(got) > 0 and got == victim[off:off + len(got)], off
+            assert off + len(got) <= bad_off or off >= bad_off + bad_len, "read damaged bytes"
+    assert failed >= bad_len // (64 * 1024)
+    # The whole-file read fails rather than returning something.
+    expect_errno(errno.EIO, read_file, root / "victim")
+    log = m.log()
+    assert "corrupt" in log and bad_path.name in log, log[-2000:]
+    # Other files are fine, and a fresh copy of the same bytes heals the store.
+    assert read_file(root / "other") == other
+    write_file(root / "victim", victim)
+    assert read_file(root / "victim") == victim
+    m.remount()
+    assert read_file(root / "victim") == victim
