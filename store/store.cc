@@ -169,7 +169,7 @@ Status Store::Close() {
   for (auto& [ino, f] : open) {
     WaitDrained(*f);
     std::lock_guard lock(f->mu);
-    Status st = Commit(ino, *f, false);
+    Status st = CommitOrDrop(ino, *f, false);
     if (!st.ok() && first.ok()) first = st;
   }
   Status st = cache_->Sync();

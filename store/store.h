@@ -9,7 +9,8 @@
 //
 // Writes are acknowledged once copied into the file's bounded queue; pool threads chunk, hash and
 // store them behind the writer, so the application and the daemon work in parallel. An error
-// found there is returned by the file's next write, flush or fsync.
+// found there is returned by the file's next write, flush or fsync; a write that the local tier
+// has no room for is refused at once (AdmitWrite).
 //
 // Durability: closing a file (Flush) commits its manifest after its chunks are written to the
 // local tier's files, so a crash of the daemon never loses or tears a closed file. Fsync also
@@ -163,12 +164,20 @@ class Store final : private ChunkSink {
   bool IsOpen(uint64_t ino);
   void Overlay(InodeRecord* rec);
   Status EnsureWriter(uint64_t ino, OpenFile& f);
+  // Refuses a write of len bytes with kNoSpace when the local tier could not hold it on top of
+  // the bytes already acknowledged and not yet stored, so that a full disk fails the write(2)
+  // itself instead of a close(2) that many programs never check.
+  Status AdmitWrite(size_t len);
   // Applies f's queued writes (a pool task).
   void Drain(uint64_t ino, const std::shared_ptr<OpenFile>& f);
   // Waits until every queued write of f is applied. REQUIRES: f.mu not held.
   void WaitDrained(OpenFile& f);
-  // REQUIRES: f.mu held. Commits f's writer, if any. durable: sync chunks before, metadata after.
+  // REQUIRES: f.mu held, f's queue drained. Commits f's writer, if any. durable: sync chunks
+  // before, metadata after.
   Status Commit(uint64_t ino, OpenFile& f, bool durable);
+  // Commit, unless a write since the last commit failed: then drops the writer and returns that
+  // error (the file keeps its committed bytes). REQUIRES: as Commit.
+  Status CommitOrDrop(uint64_t ino, OpenFile& f, bool durable);
   // REQUIRES: ns_mu_ held, inside txn. Drops rec's last link: keeps it as an orphan while open,
   // otherwise deletes it; chunks left unreferenced go into *freed.
   Status DropLink(MetaStore::Txn& txn, InodeRecord& rec, std::vector<ChunkId>* freed);
@@ -196,6 +205,8 @@ class Store final : private ChunkSink {
   std::mutex holds_mu_;
   std::unordered_map<ChunkId, uint32_t, ChunkIdHash> holds_;  // guarded by holds_mu_
   std::atomic<uint64_t> staging_seq_{0};
+  std::atomic<uint64_t> unstored_bytes_{0};  // acknowledged writes still in queues
+  std::atomic<bool> full_logged_{false};
   // Last member: destroyed first, so its threads are joined before anything they use goes away.
   std::unique_ptr<ThreadPool> write_pool_;
 };

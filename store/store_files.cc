@@ -1,6 +1,7 @@
 // Store: file bytes — open files, writes, reads and commits.
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 
 #include <algorithm>
 #include <cstring>
@@ -51,7 +52,10 @@ Status Store::Open(uint64_t ino, bool truncate) {
   if (S_ISDIR(rec.mode)) return Status(Code::kIsDir, "open of a directory as a file");
   txn.Abort();  // EnsureWriter opens its own read transaction
   auto f = PinFile(ino);
-  if (!f->dirty) f->size = rec.size;
+  {
+    std::lock_guard q(f->qmu);
+    if (!f->dirty) f->size = rec.size;
+  }
   if (truncate && S_ISREG(rec.mode)) {
     WaitDrained(*f);
     std::lock_guard lock(f->mu);
@@ -103,6 +107,11 @@ Status Store::Write(uint64_t ino, uint64_t offset, const uint8_t* data, size_t l
            f->queued_bytes + len <= cfg_.write_queue_bytes;
   });
   if (!f->async_error.ok()) return f->async_error;
+  if (Status room = AdmitWrite(len); !room.ok()) {
+    f->async_error = room;  // the file's new bytes are dropped at close, like any failed write
+    return room;
+  }
+  unstored_bytes_ += len;
   QueuedWrite w{offset, std::unique_ptr<uint8_t[]>(new uint8_t[len]), len};
   std::memcpy(w.data.get(), data, len);
   f->queue.push_back(std::move(w));
@@ -115,6 +124,36 @@ Status Store::Write(uint64_t ino, uint64_t offset, const uint8_t* data, size_t l
     write_pool_->Submit([this, ino, f] { Drain(ino, f); });
   }
   return Status::Ok();
+}
+
+namespace {
+constexpr size_t kLargeWrite = 128 << 10;
+}  // namespace
+
+Status Store::AdmitWrite(size_t len) {
+  struct statvfs vfs;
+  if (::statvfs(cfg_.cache_dir.c_str(), &vfs) != 0) {
+    return Status::FromErrno(errno, "statvfs " + cfg_.cache_dir);
+  }
+  // Every write leaves room for the chunk a writer holds back and for the metadata to grow. A
+  // large write also leaves a tail reserve that small writes may still use: a program that runs
+  // out of room then fails on a data write, which it checks, rather than on the last few small
+  // writes of its file (torch.save's zip end records), whose errors torch 1.13 drops.
+  const uint64_t total = uint64_t{vfs.f_blocks} * vfs.f_frsize;
+  const uint64_t base_reserve = std::min<uint64_t>(2ull * cfg_.chunking.max_bytes + (1ull << 20),
+                                                   total / 32);
+  const uint64_t tail_reserve = len >= kLargeWrite ? std::min<uint64_t>(8ull << 20, total / 16) : 0;
+  const uint64_t free_bytes = uint64_t{vfs.f_bavail} * vfs.f_frsize;
+  const uint64_t need = unstored_bytes_.load() + len + base_reserve + tail_reserve;
+  if (free_bytes >= need) {
+    full_logged_ = false;
+    return Status::Ok();
+  }
+  Status st(Code::kNoSpace, "the local tier " + cfg_.cache_dir + " has " +
+                                std::to_string(free_bytes >> 20) + " MiB free, " +
+                                std::to_string(need >> 20) + " MiB needed");
+  if (!full_logged_.exchange(true)) log_->error("refusing writes: {}", st.message());
+  return st;
 }
 
 void Store::Drain(uint64_t ino, const std::shared_ptr<OpenFile>& f) {
@@ -136,6 +175,7 @@ void Store::Drain(uint64_t ino, const std::shared_ptr<OpenFile>& f) {
       st = EnsureWriter(ino, *f);
       if (st.ok()) st = f->writer->Write(w.offset, w.data.get(), w.len);
     }
+    unstored_bytes_ -= w.len;
     std::lock_guard q(f->qmu);
     f->queued_bytes -= w.len;
     if (!st.ok() && f->async_error.ok()) f->async_error = st;
@@ -199,30 +239,41 @@ Status Store::Flush(uint64_t ino) {
   if (!f) return Status::Ok();
   WaitDrained(*f);
   std::lock_guard lock(f->mu);
-  Status st = Commit(ino, *f, false);
-  std::lock_guard q(f->qmu);
-  if (!f->async_error.ok()) {  // reported once, here; the file keeps its committed bytes
-    st = f->async_error;
-    f->async_error = Status::Ok();
-  }
-  return st;
+  return CommitOrDrop(ino, *f, false);
 }
 
 Status Store::Fsync(uint64_t ino) {
   if (auto f = FindFile(ino)) {
     WaitDrained(*f);
     std::lock_guard lock(f->mu);
-    RETURN_IF_ERROR(Commit(ino, *f, true));
-    std::lock_guard q(f->qmu);
-    if (!f->async_error.ok()) {
-      Status st = f->async_error;
-      f->async_error = Status::Ok();
-      return st;
-    }
+    RETURN_IF_ERROR(CommitOrDrop(ino, *f, true));
   }
   // A file committed earlier by close(2) is made durable here too.
   RETURN_IF_ERROR(cache_->Sync());
   return meta_->Sync();
+}
+
+Status Store::CommitOrDrop(uint64_t ino, OpenFile& f, bool durable) {
+  Status failed;
+  {
+    std::lock_guard q(f.qmu);
+    std::swap(failed, f.async_error);  // reported once, here
+  }
+  if (failed.ok()) return Commit(ino, f, durable);
+  // A write since the last commit failed: none of the bytes written since then are committed,
+  // so a checkpoint is either all there or still its previous version.
+  if (f.writer) {
+    std::unique_ptr<FileWriter> writer = std::move(f.writer);
+    f.manifest = nullptr;
+    {
+      std::lock_guard q(f.qmu);
+      f.dirty = f.queued_bytes > 0;
+    }
+    ReleaseHolds(writer->held());
+  }
+  log_->warn("inode {}: a write failed ({}); the file keeps its previously committed bytes", ino,
+             failed.ToString());
+  return failed;
 }
 
 Status Store::Commit(uint64_t ino, OpenFile& f, bool durable) {

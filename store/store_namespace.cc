@@ -62,7 +62,7 @@ Result<InodeRecord> Store::SetAttr(uint64_t ino, const SetAttrRequest& req) {
       f->size = f->writer->size();
       f->mtime_ns = now;
       // truncate(2) has no close to commit it: commit at once.
-      return Commit(ino, *f, false);
+      return CommitOrDrop(ino, *f, false);
     }();
     if (UnpinFile(ino)) RETURN_IF_ERROR(ReapIfOrphan(ino));
     RETURN_IF_ERROR(st);

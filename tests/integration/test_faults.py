@@ -117,6 +117,38 @@ def test_cache_disk_full(small_disk, make_mount):
     assert sorted(os.listdir(root)) == ["dir", "fresh", "keep", "ok.pt"]
 
 
+def saved_state(mib):
+    g = torch.Generator().manual_seed(1)
+    return {"a": torch.randn(mib << 17, generator=g), "b": torch.randn(mib << 17, generator=g)}
+
+
+@pytest.mark.timeout(300)
+def test_disk_full_at_the_margin_never_loses_a_checkpoint_silently(small_disk, make_mount):
+    # torch.save by path ignores errors from close(2), so a full disk must fail a write(2): sizes
+    # around the free space either save completely (and load back equal) or fail visibly while
+    # the checkpoint being replaced keeps its previous version.
+    m = make_mount(cache=small_disk / "cache")
+    root = m.mnt
+    old = {"w": torch.arange(1000.0)}
+    torch.save(old, root / "ckpt.pt")
+    outcomes = []
+    for mib in (8, 16, 24, 28, 32, 36, 40, 44, 48, 52, 56, 60, 64, 96):
+        p = subprocess.run([sys.executable, "-c", TORCH_SAVE, str(root / "ckpt.pt"), "path",
+                            str(mib)],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
+        back = torch.load(root / "ckpt.pt")
+        if "saved" in p.stdout and p.returncode == 0:
+            want = saved_state(mib)
+            assert all(torch.equal(back[k], want[k]) for k in want), f"{mib} MiB: saved but wrong"
+            outcomes.append((mib, "saved"))
+            torch.save(old, root / "ckpt.pt")  # back to the small one for the next size
+        else:
+            assert torch.equal(back["w"], old["w"]), f"{mib} MiB: failed and lost the old version"
+            outcomes.append((mib, "failed"))
+    assert (8, "saved") in outcomes, outcomes
+    assert (96, "failed") in outcomes, outcomes
+
+
 def chunk_of(m, data):
     """The chunk files whose bytes occur in `data`: {path: offset in data}."""
     out = {}
