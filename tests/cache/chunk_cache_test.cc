@@ -1,5 +1,6 @@
 #include "cache/chunk_cache.h"
 
+#include <algorithm>
 #include <dirent.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -78,7 +79,7 @@ class ChunkCacheTest : public ::testing::TestWithParam<std::string> {
     auto r = cache_->Get(c.id, c.bytes.size());
     ASSERT_TRUE(r.ok()) << r.status().ToString();
     ASSERT_EQ((*r)->size, c.bytes.size());
-    EXPECT_EQ(0, std::memcmp((*r)->bytes.get(), c.bytes.data(), c.bytes.size()));
+    EXPECT_TRUE(std::equal(c.bytes.begin(), c.bytes.end(), (*r)->bytes.get()));
   }
 
   test::TempDir dir_;
@@ -141,7 +142,7 @@ TEST_P(ChunkCacheTest, ConcurrentGetsShareOneRead) {
     ASSERT_TRUE(got[t]) << "thread " << t;
     EXPECT_TRUE(got[t] == got[0]) << "thread " << t << " did not share the one verified copy";
   }
-  EXPECT_EQ(0, std::memcmp(got[0]->bytes.get(), c.bytes.data(), c.bytes.size()));
+  EXPECT_TRUE(std::equal(c.bytes.begin(), c.bytes.end(), got[0]->bytes.get()));
   // Exactly one disk read: the others waited for it or found its result in RAM.
   EXPECT_EQ(metrics_.cache_miss_bytes.Get(), c.bytes.size());
 }
