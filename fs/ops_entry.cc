@@ -36,7 +36,7 @@ void GetAttr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
   fuse_reply_attr(req, &st, Ctx(req).cfg.attr_timeout_s);
 }
 
-void SetAttr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, fuse_file_info*) {
+void SetAttr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, fuse_file_info* fi) {
   SetAttrRequest r;
   if (to_set & FUSE_SET_ATTR_MODE) r.mode = attr->st_mode;
   if (to_set & FUSE_SET_ATTR_UID) r.uid = attr->st_uid;
@@ -53,7 +53,7 @@ void SetAttr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, fuse
   } else if (to_set & FUSE_SET_ATTR_MTIME) {
     r.mtime_ns = ns(attr->st_mtim);
   }
-  auto rec = Ctx(req).store->SetAttr(ino, r);
+  auto rec = Ctx(req).store->SetAttr(ino, r, fi ? fi->fh : 0);
   if (!rec.ok()) return ReplyError(req, rec.status(), "setattr", ino);
   struct stat st;
   FillStat(*rec, &st);

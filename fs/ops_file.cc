@@ -11,30 +11,36 @@ namespace ckptfs::fs {
 namespace {
 
 // On one node every change reaches the kernel's page cache through this mount, so a file's
-// cached pages stay valid across opens: warm reads never reach the daemon.
-void SetOpenFlags(fuse_file_info* fi) {
-  fi->keep_cache = 1;
+// cached pages stay valid across opens and warm reads never reach the daemon; the exception is
+// a file whose uncommitted bytes were dropped (the store says so).
+void SetOpenFlags(fuse_file_info* fi, uint64_t fh, bool keep_cache) {
+  fi->fh = fh;
+  fi->keep_cache = keep_cache;
   fi->direct_io = 0;
 }
 
 void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   // The kernel hands O_TRUNC to open (FUSE_CAP_ATOMIC_O_TRUNC, on by default) instead of
   // truncating first: the store must drop the old bytes.
-  Status st = Ctx(req).store->Open(ino, (fi->flags & O_TRUNC) != 0);
+  uint64_t fh = 0;
+  bool keep = true;
+  Status st = Ctx(req).store->Open(ino, (fi->flags & O_TRUNC) != 0, &fh, &keep);
   if (!st.ok()) return ReplyError(req, st, "open", ino);
-  SetOpenFlags(fi);
-  if (fuse_reply_open(req, fi) != 0) (void)Ctx(req).store->Release(ino);  // the opener is gone
+  SetOpenFlags(fi, fh, keep);
+  if (fuse_reply_open(req, fi) != 0) (void)Ctx(req).store->Release(ino, fh);  // opener is gone
 }
 
 void Create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, fuse_file_info* fi) {
   Store* store = Ctx(req).store;
   auto rec = store->MakeNode(parent, name, S_IFREG | (mode & 07777), 0, CallerOf(req));
   if (!rec.ok()) return ReplyError(req, rec.status(), "create", parent);
-  Status st = store->Open(rec->ino);
+  uint64_t fh = 0;
+  bool keep = true;
+  Status st = store->Open(rec->ino, false, &fh, &keep);
   if (!st.ok()) return ReplyError(req, st, "create", rec->ino);
-  SetOpenFlags(fi);
+  SetOpenFlags(fi, fh, keep);
   fuse_entry_param e = EntryOf(req, *rec);
-  if (fuse_reply_create(req, &e, fi) != 0) (void)store->Release(rec->ino);
+  if (fuse_reply_create(req, &e, fi) != 0) (void)store->Release(rec->ino, fh);
 }
 
 void Read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
@@ -50,34 +56,35 @@ void Read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info
 }
 
 void Write(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_t off,
-           fuse_file_info*) {
+           fuse_file_info* fi) {
   Status st = Ctx(req).store->Write(ino, static_cast<uint64_t>(off),
-                                    reinterpret_cast<const uint8_t*>(buf), size);
+                                    reinterpret_cast<const uint8_t*>(buf), size, fi->fh);
   if (!st.ok()) return ReplyError(req, st, "write", ino);
   fuse_reply_write(req, size);
 }
 
-void Flush(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
-  Status st = Ctx(req).store->Flush(ino);
+void Flush(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  Status st = Ctx(req).store->Flush(ino, fi->fh);
   if (!st.ok()) return ReplyError(req, st, "flush", ino);
   fuse_reply_err(req, 0);
 }
 
-void Release(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
-  Status st = Ctx(req).store->Release(ino);
+void Release(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  Status st = Ctx(req).store->Release(ino, fi->fh);
   if (!st.ok()) return ReplyError(req, st, "release", ino);
   fuse_reply_err(req, 0);
 }
 
-void Fsync(fuse_req_t req, fuse_ino_t ino, int, fuse_file_info*) {
-  Status st = Ctx(req).store->Fsync(ino);
+void Fsync(fuse_req_t req, fuse_ino_t ino, int, fuse_file_info* fi) {
+  Status st = Ctx(req).store->Fsync(ino, fi->fh);
   if (!st.ok()) return ReplyError(req, st, "fsync", ino);
   fuse_reply_err(req, 0);
 }
 
 // Mode 0 only (posix_fallocate): grows the file like truncate; bytes are not reserved, since
 // chunks are allocated when written.
-void Fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t len, fuse_file_info*) {
+void Fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t len,
+               fuse_file_info* fi) {
   if (mode != 0) {
     fuse_reply_err(req, EOPNOTSUPP);
     return;
@@ -89,7 +96,7 @@ void Fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t len, f
   if (end > rec->size) {
     SetAttrRequest r;
     r.size = end;
-    auto done = store->SetAttr(ino, r);
+    auto done = store->SetAttr(ino, r, fi->fh);
     if (!done.ok()) return ReplyError(req, done.status(), "fallocate", ino);
   }
   fuse_reply_err(req, 0);

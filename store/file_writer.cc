@@ -264,7 +264,7 @@ Status FileWriter::ToStaging() {
 }
 
 Status FileWriter::Read(uint64_t offset, size_t len, std::vector<ReadSlice>* out) {
-  if (!error_.ok()) return error_;
+  // No sticky error here: a failed write leaves the state as it was before that write.
   const uint64_t end = std::min<uint64_t>(offset + len, size_);
   if (offset >= end) return Status::Ok();
   if (mode_ == Mode::kStaging) {

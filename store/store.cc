@@ -144,6 +144,7 @@ Status Store::Recover(bool clean) {
         [&](const ChunkId& id, const ChunkRecord& r) { referenced.emplace(id, r.len); }));
   }
   RETURN_IF_ERROR(txn.Commit());
+  if (!freed.empty()) RETURN_IF_ERROR(meta_->Sync());
   for (const ChunkId& id : freed) RETURN_IF_ERROR(cache_->Remove(id));
   if (!clean) {
     // Chunks written for files whose commit never happened.
@@ -228,17 +229,35 @@ void Store::ReleaseHolds(const std::vector<ChunkId>& ids) {
 
 void Store::Reclaim(const std::vector<ChunkId>& ids) {
   if (ids.empty()) return;
-  // Under holds_mu_, so that no writer can start holding a chunk between the check and the unlink.
-  std::lock_guard lock(holds_mu_);
-  auto txn = meta_->Begin(false);
-  if (!txn.ok()) {
-    log_->error("reclaiming chunks: {}", txn.status().ToString());
+  // Find the candidates, make the commits that dropped their last references durable, then
+  // delete those still unreferenced and unheld. The final check runs under holds_mu_, so that no
+  // writer can start holding a chunk between the check and the unlink.
+  auto unreferenced = [&](const std::vector<ChunkId>& in) {
+    std::vector<ChunkId> out;
+    auto txn = meta_->Begin(false);
+    if (!txn.ok()) {
+      log_->error("reclaiming chunks: {}", txn.status().ToString());
+      return out;
+    }
+    for (const ChunkId& id : in) {
+      if (holds_.count(id)) continue;
+      auto rec = txn->GetChunk(id);
+      if (rec.ok() && rec->refs == 0) out.push_back(id);
+    }
+    return out;
+  };
+  std::vector<ChunkId> dead;
+  {
+    std::lock_guard lock(holds_mu_);
+    dead = unreferenced(ids);
+  }
+  if (dead.empty()) return;
+  if (Status st = meta_->Sync(); !st.ok()) {
+    log_->error("not reclaiming {} chunks: {}", dead.size(), st.ToString());
     return;
   }
-  for (const ChunkId& id : ids) {
-    if (holds_.count(id)) continue;
-    auto rec = txn->GetChunk(id);
-    if (!rec.ok() || rec->refs > 0) continue;
+  std::lock_guard lock(holds_mu_);
+  for (const ChunkId& id : unreferenced(dead)) {
     Status st = cache_->Remove(id);
     if (st.ok()) {
       metrics_.chunks_reclaimed.Add(1);

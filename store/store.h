@@ -3,8 +3,10 @@
 // local tier (cache/chunk_cache.h) and come back through manifests.
 //
 // Thread-safe. Lock order, outermost first:
-//   OpenFile::mu (one file's bytes)  ->  ns_mu_ (namespace changes and commits)
+//   OpenFile::mu (one file's bytes)  ->  OpenFile::qmu (its write queue)
+//   OpenFile::mu  ->  ns_mu_ (namespace changes and commits)
 //     ->  files_mu_ (the open-file table)  ->  holds_mu_ (chunk holds and reclamation)
+// qmu is never held while taking mu or ns_mu_.
 // Reads of metadata use LMDB read transactions and take no store lock.
 //
 // Writes are acknowledged once copied into the file's bounded queue; pool threads chunk, hash and
@@ -31,6 +33,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "cache/chunk_cache.h"
@@ -79,7 +82,9 @@ class Store final : private ChunkSink {
   // --- namespace ---
   Result<InodeRecord> Lookup(uint64_t parent, std::string_view name);
   Result<InodeRecord> GetAttr(uint64_t ino);
-  Result<InodeRecord> SetAttr(uint64_t ino, const SetAttrRequest& req);
+  // A size change through a handle (ftruncate) joins that handle's session; one by path commits
+  // at once when nobody has the file open, else with the session that is open.
+  Result<InodeRecord> SetAttr(uint64_t ino, const SetAttrRequest& req, uint64_t fh = 0);
   // Creates a file, directory, fifo, socket or device node (by the type bits of mode).
   Result<InodeRecord> MakeNode(uint64_t parent, std::string_view name, uint32_t mode,
                                uint64_t rdev, const Caller& who);
@@ -103,16 +108,26 @@ class Store final : private ChunkSink {
 
   // --- file bytes ---
   // Every Open is paired with one Release. An unlinked file lives on until its last Release.
+  //
+  // Sessions: the bytes written since a file's last commit form one session, committed whole or
+  // not at all. Each open gets a handle (*fh); a handle that writes (or truncates) joins the
+  // session, and only a flush, fsync or release through a handle of the session commits it (and
+  // reports its errors), so a reader's or another process's close never commits a half-written
+  // checkpoint. The last release commits whatever is left. Handle 0 stands for "any": calls
+  // with it act as a member of the session.
+  //
   // truncate (open(2) with O_TRUNC): the file's bytes are dropped in its writer, committed like
-  // any write on close, so a crash before then leaves the previous version.
-  Status Open(uint64_t ino, bool truncate = false);
-  Status Release(uint64_t ino);
-  Status Write(uint64_t ino, uint64_t offset, const uint8_t* data, size_t len);
+  // any write, so a crash before then leaves the previous version. *keep_cache: whether the
+  // kernel may keep the pages it has cached for the file.
+  Status Open(uint64_t ino, bool truncate = false, uint64_t* fh = nullptr,
+              bool* keep_cache = nullptr);
+  Status Release(uint64_t ino, uint64_t fh = 0);
+  Status Write(uint64_t ino, uint64_t offset, const uint8_t* data, size_t len, uint64_t fh = 0);
   Status Read(uint64_t ino, uint64_t offset, size_t len, std::vector<ReadSlice>* out);
-  // Commits the file's bytes written so far (close(2)).
-  Status Flush(uint64_t ino);
-  // Commits and makes the file durable (fsync(2)).
-  Status Fsync(uint64_t ino);
+  // Commits the file's session if fh belongs to it (close(2)).
+  Status Flush(uint64_t ino, uint64_t fh = 0);
+  // Flush, and makes the file's committed bytes durable (fsync(2)).
+  Status Fsync(uint64_t ino, uint64_t fh = 0);
 
   const Metrics& metrics() const { return metrics_; }
   const Config& config() const { return cfg_; }
@@ -139,6 +154,8 @@ class Store final : private ChunkSink {
     uint64_t queued_bytes = 0;                     // guarded by qmu
     bool draining = false;                         // guarded by qmu: a drain task is scheduled
     Status async_error;                            // guarded by qmu: sticky until reported
+    std::unordered_set<uint64_t> session;          // guarded by qmu: handles that wrote
+    uint64_t committed_size = 0;                   // guarded by qmu: the size in LMDB
 
     // What GetAttr shows while the file has uncommitted bytes; read without locks.
     std::atomic<bool> dirty{false};
@@ -162,8 +179,21 @@ class Store final : private ChunkSink {
   // Drops one open; returns true when it was the last.
   bool UnpinFile(uint64_t ino);
   bool IsOpen(uint64_t ino);
-  void Overlay(InodeRecord* rec);
+  // What GetAttr shows for a file with uncommitted bytes, taken before reading LMDB (a commit
+  // lands in LMDB before it clears the mark), then applied to the record read.
+  struct OverlayState {
+    bool dirty = false;
+    uint64_t size = 0;
+    int64_t mtime_ns = 0;
+  };
+  OverlayState TakeOverlay(uint64_t ino);
+  static void ApplyOverlay(const OverlayState& o, InodeRecord* rec);
+  // Whether handle fh takes part in f's session (fh 0: always). REQUIRES: f.qmu not held.
+  bool InSession(OpenFile& f, uint64_t fh);
   Status EnsureWriter(uint64_t ino, OpenFile& f);
+  // Appends the bytes [offset, offset+len) of committed manifest m; kNotFound if a chunk is gone.
+  Status ReadCommitted(uint64_t ino, const Manifest& m, uint64_t offset, size_t len,
+                       std::vector<ReadSlice>* out);
   // Refuses a write of len bytes with kNoSpace when the local tier could not hold it on top of
   // the bytes already acknowledged and not yet stored, so that a full disk fails the write(2)
   // itself instead of a close(2) that many programs never check.
@@ -184,7 +214,9 @@ class Store final : private ChunkSink {
   Status DeleteInode(MetaStore::Txn& txn, const InodeRecord& rec, std::vector<ChunkId>* freed);
   Status AddManifestRefs(MetaStore::Txn& txn, const Manifest& m, int sign,
                          std::vector<ChunkId>* freed);
-  // Deletes the chunks among ids that no manifest references and no writer holds.
+  // Deletes the chunks among ids that no manifest references and no writer holds, after making
+  // the commits that dropped their references durable (a machine crash must not bring back a
+  // manifest whose chunks are gone).
   void Reclaim(const std::vector<ChunkId>& ids);
   void ReleaseHolds(const std::vector<ChunkId>& ids);
   // Deletes an orphan whose last open went away.
@@ -206,6 +238,10 @@ class Store final : private ChunkSink {
   std::unordered_map<ChunkId, uint32_t, ChunkIdHash> holds_;  // guarded by holds_mu_
   std::atomic<uint64_t> staging_seq_{0};
   std::atomic<uint64_t> unstored_bytes_{0};  // acknowledged writes still in queues
+  std::atomic<uint64_t> next_fh_{1};
+  // Files whose uncommitted bytes were dropped while the kernel may hold them in its page cache:
+  // their next open drops the kernel's cached pages. Guarded by files_mu_.
+  std::unordered_set<uint64_t> stale_pages_;
   std::atomic<bool> full_logged_{false};
   // Last member: destroyed first, so its threads are joined before anything they use goes away.
   std::unique_ptr<ThreadPool> write_pool_;

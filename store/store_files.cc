@@ -38,43 +38,77 @@ bool Store::IsOpen(uint64_t ino) {
   return files_.count(ino) > 0;
 }
 
-void Store::Overlay(InodeRecord* rec) {
-  auto f = FindFile(rec->ino);
-  if (f && f->dirty.load()) {
-    rec->size = f->size.load();
-    rec->mtime_ns = rec->ctime_ns = f->mtime_ns.load();
+Store::OverlayState Store::TakeOverlay(uint64_t ino) {
+  OverlayState o;
+  if (auto f = FindFile(ino)) {
+    std::lock_guard q(f->qmu);
+    o.dirty = f->dirty;
+    o.size = f->size;
+    o.mtime_ns = f->mtime_ns;
   }
+  return o;
 }
 
-Status Store::Open(uint64_t ino, bool truncate) {
-  ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
-  ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(ino));
-  if (S_ISDIR(rec.mode)) return Status(Code::kIsDir, "open of a directory as a file");
-  txn.Abort();  // EnsureWriter opens its own read transaction
+void Store::ApplyOverlay(const OverlayState& o, InodeRecord* rec) {
+  if (!o.dirty) return;
+  rec->size = o.size;
+  rec->mtime_ns = rec->ctime_ns = o.mtime_ns;
+}
+
+bool Store::InSession(OpenFile& f, uint64_t fh) {
+  if (fh == 0) return true;
+  std::lock_guard q(f.qmu);
+  return f.session.count(fh) > 0;
+}
+
+Status Store::Open(uint64_t ino, bool truncate, uint64_t* fh, bool* keep_cache) {
+  // Pinned before the inode is read: an Unlink from now on keeps the file as an orphan.
   auto f = PinFile(ino);
-  {
-    std::lock_guard q(f->qmu);
-    if (!f->dirty) f->size = rec.size;
-  }
-  if (truncate && S_ISREG(rec.mode)) {
-    WaitDrained(*f);
-    std::lock_guard lock(f->mu);
-    Status st = EnsureWriter(ino, *f);
-    if (st.ok()) st = f->writer->Truncate(0);
-    if (!st.ok()) {
-      if (UnpinFile(ino)) (void)ReapIfOrphan(ino);
-      return st;
+  const uint64_t handle = next_fh_++;
+  Status st = [&]() -> Status {
+    std::lock_guard lock(f->mu);  // no commit of this file runs meanwhile
+    ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
+    ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(ino));
+    if (S_ISDIR(rec.mode)) return Status(Code::kIsDir, "open of a directory as a file");
+    txn.Abort();  // EnsureWriter opens its own read transaction
+    {
+      std::lock_guard q(f->qmu);
+      f->committed_size = rec.size;
+      if (!f->dirty) f->size = rec.size;
     }
+    if (!truncate || !S_ISREG(rec.mode)) return Status::Ok();
+    RETURN_IF_ERROR(EnsureWriter(ino, *f));
+    RETURN_IF_ERROR(f->writer->Truncate(0));
+    std::lock_guard q(f->qmu);
+    f->session.insert(handle);
     f->size = 0;
     f->mtime_ns = NowNs();
     f->dirty = true;
+    return Status::Ok();
+  }();
+  if (!st.ok()) {
+    if (UnpinFile(ino)) (void)ReapIfOrphan(ino);
+    return st;
+  }
+  if (fh) *fh = handle;
+  if (keep_cache) {
+    std::lock_guard lock(files_mu_);
+    *keep_cache = stale_pages_.erase(ino) == 0;
   }
   return Status::Ok();
 }
 
-Status Store::Release(uint64_t ino) {
+Status Store::Release(uint64_t ino, uint64_t fh) {
   Status st;
-  if (auto f = FindFile(ino)) st = Flush(ino);
+  if (auto f = FindFile(ino)) {
+    bool last;
+    {
+      std::lock_guard lock(files_mu_);
+      last = f->opens <= 1;
+    }
+    // The last release commits what is left (a truncate by path, say), whoever wrote it.
+    st = Flush(ino, last ? 0 : fh);
+  }
   if (UnpinFile(ino)) {
     Status reap = ReapIfOrphan(ino);
     if (st.ok()) st = reap;
@@ -97,7 +131,8 @@ Status Store::EnsureWriter(uint64_t ino, OpenFile& f) {
   return Status::Ok();
 }
 
-Status Store::Write(uint64_t ino, uint64_t offset, const uint8_t* data, size_t len) {
+Status Store::Write(uint64_t ino, uint64_t offset, const uint8_t* data, size_t len,
+                    uint64_t fh) {
   auto f = FindFile(ino);
   if (!f) return Internal("write to inode " + std::to_string(ino) + " that is not open");
   std::unique_lock q(f->qmu);
@@ -116,6 +151,8 @@ Status Store::Write(uint64_t ino, uint64_t offset, const uint8_t* data, size_t l
   std::memcpy(w.data.get(), data, len);
   f->queue.push_back(std::move(w));
   f->queued_bytes += len;
+  if (fh) f->session.insert(fh);
+  if (!f->dirty) f->size = f->committed_size;  // a new session starts from the committed bytes
   f->size = std::max(f->size.load(), offset + len);
   f->mtime_ns = NowNs();
   f->dirty = true;
@@ -191,24 +228,47 @@ void Store::WaitDrained(OpenFile& f) {
 Status Store::Read(uint64_t ino, uint64_t offset, size_t len, std::vector<ReadSlice>* out) {
   auto f = FindFile(ino);
   if (!f) return Internal("read of inode " + std::to_string(ino) + " that is not open");
-  std::shared_ptr<const Manifest> m;
-  if (f->dirty) WaitDrained(*f);
-  {
-    std::lock_guard lock(f->mu);
-    if (f->writer) return f->writer->Read(offset, len, out);
-    if (!f->manifest) {
-      ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
-      ASSIGN_OR_RETURN(auto loaded, txn.GetManifest(ino));
-      f->manifest = std::make_shared<const Manifest>(loaded ? std::move(*loaded) : Manifest());
+  for (int attempt = 0;; ++attempt) {
+    std::shared_ptr<const Manifest> m;
+    if (f->dirty) WaitDrained(*f);
+    {
+      std::lock_guard lock(f->mu);
+      if (f->writer) return f->writer->Read(offset, len, out);
+      if (!f->manifest) {
+        ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
+        ASSIGN_OR_RETURN(auto loaded, txn.GetManifest(ino));
+        f->manifest = std::make_shared<const Manifest>(loaded ? std::move(*loaded) : Manifest());
+      }
+      m = f->manifest;
     }
-    m = f->manifest;
+    // Committed bytes are immutable: read them without holding the file's lock.
+    const size_t first = out->size();
+    Status st = ReadCommitted(ino, *m, offset, len, out);
+    if (st.code() != Code::kNotFound) return st;
+    out->resize(first);
+    bool replaced;
+    {
+      std::lock_guard lock(f->mu);
+      replaced = f->writer || f->manifest != m;
+    }
+    // A commit through another handle replaced the bytes and reclaimed the old chunks: read the
+    // new version. Otherwise the chunk is really gone.
+    if (!replaced || attempt >= 3) {
+      log_->error("inode {}: a chunk of its committed bytes is missing from the local tier ({})",
+                  ino, st.message());
+      return Corrupt(st.message());
+    }
   }
-  // Committed bytes are immutable: read them without holding the file's lock.
-  const uint64_t end = std::min<uint64_t>(offset + len, m->size());
+}
+
+Status Store::ReadCommitted(uint64_t ino, const Manifest& m, uint64_t offset, size_t len,
+                            std::vector<ReadSlice>* out) {
+  (void)ino;
+  const uint64_t end = std::min<uint64_t>(offset + len, m.size());
   for (uint64_t pos = offset; pos < end;) {
-    size_t idx = m->Find(pos);
-    const Extent& e = m->extents()[idx];
-    const uint64_t within = pos - m->StartOf(idx);
+    size_t idx = m.Find(pos);
+    const Extent& e = m.extents()[idx];
+    const uint64_t within = pos - m.StartOf(idx);
     const uint64_t n = std::min(e.len - within, end - pos);
     if (e.hole()) {
       static const std::shared_ptr<const uint8_t[]> zeros(new uint8_t[1 << 20]());
@@ -218,32 +278,24 @@ Status Store::Read(uint64_t ino, uint64_t offset, size_t len, std::vector<ReadSl
         z += k;
       }
     } else {
-      auto c = cache_->Get(e.id, e.len);
-      if (!c.ok()) {
-        if (c.status().code() == Code::kNotFound) {
-          log_->error("inode {}: chunk {} at offset {} is missing from the local tier", ino,
-                      e.id.Hex(), m->StartOf(idx));
-          return Corrupt("chunk " + e.id.Hex() + " is missing");
-        }
-        return c.status();
-      }
-      out->push_back(ReadSlice{*c, (*c)->bytes.get() + within, static_cast<size_t>(n)});
+      ASSIGN_OR_RETURN(ChunkRef c, cache_->Get(e.id, e.len));
+      out->push_back(ReadSlice{c, c->bytes.get() + within, static_cast<size_t>(n)});
     }
     pos += n;
   }
   return Status::Ok();
 }
 
-Status Store::Flush(uint64_t ino) {
+Status Store::Flush(uint64_t ino, uint64_t fh) {
   auto f = FindFile(ino);
-  if (!f) return Status::Ok();
+  if (!f || !InSession(*f, fh)) return Status::Ok();
   WaitDrained(*f);
   std::lock_guard lock(f->mu);
   return CommitOrDrop(ino, *f, false);
 }
 
-Status Store::Fsync(uint64_t ino) {
-  if (auto f = FindFile(ino)) {
+Status Store::Fsync(uint64_t ino, uint64_t fh) {
+  if (auto f = FindFile(ino); f && InSession(*f, fh)) {
     WaitDrained(*f);
     std::lock_guard lock(f->mu);
     RETURN_IF_ERROR(CommitOrDrop(ino, *f, true));
@@ -258,6 +310,7 @@ Status Store::CommitOrDrop(uint64_t ino, OpenFile& f, bool durable) {
   {
     std::lock_guard q(f.qmu);
     std::swap(failed, f.async_error);  // reported once, here
+    f.session.clear();                 // its bytes are committed or dropped now
   }
   if (failed.ok()) return Commit(ino, f, durable);
   // A write since the last commit failed: none of the bytes written since then are committed,
@@ -268,8 +321,11 @@ Status Store::CommitOrDrop(uint64_t ino, OpenFile& f, bool durable) {
     {
       std::lock_guard q(f.qmu);
       f.dirty = f.queued_bytes > 0;
+      if (!f.dirty) f.size = f.committed_size;
     }
     ReleaseHolds(writer->held());
+    std::lock_guard lock(files_mu_);
+    stale_pages_.insert(ino);  // the kernel may cache the dropped bytes
   }
   log_->warn("inode {}: a write failed ({}); the file keeps its previously committed bytes", ino,
              failed.ToString());
@@ -317,8 +373,13 @@ Status Store::Commit(uint64_t ino, OpenFile& f, bool durable) {
     // acknowledged after the caller drained the queue wait to be applied: a smaller size would
     // move the kernel's end of file back (O_APPEND writes then land short of it).
     std::lock_guard q(f.qmu);
+    if (st.ok()) f.committed_size = committed_size;
     f.dirty = f.queued_bytes > 0;
-    if (!f.dirty && st.ok()) f.size = committed_size;
+    if (!f.dirty) f.size = f.committed_size;
+  }
+  if (!st.ok()) {
+    std::lock_guard lock(files_mu_);
+    stale_pages_.insert(ino);
   }
   ReleaseHolds(writer->held());
   Reclaim(freed);

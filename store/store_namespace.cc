@@ -32,19 +32,19 @@ Result<InodeRecord> Store::Lookup(uint64_t parent, std::string_view name) {
   ASSIGN_OR_RETURN(InodeRecord dir, GetDir(txn, parent));
   (void)dir;
   ASSIGN_OR_RETURN(DirEntry e, txn.GetEntry(parent, name));
-  ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(e.ino));
-  Overlay(&rec);
-  return rec;
+  txn.Abort();
+  return GetAttr(e.ino);
 }
 
 Result<InodeRecord> Store::GetAttr(uint64_t ino) {
+  const OverlayState o = TakeOverlay(ino);  // before the read: see ApplyOverlay
   ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
   ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(ino));
-  Overlay(&rec);
+  ApplyOverlay(o, &rec);
   return rec;
 }
 
-Result<InodeRecord> Store::SetAttr(uint64_t ino, const SetAttrRequest& req) {
+Result<InodeRecord> Store::SetAttr(uint64_t ino, const SetAttrRequest& req, uint64_t fh) {
   const int64_t now = NowNs();
   if (req.size) {
     {
@@ -59,9 +59,21 @@ Result<InodeRecord> Store::SetAttr(uint64_t ino, const SetAttrRequest& req) {
       std::lock_guard lock(f->mu);
       RETURN_IF_ERROR(EnsureWriter(ino, *f));
       RETURN_IF_ERROR(f->writer->Truncate(*req.size));
-      f->size = f->writer->size();
-      f->mtime_ns = now;
-      // truncate(2) has no close to commit it: commit at once.
+      bool alone;
+      {
+        std::lock_guard q(f->qmu);
+        f->size = f->writer->size();
+        f->mtime_ns = now;
+        f->dirty = true;
+        if (fh) f->session.insert(fh);
+      }
+      {
+        std::lock_guard files(files_mu_);
+        alone = f->opens <= 1;
+      }
+      // ftruncate is part of its handle's session, committed at its close; truncate(2) by path
+      // commits at once unless the file is open, then with its session or last release.
+      if (fh || !alone) return Status::Ok();
       return CommitOrDrop(ino, *f, false);
     }();
     if (UnpinFile(ino)) RETURN_IF_ERROR(ReapIfOrphan(ino));
@@ -81,7 +93,7 @@ Result<InodeRecord> Store::SetAttr(uint64_t ino, const SetAttrRequest& req) {
   rec.ctime_ns = now;
   RETURN_IF_ERROR(txn.PutInode(rec));
   RETURN_IF_ERROR(txn.Commit());
-  Overlay(&rec);
+  ApplyOverlay(TakeOverlay(ino), &rec);
   return rec;
 }
 
@@ -118,7 +130,8 @@ Result<InodeRecord> Store::MakeNode(uint64_t parent, std::string_view name, uint
 Result<InodeRecord> Store::Symlink(uint64_t parent, std::string_view name,
                                    std::string_view target, const Caller& who) {
   RETURN_IF_ERROR(CheckName(name));
-  if (target.empty() || target.size() > 4095) return Invalid("symlink target length");
+  if (target.empty()) return Invalid("empty symlink target");
+  if (target.size() > 4095) return Status(Code::kNameTooLong, "symlink target");
   std::lock_guard lock(ns_mu_);
   ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
   ASSIGN_OR_RETURN(InodeRecord dir, GetDir(txn, parent));
@@ -156,7 +169,7 @@ Result<InodeRecord> Store::Link(uint64_t ino, uint64_t new_parent, std::string_v
   rec.ctime_ns = now;
   RETURN_IF_ERROR(txn.PutInode(rec));
   RETURN_IF_ERROR(txn.Commit());
-  Overlay(&rec);
+  ApplyOverlay(TakeOverlay(ino), &rec);
   return rec;
 }
 
@@ -207,7 +220,7 @@ Status Store::Rmdir(uint64_t parent, std::string_view name) {
 Status Store::Rename(uint64_t parent, std::string_view name, uint64_t new_parent,
                      std::string_view new_name, unsigned flags) {
   RETURN_IF_ERROR(CheckName(new_name));
-  if (flags & ~(RENAME_NOREPLACE | RENAME_EXCHANGE)) return Status(Code::kUnsupported, "rename flags");
+  if (flags & ~(RENAME_NOREPLACE | RENAME_EXCHANGE)) return Invalid("unknown rename flags");
   std::vector<ChunkId> freed;
   {
     std::lock_guard lock(ns_mu_);

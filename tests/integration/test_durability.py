@@ -219,3 +219,29 @@ def test_kill_dash_nine_keeps_closed_files(make_mount):
     m.remount()
     assert read_file(root / "victim-trunc") == b"after"
     assert read_file(root / "dir" / "synced-0") == closed["dir/synced-0"]
+
+
+def test_another_handles_close_does_not_commit_a_half_written_file(make_mount):
+    # A save in progress is one session: a reader opening and closing the file meanwhile (or a
+    # forked process closing an inherited descriptor) must not commit the half-written bytes,
+    # so that a crash still leaves the previous version.
+    m = make_mount()
+    path = m.mnt / "ckpt.pt"
+    old = rand_bytes(3 * MiB, 500)
+    write_file(path, old)
+    new = rand_bytes(8 * MiB, 501)
+    fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
+    try:
+        os.write(fd, new[: 5 * MiB])
+        for _ in range(3):  # other handles come and go; one of them reads the new bytes
+            with open(path, "rb") as f:
+                assert f.read(MiB) == new[:MiB]
+        m.kill_daemon()
+    finally:
+        try:
+            os.close(fd)
+        except OSError:
+            pass  # the daemon is gone
+    m.umount()
+    m.mount()
+    assert read_file(path) == old
