@@ -3,9 +3,9 @@
 
 Every figure is a ratio measured in this run (higher is better for the mount; 1.00 = as fast as
 the plain directory):
-  save mount/plain        torch.save of a state dict of SIZE bytes
+  save mount/plain        torch.save of a state dict of SIZE bytes (new values every run)
   load-warm mount/plain   torch.load of it, second load (page caches warm)
-  write-1M mount/plain    sequential 1 MiB writes of SIZE bytes, closed
+  write-1M mount/plain    sequential 1 MiB writes of SIZE fresh random bytes, closed
   read-1M-cold            sequential 1 MiB reads after dropping the kernel's caches
   read-1M-warm            the same with caches warm
 and the daemon's peak RSS (VmHWM) against its budget (256 MiB + configured RAM cache).
@@ -38,12 +38,28 @@ def timed(fn):
     return time.perf_counter() - t0
 
 
-def write_seq(path, total, block):
-    buf = os.urandom(block)
+class FreshBytes:
+    """SIZE random bytes, renewed before every timed run: the mount deduplicates, and bytes it
+    has seen before (a repeated block, an earlier run's file) would measure dedup, not writing."""
+
+    def __init__(self, size):
+        self.size = size
+        self.buf = None
+        self.seed = 0
+
+    def renew(self):
+        os.sync()  # no run inherits the writeback of the one before
+        self.seed += 1
+        g = torch.Generator().manual_seed(self.seed)
+        self.buf = memoryview(torch.randint(0, 256, (self.size,), dtype=torch.uint8,
+                                            generator=g).numpy())
+
+
+def write_seq(path, data, block):
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        for _ in range(total // block):
-            os.write(fd, buf)
+        for off in range(0, len(data), block):
+            os.write(fd, data[off:off + block])
     finally:
         os.close(fd)
 
@@ -120,7 +136,13 @@ def main():
                   f"mount {size / m / 1e9 if 'save' not in name and 'load' not in name else real / m / 1e9:.2f} GB/s)", flush=True)
 
         pf, mf = os.path.join(plain, "model.pt"), os.path.join(mnt, "model.pt")
-        ratio("save", lambda: torch.save(sd, pf), lambda: torch.save(sd, mf))
+        def perturb():  # every save writes new bytes, as every training step does
+            for t in sd.values():
+                if torch.is_tensor(t):
+                    t.add_(1.0)
+            os.sync()  # no run inherits the writeback of the one before
+
+        ratio("save", lambda: torch.save(sd, pf), lambda: torch.save(sd, mf), prep=perturb)
         torch.load(pf)
         torch.load(mf)
         ratio("load-warm", lambda: torch.load(pf), lambda: torch.load(mf))
@@ -129,7 +151,10 @@ def main():
         os.unlink(mf)
 
         pb, mb = os.path.join(plain, "seq.bin"), os.path.join(mnt, "seq.bin")
-        ratio("write-1M", lambda: write_seq(pb, size, 1 << 20), lambda: write_seq(mb, size, 1 << 20))
+        fresh = FreshBytes(size)
+        ratio("write-1M", lambda: write_seq(pb, fresh.buf, 1 << 20),
+              lambda: write_seq(mb, fresh.buf, 1 << 20), prep=fresh.renew)
+        del fresh
         ratio("read-1M-cold", lambda: read_seq(pb, 1 << 20), lambda: read_seq(mb, 1 << 20), prep=drop_caches)
         ratio("read-1M-warm", lambda: read_seq(pb, 1 << 20), lambda: read_seq(mb, 1 << 20))
         hwm = vm_hwm_kib(pid) / 1024

@@ -28,6 +28,8 @@ Status Config::Validate() {
   if (max_write_bytes < 4096 || max_write_bytes > (1u << 20)) {
     return Invalid("max_write must be in 4K..1M");
   }
+  if (read_threads < 1 || read_threads > 64) return Invalid("read_threads must be in 1..64");
+  if (readahead_chunks > 64) return Invalid("readahead_chunks must be at most 64");
   if (write_threads < 1 || write_threads > 64) return Invalid("write_threads must be in 1..64");
   if (write_queue_bytes < max_write_bytes) return Invalid("write queue smaller than one write");
   if (reorder_bytes < max_write_bytes) return Invalid("reorder buffer smaller than one write");

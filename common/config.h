@@ -39,6 +39,9 @@ struct Config {
   uint64_t write_queue_bytes = 32ull << 20;
   // Threads that chunk, hash and store queued writes (each file is handled by one at a time).
   uint32_t write_threads = 2;
+  // Chunks read ahead of a sequential reader (0: none), by this many threads.
+  uint32_t readahead_chunks = 4;
+  uint32_t read_threads = 2;
 
   // "uring" (io_uring, falls back to pread when the kernel refuses) or "pread".
   std::string io_engine = "uring";

@@ -161,6 +161,12 @@ class Store final : private ChunkSink {
     std::atomic<bool> dirty{false};
     std::atomic<uint64_t> size{0};
     std::atomic<int64_t> mtime_ns{0};
+
+    // Readahead of committed bytes (guarded by mu): the extent index the last read ended in,
+    // and the highest index already prefetched for this manifest.
+    size_t last_extent = SIZE_MAX;
+    size_t prefetched_upto = 0;
+    const Manifest* prefetched_for = nullptr;
   };
 
 
@@ -194,6 +200,9 @@ class Store final : private ChunkSink {
   // Appends the bytes [offset, offset+len) of committed manifest m; kNotFound if a chunk is gone.
   Status ReadCommitted(uint64_t ino, const Manifest& m, uint64_t offset, size_t len,
                        std::vector<ReadSlice>* out);
+  // After a read of m that ended in extent `last`: when the reader is sequential, loads the next
+  // readahead_chunks chunks into the RAM tier in the background. REQUIRES: f.mu held.
+  void ReadAhead(OpenFile& f, const std::shared_ptr<const Manifest>& m, size_t first, size_t last);
   // Refuses a write of len bytes with kNoSpace when the local tier could not hold it on top of
   // the bytes already acknowledged and not yet stored, so that a full disk fails the write(2)
   // itself instead of a close(2) that many programs never check.
@@ -243,7 +252,8 @@ class Store final : private ChunkSink {
   // their next open drops the kernel's cached pages. Guarded by files_mu_.
   std::unordered_set<uint64_t> stale_pages_;
   std::atomic<bool> full_logged_{false};
-  // Last member: destroyed first, so its threads are joined before anything they use goes away.
+  // Last members: destroyed first, so their threads are joined before anything they use goes.
+  std::unique_ptr<ThreadPool> read_pool_;
   std::unique_ptr<ThreadPool> write_pool_;
 };
 

@@ -241,6 +241,11 @@ Status Store::Read(uint64_t ino, uint64_t offset, size_t len, std::vector<ReadSl
       }
       m = f->manifest;
     }
+    if (offset < m->size() && len > 0) {
+      std::lock_guard lock(f->mu);
+      const uint64_t last_byte = std::min<uint64_t>(offset + len, m->size()) - 1;
+      ReadAhead(*f, m, m->Find(offset), m->Find(last_byte));
+    }
     // Committed bytes are immutable: read them without holding the file's lock.
     const size_t first = out->size();
     Status st = ReadCommitted(ino, *m, offset, len, out);
@@ -259,6 +264,28 @@ Status Store::Read(uint64_t ino, uint64_t offset, size_t len, std::vector<ReadSl
       return Corrupt(st.message());
     }
   }
+}
+
+void Store::ReadAhead(OpenFile& f, const std::shared_ptr<const Manifest>& m, size_t first,
+                      size_t last) {
+  if (f.prefetched_for != m.get()) {
+    f.prefetched_for = m.get();
+    f.prefetched_upto = 0;
+    f.last_extent = SIZE_MAX;
+  }
+  const bool sequential = f.last_extent != SIZE_MAX &&
+                          (first == f.last_extent || first == f.last_extent + 1);
+  f.last_extent = last;
+  if (!sequential || cfg_.readahead_chunks == 0) return;
+  const size_t until = std::min(last + cfg_.readahead_chunks, m->extents().size() - 1);
+  for (size_t i = std::max(f.prefetched_upto + 1, last + 1); i <= until; ++i) {
+    const Extent& e = m->extents()[i];
+    if (e.hole()) continue;
+    // The manifest stays alive in the task; ChunkCache::Get's single flight lets the reader that
+    // gets there first wait for this load instead of starting its own.
+    read_pool_->Submit([this, m, id = e.id, len = e.len] { (void)cache_->Get(id, len); });
+  }
+  f.prefetched_upto = std::max(f.prefetched_upto, until);
 }
 
 Status Store::ReadCommitted(uint64_t ino, const Manifest& m, uint64_t offset, size_t len,

@@ -33,7 +33,7 @@ constexpr const char* kUsage = R"(usage:
   ckptfs stats MOUNTPOINT|CACHE_DIR
 
 mount options (-o): ram_cache=SIZE, write_queue=SIZE, write_threads=N, reorder_buffer=SIZE,
-  io_engine=uring|pread,
+  readahead_chunks=N, read_threads=N, io_engine=uring|pread,
   writeback_cache[=0|1], max_threads=N, max_background=N, max_readahead=SIZE,
   attr_timeout=SECONDS, entry_timeout=SECONDS, chunk_min=SIZE, chunk_avg=SIZE, chunk_max=SIZE;
   any other option goes to FUSE (e.g. ro, allow_other).
@@ -60,6 +60,8 @@ Status ApplyOption(const std::string& opt, Config& cfg) {
     if (key == "reorder_buffer") return size(cfg.reorder_bytes);
     if (key == "write_queue") return size(cfg.write_queue_bytes);
     if (key == "write_threads") return (cfg.write_threads = std::stoul(val)), Status::Ok();
+    if (key == "readahead_chunks") return (cfg.readahead_chunks = std::stoul(val)), Status::Ok();
+    if (key == "read_threads") return (cfg.read_threads = std::stoul(val)), Status::Ok();
     if (key == "max_readahead") return size(cfg.max_readahead_bytes);
     if (key == "chunk_min") return size(cfg.chunking.min_bytes);
     if (key == "chunk_avg") return size(cfg.chunking.avg_bytes);
