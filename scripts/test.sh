@@ -7,11 +7,11 @@ cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 jobs=$(nproc)
 echo "== build (sanitizers: address,undefined)"
-bash scripts/build.sh build-asan -DCKPTFS_SANITIZE=address,undefined
+bash scripts/build.sh build-asan -DCKPTFS_BUILD_TESTS=ON -DCKPTFS_SANITIZE=address,undefined
 echo "== unit tests under ASan/UBSan"
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
    ctest --output-on-failure -j "$jobs" -E '^integration')
 echo "== build"
-bash scripts/build.sh build
+bash scripts/build.sh build -DCKPTFS_BUILD_TESTS=ON -DCKPTFS_SANITIZE=
 echo "== all tests"
 (cd build && ctest --output-on-failure)
