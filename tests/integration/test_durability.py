@@ -1,5 +1,7 @@
 # What survives: overwrites, atomic replace, unlink, a clean remount, and a kill -9 of the daemon.
 import errno
+import signal
+import time
 import os
 import random
 import stat
@@ -8,7 +10,7 @@ import sys
 
 import pytest
 
-from conftest import expect_errno, read_file, write_file
+from conftest import expect_errno, pid_alive, read_file, write_file
 
 MiB = 1 << 20
 
@@ -245,3 +247,29 @@ def test_another_handles_close_does_not_commit_a_half_written_file(make_mount):
     m.umount()
     m.mount()
     assert read_file(path) == old
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_unmounts_cleanly(make_mount, sig):
+    m = make_mount()
+    data = rand_bytes(3 * MiB, 600)
+    write_file(m.mnt / "closed", data)
+    # A file still open for writing when the signal comes is committed on the way out.
+    fd = os.open(m.mnt / "open", os.O_WRONLY | os.O_CREAT, 0o644)
+    os.write(fd, b"written before the signal")
+    pid = m.daemon_pid()
+    os.kill(pid, sig)
+    deadline = time.monotonic() + 60
+    while pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not pid_alive(pid), "the daemon did not exit"
+    try:
+        os.close(fd)
+    except OSError:
+        pass  # the mount is gone
+    assert not m.mounted()
+    assert "stopped" in m.log()
+    m.mount()
+    assert "unclean" not in m.log()  # a clean stop: nothing to recover
+    assert read_file(m.mnt / "closed") == data
+    assert read_file(m.mnt / "open") == b"written before the signal"
