@@ -46,6 +46,26 @@ Status PwriteAll(int fd, const uint8_t* data, size_t len, uint64_t off, const st
 
 }  // namespace
 
+Status ReadManifest(const Manifest& m, uint64_t offset, uint64_t len,
+                    const std::function<Result<ChunkRef>(const ChunkId&, size_t)>& get,
+                    std::vector<ReadSlice>* out) {
+  const uint64_t end = std::min(offset + len, m.size());
+  for (uint64_t pos = offset; pos < end;) {
+    const size_t idx = m.Find(pos);
+    const Extent& e = m.extents()[idx];
+    const uint64_t within = pos - m.StartOf(idx);
+    const uint64_t n = std::min(e.len - within, end - pos);
+    if (e.hole()) {
+      AppendZeros(n, out);
+    } else {
+      ASSIGN_OR_RETURN(ChunkRef c, get(e.id, e.len));
+      out->push_back(ReadSlice{c, c->bytes.get() + within, static_cast<size_t>(n)});
+    }
+    pos += n;
+  }
+  return Status::Ok();
+}
+
 FileWriter::FileWriter(Manifest base, ChunkSink* sink, const ChunkingOptions& chunking,
                        uint64_t reorder_limit, Metrics* metrics)
     : sink_(sink),
@@ -285,16 +305,10 @@ Status FileWriter::Read(uint64_t offset, size_t len, std::vector<ReadSlice>* out
   uint64_t pos = offset;
   while (pos < end) {
     if (pos < manifest_.size()) {
-      size_t idx = manifest_.Find(pos);
-      const Extent& e = manifest_.extents()[idx];
-      const uint64_t within = pos - manifest_.StartOf(idx);
-      const uint64_t n = std::min(e.len - within, end - pos);
-      if (e.hole()) {
-        AppendZeros(n, out);
-      } else {
-        ASSIGN_OR_RETURN(ChunkRef c, sink_->GetChunk(e.id, e.len));
-        out->push_back(ReadSlice{c, c->bytes.get() + within, static_cast<size_t>(n)});
-      }
+      const uint64_t n = std::min(manifest_.size(), end) - pos;
+      RETURN_IF_ERROR(ReadManifest(
+          manifest_, pos, n,
+          [this](const ChunkId& id, size_t l) { return sink_->GetChunk(id, l); }, out));
       pos += n;
     } else if (pos < stream_end()) {
       const uint64_t n = std::min(stream_end(), end) - pos;

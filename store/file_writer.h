@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -32,6 +33,12 @@ struct ReadSlice {
   const uint8_t* data = nullptr;
   size_t len = 0;
 };
+
+// Appends to `out` the bytes [offset, offset+len) of manifest m (clipped to its size): holes as
+// zeros, chunks through `get` (no copy: the slices keep the chunks alive).
+Status ReadManifest(const Manifest& m, uint64_t offset, uint64_t len,
+                    const std::function<Result<ChunkRef>(const ChunkId&, size_t)>& get,
+                    std::vector<ReadSlice>* out);
 
 // Where a FileWriter puts and gets chunks. The store implements it; tests may too.
 class ChunkSink {

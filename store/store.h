@@ -197,9 +197,6 @@ class Store final : private ChunkSink {
   // Whether handle fh takes part in f's session (fh 0: always). REQUIRES: f.qmu not held.
   bool InSession(OpenFile& f, uint64_t fh);
   Status EnsureWriter(uint64_t ino, OpenFile& f);
-  // Appends the bytes [offset, offset+len) of committed manifest m; kNotFound if a chunk is gone.
-  Status ReadCommitted(uint64_t ino, const Manifest& m, uint64_t offset, size_t len,
-                       std::vector<ReadSlice>* out);
   // After a read of m that ended in extent `last`: when the reader is sequential, loads the next
   // readahead_chunks chunks into the RAM tier in the background. REQUIRES: f.mu held.
   void ReadAhead(OpenFile& f, const std::shared_ptr<const Manifest>& m, size_t first, size_t last);

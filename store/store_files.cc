@@ -240,15 +240,15 @@ Status Store::Read(uint64_t ino, uint64_t offset, size_t len, std::vector<ReadSl
         f->manifest = std::make_shared<const Manifest>(loaded ? std::move(*loaded) : Manifest());
       }
       m = f->manifest;
-    }
-    if (offset < m->size() && len > 0) {
-      std::lock_guard lock(f->mu);
-      const uint64_t last_byte = std::min<uint64_t>(offset + len, m->size()) - 1;
-      ReadAhead(*f, m, m->Find(offset), m->Find(last_byte));
+      if (offset < m->size() && len > 0) {
+        const uint64_t last_byte = std::min<uint64_t>(offset + len, m->size()) - 1;
+        ReadAhead(*f, m, m->Find(offset), m->Find(last_byte));
+      }
     }
     // Committed bytes are immutable: read them without holding the file's lock.
     const size_t first = out->size();
-    Status st = ReadCommitted(ino, *m, offset, len, out);
+    Status st = ReadManifest(
+        *m, offset, len, [this](const ChunkId& id, size_t l) { return cache_->Get(id, l); }, out);
     if (st.code() != Code::kNotFound) return st;
     out->resize(first);
     bool replaced;
@@ -286,31 +286,6 @@ void Store::ReadAhead(OpenFile& f, const std::shared_ptr<const Manifest>& m, siz
     read_pool_->Submit([this, m, id = e.id, len = e.len] { (void)cache_->Get(id, len); });
   }
   f.prefetched_upto = std::max(f.prefetched_upto, until);
-}
-
-Status Store::ReadCommitted(uint64_t ino, const Manifest& m, uint64_t offset, size_t len,
-                            std::vector<ReadSlice>* out) {
-  (void)ino;
-  const uint64_t end = std::min<uint64_t>(offset + len, m.size());
-  for (uint64_t pos = offset; pos < end;) {
-    size_t idx = m.Find(pos);
-    const Extent& e = m.extents()[idx];
-    const uint64_t within = pos - m.StartOf(idx);
-    const uint64_t n = std::min(e.len - within, end - pos);
-    if (e.hole()) {
-      static const std::shared_ptr<const uint8_t[]> zeros(new uint8_t[1 << 20]());
-      for (uint64_t z = 0; z < n;) {
-        size_t k = static_cast<size_t>(std::min<uint64_t>(n - z, 1 << 20));
-        out->push_back(ReadSlice{zeros, zeros.get(), k});
-        z += k;
-      }
-    } else {
-      ASSIGN_OR_RETURN(ChunkRef c, cache_->Get(e.id, e.len));
-      out->push_back(ReadSlice{c, c->bytes.get() + within, static_cast<size_t>(n)});
-    }
-    pos += n;
-  }
-  return Status::Ok();
 }
 
 Status Store::Flush(uint64_t ino, uint64_t fh) {
