@@ -14,6 +14,7 @@ std::vector<std::pair<std::string, uint64_t>> Metrics::Snapshot() const {
       {"chunk_verify_failures", chunk_verify_failures.Get()},
       {"file_commits", file_commits.Get()},
       {"staging_switches", staging_switches.Get()},
+      {"tensor_chunk_bytes", tensor_chunk_bytes.Get()},
   };
 }
 

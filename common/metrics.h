@@ -30,6 +30,7 @@ struct Metrics {
   Counter chunk_verify_failures;
   Counter file_commits;         // manifests committed
   Counter staging_switches;     // files that left the streaming write path for a staging file
+  Counter tensor_chunk_bytes;   // bytes cut at tensor boundaries (the rest: content-defined)
 
   std::vector<std::pair<std::string, uint64_t>> Snapshot() const;
 };

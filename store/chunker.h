@@ -28,6 +28,8 @@ class Chunker {
   }
 
   const ChunkingOptions& options() const { return opts_; }
+  // How many pending bytes the scan has looked at (the next call must pass at least these).
+  size_t scanned() const { return pos_; }
 
  private:
   ChunkingOptions opts_;

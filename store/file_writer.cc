@@ -67,13 +67,16 @@ Status ReadManifest(const Manifest& m, uint64_t offset, uint64_t len,
 }
 
 FileWriter::FileWriter(Manifest base, ChunkSink* sink, const ChunkingOptions& chunking,
-                       uint64_t reorder_limit, Metrics* metrics)
+                       uint64_t reorder_limit, Metrics* metrics, PayloadScannerFactory scanners)
     : sink_(sink),
       metrics_(metrics),
       reorder_limit_(reorder_limit),
       chunker_(chunking),
+      piece_bytes_(chunking.piece_bytes),
+      scanners_(chunking.tensor_boundaries ? std::move(scanners) : nullptr),
       manifest_(std::move(base)) {
   size_ = manifest_.size();
+  if (manifest_.empty() && scanners_) scanner_ = scanners_();
 }
 
 FileWriter::~FileWriter() {
@@ -132,9 +135,11 @@ Status FileWriter::StreamWrite(uint64_t offset, const uint8_t* data, size_t len)
   }
   const size_t at = static_cast<size_t>(offset - cut_end);
   if (at == buf_.size()) {
+    Scan(data, len);
     buf_.Append(data, len);  // the common case
   } else {
     chunker_.Reset();  // bytes already scanned change: scan again
+    scanner_.reset();
     if (at + len > buf_.size()) buf_.Resize(at + len);
     std::memcpy(buf_.data() + at, data, len);
   }
@@ -156,6 +161,7 @@ Status FileWriter::DrainPending() {
   while (!pending_.empty() && pending_.begin()->first == stream_end()) {
     auto node = pending_.extract(pending_.begin());
     pending_bytes_ -= node.mapped().size();
+    Scan(node.mapped().data(), node.mapped().size());
     buf_.Append(node.mapped().data(), node.mapped().size());
     RETURN_IF_ERROR(CutChunks(false));
   }
@@ -167,17 +173,36 @@ Status FileWriter::CutChunks(bool final) { return CutInto(buf_, final, &manifest
 Status FileWriter::CutInto(TailBuffer& buf, bool final, Manifest* into) {
   size_t start = 0;
   while (start < buf.size()) {
-    size_t cut = chunker_.FindCut(buf.data() + start, buf.size() - start);
-    if (cut == 0) {
-      if (!final) break;
-      cut = buf.size() - start;
-      chunker_.Reset();
-    }
+    const size_t cut = NextCut(into->size(), buf.data() + start, buf.size() - start, final);
+    if (cut == 0) break;
     RETURN_IF_ERROR(EmitChunk(buf.data() + start, cut, into));
     start += cut;
   }
   buf.Consume(start);
   return Status::Ok();
+}
+
+size_t FileWriter::NextCut(uint64_t pos, const uint8_t* p, size_t avail, bool final) {
+  const std::optional<ByteRange> r = scanner_ ? scanner_->NextPayload(pos) : std::nullopt;
+  if (r && pos >= r->begin) {
+    // Inside a tensor: pieces counted from its first byte, the last one ending with it.
+    const uint64_t piece_end =
+        std::min(r->end, r->begin + ((pos - r->begin) / piece_bytes_ + 1) * piece_bytes_);
+    const size_t want = static_cast<size_t>(piece_end - pos);
+    if (avail < want && !final) return 0;
+    metrics_->tensor_chunk_bytes.Add(std::min(avail, want));
+    return std::min(avail, want);
+  }
+  // Before a tensor (or with none known): content-defined, but never across the tensor's start.
+  size_t limit = avail;
+  if (r && r->begin - pos < avail) limit = static_cast<size_t>(r->begin - pos);
+  if (limit < chunker_.scanned()) chunker_.Reset();  // a hint arrived late: scan again
+  size_t cut = chunker_.FindCut(p, limit);
+  if (cut == 0 && (limit < avail || final)) {
+    cut = limit;
+    chunker_.Reset();
+  }
+  return cut;
 }
 
 Status FileWriter::EmitChunk(const uint8_t* data, size_t len, Manifest* into) {
@@ -223,6 +248,7 @@ Status FileWriter::Truncate(uint64_t size) {
   } else {
     pending_.clear();
     pending_bytes_ = 0;
+    scanner_.reset();
     st = size >= manifest_.size() ? Status::Ok() : Rewind(size);
     if (st.ok()) {
       buf_.Resize(size - manifest_.size());
@@ -343,6 +369,7 @@ Result<Manifest> FileWriter::Finish() {
   Status st;
   for (auto& [off, bytes] : pending_) {
     if (off > stream_end()) {
+      scanner_.reset();
       st = CutChunks(true);
       if (!st.ok()) break;
       manifest_.AppendHole(off - manifest_.size());
@@ -363,6 +390,7 @@ Result<Manifest> FileWriter::ChunkStagingFile() {
   const size_t max = chunker_.options().max_bytes;
   TailBuffer buf;
   chunker_.Reset();
+  scanner_ = scanners_ ? scanners_() : nullptr;
   auto cut_all = [&](bool final) { return CutInto(buf, final, &m); };
   // Walk the data regions, so that a sparse file's holes stay holes.
   uint64_t pos = 0;
@@ -371,6 +399,7 @@ Result<Manifest> FileWriter::ChunkStagingFile() {
     if (data < 0 && errno != ENXIO) return Status::FromErrno(errno, "seek staging file");
     uint64_t data_start = data < 0 ? size_ : std::min<uint64_t>(static_cast<uint64_t>(data), size_);
     if (data_start > pos) {
+      scanner_.reset();  // a hole: the scanner would lose its place
       RETURN_IF_ERROR(cut_all(true));
       m.AppendHole(data_start - pos);
       pos = data_start;
@@ -389,6 +418,7 @@ Result<Manifest> FileWriter::ChunkStagingFile() {
       }
       if (r <= 0) return Status::FromErrno(r < 0 ? errno : EIO, "read staging file");
       buf.Resize(at + static_cast<size_t>(r));
+      Scan(buf.data() + at, static_cast<size_t>(r));
       pos += static_cast<uint64_t>(r);
       RETURN_IF_ERROR(cut_all(false));
     }

@@ -22,6 +22,7 @@
 #include "cache/chunk_cache.h"
 #include "common/config.h"
 #include "common/metrics.h"
+#include "common/payload_scanner.h"
 #include "store/chunker.h"
 #include "store/manifest.h"
 
@@ -99,9 +100,11 @@ class TailBuffer {
 
 class FileWriter {
  public:
-  // Starts from the committed bytes `base` (the file's manifest; empty for a new file).
+  // Starts from the committed bytes `base` (the file's manifest; empty for a new file). `scanners`
+  // (may be empty) makes the payload scanner of a file written from its first byte, so chunks are
+  // cut at tensor boundaries; other files are chunked by content alone.
   FileWriter(Manifest base, ChunkSink* sink, const ChunkingOptions& chunking,
-             uint64_t reorder_limit, Metrics* metrics);
+             uint64_t reorder_limit, Metrics* metrics, PayloadScannerFactory scanners = {});
   ~FileWriter();
   FileWriter(const FileWriter&) = delete;
   FileWriter& operator=(const FileWriter&) = delete;
@@ -125,8 +128,16 @@ class FileWriter {
   uint64_t stream_end() const { return manifest_.size() + buf_.size(); }
   Status StreamWrite(uint64_t offset, const uint8_t* data, size_t len);
   Status CutChunks(bool final);
-  // Cuts chunks off the front of buf into `into`; final: the rest becomes the last chunk.
+  // Cuts chunks off the front of buf into `into` (buf starts at file offset into->size()); final:
+  // the rest becomes the last chunk.
   Status CutInto(TailBuffer& buf, bool final, Manifest* into);
+  // Where the next chunk ends: at a tensor boundary or piece, else where content-defined chunking
+  // says. p[0..avail) are the bytes from file offset pos; 0: more bytes are needed.
+  size_t NextCut(uint64_t pos, const uint8_t* p, size_t avail, bool final);
+  // Bytes appended at the stream end, in order: the scanner sees them.
+  void Scan(const uint8_t* data, size_t len) {
+    if (scanner_) scanner_->Feed(data, len);
+  }
   Status EmitChunk(const uint8_t* data, size_t len, Manifest* into);
   Status DrainPending();
   bool OverlapsPending(uint64_t begin, uint64_t end) const;
@@ -140,6 +151,10 @@ class FileWriter {
   Metrics* const metrics_;
   const uint64_t reorder_limit_;
   Chunker chunker_;
+  const uint32_t piece_bytes_;
+  const PayloadScannerFactory scanners_;
+  // Null when the bytes are not seen front to back (a rewrite, a hole): no hints from then on.
+  std::unique_ptr<PayloadScanner> scanner_;
   Mode mode_ = Mode::kStream;
   Status error_;  // sticky
 

@@ -46,7 +46,7 @@ int64_t NowNs() {
       .count();
 }
 
-Result<std::unique_ptr<Store>> Store::Open(const Config& cfg) {
+Result<std::unique_ptr<Store>> Store::Open(const Config& cfg, PayloadScannerFactory scanners) {
   const std::string& dir = cfg.cache_dir;
   RETURN_IF_ERROR(MakeDirs(dir));
   RETURN_IF_ERROR(MakeDirs(dir + "/staging"));
@@ -84,6 +84,7 @@ Result<std::unique_ptr<Store>> Store::Open(const Config& cfg) {
     return cache.status();
   }
   s->cache_ = std::move(*cache);
+  s->scanners_ = std::move(scanners);
   Status st = s->Recover(clean);
   if (!st.ok()) {
     s->closed_ = true;

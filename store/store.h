@@ -72,8 +72,9 @@ struct DirItem {
 class Store final : private ChunkSink {
  public:
   // Opens the cache directory named in cfg (creating it), takes its lock (one daemon per cache
-  // directory), and recovers from an unclean stop. cfg must be validated.
-  static Result<std::unique_ptr<Store>> Open(const Config& cfg);
+  // directory), and recovers from an unclean stop. cfg must be validated. `scanners` (optional)
+  // recognizes checkpoint formats in new files so chunks are cut at tensor boundaries.
+  static Result<std::unique_ptr<Store>> Open(const Config& cfg, PayloadScannerFactory scanners = {});
   // Commits files still dirty and syncs everything (see Close).
   ~Store() override;
   // Commits every dirty file, makes everything durable and marks the stop clean. Idempotent.
@@ -229,6 +230,7 @@ class Store final : private ChunkSink {
   Status ReapIfOrphan(uint64_t ino);
 
   const Config cfg_;
+  PayloadScannerFactory scanners_;  // set once in Open, before any file is written
   Metrics metrics_;
   Logger log_;
   std::unique_ptr<IoEngine> engine_;

@@ -127,7 +127,8 @@ Status Store::EnsureWriter(uint64_t ino, OpenFile& f) {
     if (m) base = std::move(*m);
   }
   f.writer = std::make_unique<FileWriter>(std::move(base), static_cast<ChunkSink*>(this),
-                                          cfg_.chunking, cfg_.reorder_bytes, &metrics_);
+                                          cfg_.chunking, cfg_.reorder_bytes, &metrics_,
+                                          scanners_);
   return Status::Ok();
 }
 

@@ -84,17 +84,43 @@ ChunkingOptions Small() {
   o.min_bytes = 4 << 10;
   o.avg_bytes = 16 << 10;
   o.max_bytes = 64 << 10;
+  o.piece_bytes = 32 << 10;
   return o;
+}
+
+// A scanner that knows where the tensors are in advance and reveals each one only once the bytes
+// up to its start have been fed, as a real scanner learns of a tensor from the header before it.
+class FakeScanner : public PayloadScanner {
+ public:
+  explicit FakeScanner(std::vector<ByteRange> ranges) : ranges_(std::move(ranges)) {}
+  void Feed(const uint8_t*, size_t len) override { fed_ += len; }
+  std::optional<ByteRange> NextPayload(uint64_t pos) override {
+    for (const ByteRange& r : ranges_) {
+      if (r.begin > fed_) break;
+      if (r.end > pos) return r;
+    }
+    return std::nullopt;
+  }
+  std::string_view format() const override { return "fake"; }
+
+ private:
+  std::vector<ByteRange> ranges_;
+  uint64_t fed_ = 0;
+};
+
+PayloadScannerFactory FakeScanners(std::vector<ByteRange> ranges) {
+  return [ranges] { return std::make_unique<FakeScanner>(ranges); };
 }
 
 // A FileWriter next to a plain byte-string model of what the file should hold.
 class FileWriterTest : public ::testing::Test {
  protected:
-  void Start(Manifest base = {}, uint64_t reorder = 1 << 20) {
+  void Start(Manifest base = {}, uint64_t reorder = 1 << 20, PayloadScannerFactory scanners = {}) {
     model_ = sink_.Reassemble(base);
     base_ids_.clear();
     for (const Extent& e : base.extents()) base_ids_.insert(e.id);
-    w_ = std::make_unique<FileWriter>(std::move(base), &sink_, Small(), reorder, &metrics_);
+    w_ = std::make_unique<FileWriter>(std::move(base), &sink_, Small(), reorder, &metrics_,
+                                      std::move(scanners));
   }
 
   void Write(uint64_t off, const Bytes& data) {
@@ -465,6 +491,111 @@ TEST_F(FileWriterTest, NoSpaceInStagingFinish) {
   auto m = w_->Finish();
   ASSERT_FALSE(m.ok());
   EXPECT_EQ(m.status().code(), Code::kNoSpace);
+}
+
+// The chunk boundaries of a manifest, as file offsets.
+std::set<uint64_t> Cuts(const Manifest& m) {
+  std::set<uint64_t> cuts;
+  uint64_t pos = 0;
+  for (const Extent& e : m.extents()) cuts.insert(pos += e.len);
+  return cuts;
+}
+
+// A file of structure and tensor bytes: `layout` alternates structure and tensor lengths,
+// starting with structure. Returns the bytes and the tensors' ranges.
+Bytes Layout(const std::vector<size_t>& layout, uint64_t seed, std::vector<ByteRange>* tensors,
+             const std::vector<Bytes>& tensor_bytes = {}) {
+  Bytes out;
+  for (size_t i = 0; i < layout.size(); ++i) {
+    Bytes part = test::RandomBytes(layout[i], seed + i);
+    if (i % 2 == 1) {
+      if (i / 2 < tensor_bytes.size()) part = tensor_bytes[i / 2];
+      tensors->push_back({out.size(), out.size() + part.size()});
+    }
+    out.insert(out.end(), part.begin(), part.end());
+  }
+  return out;
+}
+
+TEST_F(FileWriterTest, CutsAtTensorBoundariesWithFixedPieces) {
+  std::vector<ByteRange> tensors;
+  const Bytes data = Layout({10000, 300000, 5000, 100000, 3000}, 1, &tensors);
+  Start({}, 1 << 20, FakeScanners(tensors));
+  test::SplitMix64 rng(7);
+  for (size_t off = 0; off < data.size();) {
+    size_t n = std::min<size_t>(data.size() - off, 1 + rng.Below(70000));
+    Write(off, Bytes(data.begin() + off, data.begin() + off + n));
+    off += n;
+  }
+  const Manifest m = Finish();
+  const std::set<uint64_t> cuts = Cuts(m);
+  const uint64_t piece = Small().piece_bytes;
+  for (const ByteRange& r : tensors) {
+    EXPECT_TRUE(cuts.count(r.begin)) << "no cut where the tensor at " << r.begin << " starts";
+    EXPECT_TRUE(cuts.count(r.end)) << "no cut where the tensor at " << r.begin << " ends";
+    for (uint64_t p = r.begin + piece; p < r.end; p += piece) {
+      EXPECT_TRUE(cuts.count(p)) << "no piece cut at " << p;
+    }
+    // Nothing else inside the tensor.
+    for (auto it = cuts.upper_bound(r.begin); it != cuts.end() && *it < r.end; ++it) {
+      EXPECT_EQ((*it - r.begin) % piece, 0u) << "a stray cut inside a tensor at " << *it;
+    }
+  }
+  EXPECT_EQ(metrics_.tensor_chunk_bytes.Get(), 400000u);
+}
+
+TEST_F(FileWriterTest, SameTensorDedupsAtAnyOffset) {
+  const Bytes tensor = test::RandomBytes(200000, 99);
+  std::vector<ByteRange> t1, t2;
+  const Bytes f1 = Layout({777, 0, 1234, 200000, 50}, 10, &t1, {Bytes(), tensor});
+  const Bytes f2 = Layout({40000, 200000, 333}, 20, &t2, {tensor});
+  Start({}, 1 << 20, FakeScanners(t1));
+  Write(0, f1);
+  Finish();
+  const int puts_before = sink_.puts();
+  const size_t distinct_before = sink_.distinct();
+  Start({}, 1 << 20, FakeScanners(t2));
+  Write(0, f2);
+  const Manifest m2 = Finish();
+  // Every piece of the tensor in the second file was already stored by the first.
+  size_t tensor_pieces = 0;
+  uint64_t pos = 0;
+  size_t new_chunks = sink_.distinct() - distinct_before;
+  for (const Extent& e : m2.extents()) {
+    if (pos >= t2[0].begin && pos + e.len <= t2[0].end) ++tensor_pieces;
+    pos += e.len;
+  }
+  EXPECT_EQ(tensor_pieces, (200000 + Small().piece_bytes - 1) / Small().piece_bytes);
+  EXPECT_EQ(new_chunks, m2.extents().size() - tensor_pieces) << "only the structure is new";
+  EXPECT_GT(sink_.puts(), puts_before);
+}
+
+TEST_F(FileWriterTest, RewriteInTailDropsHintsKeepsBytes) {
+  std::vector<ByteRange> tensors;
+  const Bytes data = Layout({3000, 150000, 2000}, 3, &tensors);
+  Start({}, 1 << 20, FakeScanners(tensors));
+  Write(0, Bytes(data.begin(), data.begin() + 2000));
+  Write(100, test::RandomBytes(500, 4));  // rewrites bytes the scanner has seen
+  Write(2000, Bytes(data.begin() + 2000, data.end()));
+  Finish();
+}
+
+TEST_F(FileWriterTest, StagingFileGetsTensorBoundariesToo) {
+  std::vector<ByteRange> tensors;
+  const Bytes data = Layout({5000, 200000, 7000, 90000, 100}, 5, &tensors);
+  Start({}, /*reorder=*/64 << 10, FakeScanners(tensors));
+  // Back to front: overflows the reorder window, so the file is chunked from its staging file.
+  const size_t step = 50000;
+  for (size_t end = data.size(); end > 0;) {
+    size_t begin = end > step ? end - step : 0;
+    Write(begin, Bytes(data.begin() + begin, data.begin() + end));
+    end = begin;
+  }
+  ASSERT_TRUE(w_->staging());
+  const std::set<uint64_t> cuts = Cuts(Finish());
+  for (const ByteRange& r : tensors) {
+    EXPECT_TRUE(cuts.count(r.begin) && cuts.count(r.end)) << "tensor at " << r.begin;
+  }
 }
 
 }  // namespace
