@@ -9,6 +9,12 @@
 // The tree keeps Python's object identity: the memo shares nodes (a storage referenced by two
 // tensors is one node with two parents), and the writer memoizes shared nodes again, so a tree read
 // and written back unpickles in Python to an equal object with the same sharing.
+//
+// Ownership. Nodes are shared_ptrs; destroying a tree never recurses, however deep it is. A pickle
+// may build reference cycles (a list that contains itself). Read() returns such a tree through a
+// root that owns the cycles: when the last copy of that root goes away, the links that close each
+// cycle are reset to nullptr so that everything is freed. Keep the root alive while using nodes
+// of a cyclic tree. A cyclic tree built by hand is the builder's to break.
 #pragma once
 
 #include <cstdint>
@@ -29,9 +35,9 @@ enum class Kind : uint8_t {
   kNone,
   kBool,       // b
   kInt,        // i (fits int64)
-  kBigInt,     // bytes: little-endian two's complement, as LONG1/LONG4 store it
+  kBigInt,     // str: little-endian two's complement, minimal length, as LONG1/LONG4 store it
   kFloat,      // f
-  kStr,        // str: UTF-8 text (BINUNICODE and friends)
+  kStr,        // str: UTF-8 text (BINUNICODE and friends; lone surrogates kept as 3-byte forms)
   kBytes,      // str: raw bytes (BINBYTES and friends; protocol-2 BINSTRING too, see py2_str)
   kByteArray,  // str: raw bytes (BYTEARRAY8)
   kTuple,      // items
@@ -50,7 +56,7 @@ enum class ObjectOp : uint8_t {
   kReduce,    // callable(*args): REDUCE
   kNewObj,    // cls.__new__(cls, *args): NEWOBJ
   kNewObjEx,  // cls.__new__(cls, *args, **kwargs): NEWOBJ_EX
-  kInst,      // INST / OBJ (protocols 0 and 1): cls(*args)
+  kInst,      // INST / OBJ (protocols 0 and 1): `callable` is the class, `args` a kTuple
 };
 
 struct Value {
@@ -58,12 +64,12 @@ struct Value {
   bool b = false;
   int64_t i = 0;
   double f = 0;
-  std::string str;     // kStr, kBytes, kByteArray, kBigInt
-  bool py2_str = false;  // kBytes read from BINSTRING/SHORT_BINSTRING/STRING (Python 2 str)
+  std::string str;           // kStr, kBytes, kByteArray, kBigInt
+  bool py2_str = false;      // kBytes read from BINSTRING/SHORT_BINSTRING/STRING (Python 2 str)
   std::string module, name;  // kGlobal
-  std::vector<ValuePtr> items;                            // kTuple, kList, kSet, kFrozenSet
-  std::vector<std::pair<ValuePtr, ValuePtr>> pairs;       // kDict
-  ValuePtr pid;                                           // kPersId
+  std::vector<ValuePtr> items;                       // kTuple, kList, kSet, kFrozenSet
+  std::vector<std::pair<ValuePtr, ValuePtr>> pairs;  // kDict
+  ValuePtr pid;                                      // kPersId
 
   // kObject: built by `op` from `callable` (a kGlobal, or any value) and `args` (a kTuple);
   // kwargs for NEWOBJ_EX (a kDict). Then, in this order, as the pickle mutated it:
@@ -72,6 +78,14 @@ struct Value {
   std::vector<ValuePtr> list_items;                       // APPEND/APPENDS onto the object
   std::vector<std::pair<ValuePtr, ValuePtr>> dict_items;  // SETITEM/SETITEMS onto the object
   ValuePtr state;                                         // BUILD (nullptr: none)
+
+  Value() = default;
+  Value(const Value&) = default;
+  Value(Value&&) = default;
+  Value& operator=(const Value&) = default;
+  Value& operator=(Value&&) = default;
+  // Releases children with an explicit worklist: a chain a million nodes deep must not recurse.
+  ~Value();
 
   // Helpers for readers of the tree.
   bool IsGlobal(std::string_view mod, std::string_view nm) const {
@@ -96,31 +110,44 @@ ValuePtr MakeGlobal(std::string module, std::string name);
 ValuePtr MakeCall(ValuePtr callable, ValuePtr args);  // kObject, ObjectOp::kReduce
 ValuePtr MakePersId(ValuePtr pid);
 
-// Bounds that keep a hostile pickle from exhausting memory or the stack.
-struct ReadLimits {
-  size_t max_depth = 1000;       // nesting of containers/objects
-  size_t max_values = 50'000'000;  // values created in total
+// Bounds that keep a hostile pickle from exhausting memory or the stack. Read() and Write() take
+// the same limits, so whatever Read() accepts, Write() with the same limits can write back.
+struct Limits {
+  // Nesting as the writer recurses: one level per container or object on the way down (the
+  // reader checks this after STOP by walking the tree the way the writer will). The writer's
+  // stack use grows with it; the default suits an 8 MiB thread stack with room to spare.
+  size_t max_depth = 1000;
+  // Values created while reading, and values visited while writing (a shared node counts each
+  // time the writer reaches it before it is memoized).
+  size_t max_values = 50'000'000;
 };
 
 // Reads one pickle (protocols 0-5) from data[0..len). Stops at STOP; `consumed` (if given) gets
 // the number of bytes up to and including STOP. Errors (Code::kCorrupt, message names the opcode
 // and its byte offset): truncated input, an unknown opcode, stack underflow, a missing memo entry,
-// a MARK out of place, out-of-band buffers (NEXT_BUFFER), limits exceeded.
+// a MARK out of place, malformed text or UTF-8, out-of-band buffers (NEXT_BUFFER,
+// READONLY_BUFFER), limits exceeded.
 Result<ValuePtr> Read(const uint8_t* data, size_t len, size_t* consumed = nullptr,
-                      const ReadLimits& limits = {});
-inline Result<ValuePtr> Read(std::string_view s, size_t* consumed = nullptr) {
-  return Read(reinterpret_cast<const uint8_t*>(s.data()), s.size(), consumed);
+                      const Limits& limits = {});
+inline Result<ValuePtr> Read(std::string_view s, size_t* consumed = nullptr,
+                             const Limits& limits = {}) {
+  return Read(reinterpret_cast<const uint8_t*>(s.data()), s.size(), consumed, limits);
 }
 
-// Writes `v` as a pickle of protocol 2 (what torch.save uses) or higher (up to 5). A node reached
-// more than once is written once and memoized, so sharing survives. Errors (Code::kInvalid): a
-// value the protocol cannot express (e.g. kByteArray below protocol 5 is written as a REDUCE of
-// builtins.bytearray instead, so in practice only malformed trees fail), or a cycle that does not
-// pass through an object or container that pickle can memoize before recursing.
-Result<std::string> Write(const ValuePtr& v, int protocol = 2);
+// Writes `v` as a pickle of protocol 2 (what torch.save uses) up to 5. A node reached more than
+// once is written once and memoized, so sharing and cycles survive. Values a protocol has no
+// opcode for are written the way Python 3 writes them (bytes below protocol 3 as
+// _codecs.encode(str, 'latin1'), sets below 4 as set([...]), bytearray below 5 as
+// bytearray(bytes)); an object is written in the order of Python's save_reduce: callable, args,
+// the constructing opcode, then APPENDS, SETITEMS and BUILD. Errors (Code::kInvalid): a protocol
+// outside 2..5, a malformed tree (a null child, a kObject without callable), a global name with
+// a newline below protocol 4, a string over 4 GiB below protocol 4, limits exceeded, or a cycle
+// that no memoizable node breaks (Python could not pickle it either).
+Result<std::string> Write(const ValuePtr& v, int protocol = 2, const Limits& limits = {});
 
 // A short, human-readable rendering for logs, tests and `ckptfs inspect` (Python-like syntax;
-// shared nodes are printed each time they are reached, cycles as "...").
+// shared nodes are printed each time they are reached, cycles as "..."). Output stops near
+// max_len characters, ending with "...".
 std::string Debug(const ValuePtr& v, size_t max_len = 4096);
 
 }  // namespace ckptfs::pickle
