@@ -4,6 +4,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstring>
+#include <functional>
 
 namespace ckptfs::json {
 namespace {
@@ -62,6 +63,25 @@ int HexDigit(unsigned char c) {
   if (c >= 'a' && c <= 'f') return c - 'a' + 10;
   if (c >= 'A' && c <= 'F') return c - 'A' + 10;
   return -1;
+}
+
+// A name that occurs twice in `members`, or nullptr. Sorts hashes rather than strings: names in
+// a large header share long prefixes ("model.layers.") that make string comparisons slow.
+const std::string* FindDuplicateName(const Object& members) {
+  std::vector<std::pair<size_t, size_t>> hashes;  // (hash, index)
+  hashes.reserve(members.size());
+  const std::hash<std::string_view> hash;
+  for (size_t i = 0; i < members.size(); ++i) hashes.emplace_back(hash(members[i].first), i);
+  std::sort(hashes.begin(), hashes.end());
+  for (size_t i = 1; i < hashes.size(); ++i) {
+    // Equal hashes are adjacent; compare every pair within a run of equal hashes.
+    for (size_t j = i; j > 0 && hashes[j - 1].first == hashes[i].first; --j) {
+      if (members[hashes[j - 1].second].first == members[hashes[i].second].first) {
+        return &members[hashes[i].second].first;
+      }
+    }
+  }
+  return nullptr;
 }
 
 class Parser {
@@ -203,15 +223,8 @@ class Parser {
       return Error("expected ',' or '}'");
     }
     if (!options_.allow_duplicate_keys && members.size() > kLinearDuplicateCheck) {
-      std::vector<std::string_view> names;
-      names.reserve(members.size());
-      for (const Member& m : members) names.push_back(m.first);
-      std::sort(names.begin(), names.end());
-      auto dup = std::adjacent_find(names.begin(), names.end());
-      if (dup != names.end()) {
-        return ErrorAt(
-            "duplicate member name \"" + std::string(dup->substr(0, 64)) + "\" in the object",
-            start);
+      if (const std::string* dup = FindDuplicateName(members)) {
+        return ErrorAt("duplicate member name \"" + dup->substr(0, 64) + "\" in the object", start);
       }
     }
     *out = Value::MakeObject(std::move(members));
