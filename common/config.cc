@@ -17,7 +17,7 @@ Status Config::Validate() {
     return Invalid("chunk sizes must satisfy 4096 <= min < avg < max");
   }
   if (c.max_bytes > (64u << 20)) return Invalid("chunk maximum size is at most 64 MiB");
-  if (c.piece_bytes < 4096 || c.piece_bytes > c.max_bytes) {
+  if (c.piece_bytes != 0 && (c.piece_bytes < 4096 || c.piece_bytes > c.max_bytes)) {
     return Invalid("tensor piece size must be in 4K..chunk maximum");
   }
   if (io_engine != "uring" && io_engine != "pread") {

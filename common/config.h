@@ -17,8 +17,8 @@ struct ChunkingOptions {
   uint32_t max_bytes = 4 * 1024 * 1024;
   // Inside a tensor of a recognized checkpoint file (common/payload_scanner.h) chunks are fixed
   // pieces of this size counted from the tensor's first byte, so equal tensors give equal chunks
-  // wherever they lie. At most max_bytes (the write path holds one piece in memory).
-  uint32_t piece_bytes = 4 * 1024 * 1024;
+  // wherever they lie. At most max_bytes (the write path holds one piece in memory); 0: max_bytes.
+  uint32_t piece_bytes = 0;
   // Recognize checkpoint formats and cut chunks at tensor boundaries (-o tensor_chunking=0: off).
   bool tensor_boundaries = true;
 };

@@ -31,6 +31,7 @@ constexpr Entry kTable[] = {
     {Code::kNoData, ENODATA, "no data"},
     {Code::kRange, ERANGE, "out of range"},
     {Code::kTooBig, EFBIG, "file too big"},
+    {Code::kValueTooLarge, E2BIG, "value too large"},
     {Code::kCrossDevice, EXDEV, "cross-device"},
     {Code::kInternal, EIO, "internal error"},
 };

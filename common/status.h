@@ -29,6 +29,7 @@ enum class Code : uint8_t {
   kNoData,        // ENODATA: no such extended attribute
   kRange,         // ERANGE: a caller's buffer is too small
   kTooBig,        // EFBIG
+  kValueTooLarge, // E2BIG: an attribute value larger than the kernel passes (64 KiB)
   kCrossDevice,   // EXDEV
   kInternal,      // EIO: a broken invariant inside ckptfs
 };

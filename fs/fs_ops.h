@@ -5,16 +5,21 @@
 #define FUSE_USE_VERSION 312
 #include <fuse_lowlevel.h>
 
+#include <memory>
+
 #include "common/config.h"
 #include "common/log.h"
 #include "store/store.h"
 
 namespace ckptfs::fs {
 
+class FileInfoCache;
+
 struct Context {
   Store* store;
   Config cfg;
   Logger log;
+  std::shared_ptr<FileInfoCache> info;  // descriptions of checkpoint files (file_info.cc)
 };
 
 inline Context& Ctx(fuse_req_t req) { return *static_cast<Context*>(fuse_req_userdata(req)); }
@@ -28,6 +33,12 @@ void ReplyError(fuse_req_t req, const Status& st, const char* op, fuse_ino_t ino
 void FillStat(const InodeRecord& rec, struct stat* st);
 fuse_entry_param EntryOf(fuse_req_t req, const InodeRecord& rec);
 void ReplyEntry(fuse_req_t req, const InodeRecord& rec);
+
+// The read-only attributes ckptfs computes (user.ckptfs.format, .tensors, .tensors.pages,
+// .tensors.N, .chunks); kNoData for any other name, which the caller then looks up as stored.
+Result<std::string> ComputedXattr(Context& ctx, fuse_ino_t ino, std::string_view name);
+bool IsComputedXattr(std::string_view name);
+std::shared_ptr<FileInfoCache> NewFileInfoCache();
 
 void AddEntryOps(fuse_lowlevel_ops* ops);  // lookup, getattr, setattr, links, renames, nodes
 void AddFileOps(fuse_lowlevel_ops* ops);   // open, create, read, write, flush, fsync, release

@@ -44,7 +44,7 @@ std::string EscapeCommas(const std::string& s) {
 }  // namespace
 
 Status ServeMount(Store* store, const Config& cfg, const std::function<void()>& on_mounted) {
-  fs::Context ctx{store, cfg, GetLogger("fs")};
+  fs::Context ctx{store, cfg, GetLogger("fs"), fs::NewFileInfoCache()};
   fuse_lowlevel_ops ops{};
   ops.init = Init;
   fs::AddEntryOps(&ops);

@@ -153,6 +153,7 @@ void ReplyError(fuse_req_t req, const Status& st, const char* op, fuse_ino_t ino
     case Code::kNotDir:
     case Code::kNameTooLong:
     case Code::kUnsupported:
+    case Code::kValueTooLarge:
       break;  // answers, not failures
     case Code::kCorrupt:
     case Code::kNoSpace:

@@ -15,12 +15,18 @@ void ReplySized(fuse_req_t req, const std::string& value, size_t size) {
 
 void SetXattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char* value, size_t size,
               int flags) {
+  if (IsComputedXattr(name)) return static_cast<void>(fuse_reply_err(req, EPERM));
   Status st = Ctx(req).store->SetXattr(ino, name, std::string_view(value, size), flags);
   if (!st.ok()) return ReplyError(req, st, "setxattr", ino);
   fuse_reply_err(req, 0);
 }
 
 void GetXattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
+  if (IsComputedXattr(name)) {
+    auto v = ComputedXattr(Ctx(req), ino, name);
+    if (!v.ok()) return ReplyError(req, v.status(), "getxattr", ino);
+    return ReplySized(req, *v, size);
+  }
   auto v = Ctx(req).store->GetXattr(ino, name);
   if (!v.ok()) return ReplyError(req, v.status(), "getxattr", ino);
   ReplySized(req, *v, size);
@@ -38,6 +44,7 @@ void ListXattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
 }
 
 void RemoveXattr(fuse_req_t req, fuse_ino_t ino, const char* name) {
+  if (IsComputedXattr(name)) return static_cast<void>(fuse_reply_err(req, EPERM));
   Status st = Ctx(req).store->RemoveXattr(ino, name);
   if (!st.ok()) return ReplyError(req, st, "removexattr", ino);
   fuse_reply_err(req, 0);

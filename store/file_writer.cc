@@ -72,7 +72,7 @@ FileWriter::FileWriter(Manifest base, ChunkSink* sink, const ChunkingOptions& ch
       metrics_(metrics),
       reorder_limit_(reorder_limit),
       chunker_(chunking),
-      piece_bytes_(chunking.piece_bytes),
+      piece_bytes_(chunking.piece_bytes ? chunking.piece_bytes : chunking.max_bytes),
       scanners_(chunking.tensor_boundaries ? std::move(scanners) : nullptr),
       manifest_(std::move(base)) {
   size_ = manifest_.size();

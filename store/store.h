@@ -125,6 +125,20 @@ class Store final : private ChunkSink {
   Status Release(uint64_t ino, uint64_t fh = 0);
   Status Write(uint64_t ino, uint64_t offset, const uint8_t* data, size_t len, uint64_t fh = 0);
   Status Read(uint64_t ino, uint64_t offset, size_t len, std::vector<ReadSlice>* out);
+
+  // --- what a file holds, for describing it (fs/ serves user.ckptfs.* attributes with these) ---
+  // The file's committed bytes as they are now (writes not yet committed are not included),
+  // without opening it. Immutable: read it with ReadCommitted.
+  Result<std::shared_ptr<const Manifest>> CommittedManifest(uint64_t ino);
+  // Bytes of a manifest from CommittedManifest. kNotFound when one of its chunks has been reclaimed
+  // since (the file changed): take a new snapshot.
+  Status ReadCommitted(const Manifest& m, uint64_t offset, uint64_t len,
+                       std::vector<ReadSlice>* out);
+  struct ChunkUsage {
+    uint64_t chunks = 0, bytes = 0;                // the manifest's chunks (holes excluded)
+    uint64_t shared_chunks = 0, shared_bytes = 0;  // of those, referenced elsewhere too
+  };
+  Result<ChunkUsage> Usage(const Manifest& m);
   // Commits the file's session if fh belongs to it (close(2)).
   Status Flush(uint64_t ino, uint64_t fh = 0);
   // Flush, and makes the file's committed bytes durable (fsync(2)).

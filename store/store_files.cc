@@ -389,4 +389,43 @@ Status Store::Commit(uint64_t ino, OpenFile& f, bool durable) {
   return st;
 }
 
+Result<std::shared_ptr<const Manifest>> Store::CommittedManifest(uint64_t ino) {
+  if (auto f = FindFile(ino)) {
+    std::lock_guard lock(f->mu);
+    if (f->manifest) return f->manifest;
+  }
+  ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
+  ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(ino));
+  if (!S_ISREG(rec.mode)) return Status(Code::kIsDir, "not a regular file");
+  ASSIGN_OR_RETURN(auto m, txn.GetManifest(ino));
+  return std::make_shared<const Manifest>(m ? std::move(*m) : Manifest());
+}
+
+Status Store::ReadCommitted(const Manifest& m, uint64_t offset, uint64_t len,
+                            std::vector<ReadSlice>* out) {
+  return ReadManifest(
+      m, offset, len, [this](const ChunkId& id, size_t l) { return cache_->Get(id, l); }, out);
+}
+
+Result<Store::ChunkUsage> Store::Usage(const Manifest& m) {
+  std::unordered_map<ChunkId, uint64_t, ChunkIdHash> uses;  // references from this manifest
+  ChunkUsage u;
+  for (const Extent& e : m.extents()) {
+    if (e.hole()) continue;
+    ++uses[e.id];
+    ++u.chunks;
+    u.bytes += e.len;
+  }
+  ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
+  for (const Extent& e : m.extents()) {
+    if (e.hole()) continue;
+    ASSIGN_OR_RETURN(ChunkRecord r, txn.GetChunk(e.id));
+    if (r.refs > uses[e.id]) {
+      ++u.shared_chunks;
+      u.shared_bytes += e.len;
+    }
+  }
+  return u;
+}
+
 }  // namespace ckptfs

@@ -1,4 +1,4 @@
-// The ckptfs command: mount, umount, stats.
+// The ckptfs command: mount, umount, stats, inspect.
 #include <fcntl.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
@@ -19,9 +19,11 @@
 
 #include "common/config.h"
 #include "common/log.h"
+#include "formats/payload_scan.h"
 #include "fs/fuse_fs.h"
 #include "store/meta_store.h"
 #include "store/store.h"
+#include "tools/commands.h"
 #include "tools/mount_table.h"
 
 namespace ckptfs {
@@ -30,20 +32,17 @@ namespace {
 constexpr const char* kUsage = R"(usage:
   ckptfs mount MOUNTPOINT [--cache-dir DIR] [--foreground] [--log-level LEVEL] [-o OPT[,OPT...]]
   ckptfs umount MOUNTPOINT [--lazy]
-  ckptfs stats MOUNTPOINT|CACHE_DIR
+  ckptfs stats MOUNTPOINT|PATH|CACHE_DIR
+  ckptfs inspect [--json] FILE
 
 mount options (-o): ram_cache=SIZE, write_queue=SIZE, write_threads=N, reorder_buffer=SIZE,
   readahead_chunks=N, read_threads=N, io_engine=uring|pread,
   writeback_cache[=0|1], max_threads=N, max_background=N, max_readahead=SIZE,
-  attr_timeout=SECONDS, entry_timeout=SECONDS, chunk_min=SIZE, chunk_avg=SIZE, chunk_max=SIZE;
-  any other option goes to FUSE (e.g. ro, allow_other).
+  attr_timeout=SECONDS, entry_timeout=SECONDS, chunk_min=SIZE, chunk_avg=SIZE, chunk_max=SIZE,
+  tensor_chunking[=0|1], tensor_piece=SIZE; any other option goes to FUSE (e.g. ro, allow_other).
 The cache directory defaults to /var/cache/ckptfs/<mountpoint> (root) or ~/.cache/ckptfs/...
 )";
 
-int Fail(const std::string& msg) {
-  std::fprintf(stderr, "ckptfs: %s\n", msg.c_str());
-  return 1;
-}
 
 // Applies one -o option to cfg; options ckptfs does not know go to FUSE.
 Status ApplyOption(const std::string& opt, Config& cfg) {
@@ -66,6 +65,8 @@ Status ApplyOption(const std::string& opt, Config& cfg) {
     if (key == "chunk_min") return size(cfg.chunking.min_bytes);
     if (key == "chunk_avg") return size(cfg.chunking.avg_bytes);
     if (key == "chunk_max") return size(cfg.chunking.max_bytes);
+    if (key == "tensor_piece") return size(cfg.chunking.piece_bytes);
+    if (key == "tensor_chunking") return (cfg.chunking.tensor_boundaries = val != "0"), Status::Ok();
     if (key == "io_engine") return (cfg.io_engine = val), Status::Ok();
     if (key == "writeback_cache") return (cfg.writeback_cache = val != "0"), Status::Ok();
     if (key == "max_threads") return (cfg.max_threads = std::stoul(val)), Status::Ok();
@@ -134,7 +135,7 @@ void Detach() {
 
 int RunDaemon(const Config& cfg, int notify_fd) {
   Logger log = GetLogger("main");
-  auto store = Store::Open(cfg);
+  auto store = Store::Open(cfg, [] { return NewPayloadScanner(PayloadScanOptions{}); });
   if (!store.ok()) {
     log->error("cannot open the store: {}", store.status().ToString());
     Report(notify_fd, store.status().ToString());
@@ -272,37 +273,13 @@ int Umount(const std::vector<std::string>& args) {
   return 0;
 }
 
-int Stats(const std::vector<std::string>& args) {
-  if (args.size() != 1) return Fail(std::string("stats takes one path\n") + kUsage);
-  std::string path = AbsolutePath(args[0]);
-  std::string cache_dir = path;
-  if (auto entry = FindMount(path)) cache_dir = entry->cache_dir;
-  auto meta = MetaStore::Open(cache_dir + "/meta", 64ull << 30, /*read_only=*/true);
-  if (!meta.ok()) return Fail(path + ": not a ckptfs mount or cache directory (" +
-                              meta.status().ToString() + ")");
-  auto txn = (*meta)->Begin(false);
-  if (!txn.ok()) return Fail(txn.status().ToString());
-  uint64_t files = 0, logical = 0, data = 0, chunks = 0, stored = 0;
-  Status st = txn->ForEachManifest([&](uint64_t, const Manifest& m) {
-    ++files;
-    logical += m.size();
-    for (const Extent& e : m.extents()) data += e.hole() ? 0 : e.len;
-  });
-  if (st.ok()) st = txn->ForEachChunk([&](const ChunkId&, const ChunkRecord& r) {
-    ++chunks;
-    stored += r.len;
-  });
-  if (!st.ok()) return Fail(st.ToString());
-  std::printf("files          %lu\n", static_cast<unsigned long>(files));
-  std::printf("logical_bytes  %lu\n", static_cast<unsigned long>(logical));
-  std::printf("data_bytes     %lu\n", static_cast<unsigned long>(data));
-  std::printf("stored_bytes   %lu\n", static_cast<unsigned long>(stored));
-  std::printf("chunks         %lu\n", static_cast<unsigned long>(chunks));
-  std::printf("dedup_ratio    %.3f\n", stored ? static_cast<double>(data) / stored : 1.0);
-  return 0;
+}  // namespace
+
+int Fail(const std::string& msg) {
+  std::fprintf(stderr, "ckptfs: %s\n", msg.c_str());
+  return 1;
 }
 
-}  // namespace
 }  // namespace ckptfs
 
 int main(int argc, char** argv) {
@@ -320,5 +297,6 @@ int main(int argc, char** argv) {
   if (cmd == "mount") return ckptfs::Mount(args);
   if (cmd == "umount" || cmd == "unmount") return ckptfs::Umount(args);
   if (cmd == "stats") return ckptfs::Stats(args);
+  if (cmd == "inspect") return ckptfs::Inspect(args);
   return ckptfs::Fail("unknown command '" + cmd + "'\n" + ckptfs::kUsage);
 }

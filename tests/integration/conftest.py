@@ -165,8 +165,11 @@ class CkptMount:
         out = run([CKPTFS_BIN, "stats", self.mnt]).stdout
         result = {}
         for line in out.splitlines():
-            k, v = line.split()
-            result[k] = float(v) if "." in v else int(v)
+            if not line.strip():
+                break  # the per-directory table follows
+            k, v = line.split(None, 1)
+            if k != "path":
+                result[k] = float(v) if "." in v else int(v)
         return result
 
     def log(self):
