@@ -23,7 +23,7 @@ namespace ckptfs::layout {
 struct Entry {
   std::string path;  // relative to the listed directory, '/'-separated: "iter_0000100/mp_rank_00"
   bool is_dir = false;
-  uint64_t size = 0;
+  uint64_t size = 0;  // a file's bytes; detection goes by names and does not use it yet
   std::optional<std::string> content;  // the file's bytes, when the caller read them
 };
 
