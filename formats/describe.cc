@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "formats/json.h"
+#include "formats/safetensors.h"
 #include "formats/torch_file.h"
 
 namespace ckptfs {
@@ -24,6 +25,73 @@ Result<FileDescription> DescribeTorch(uint64_t size, const zip::ReadAtFn& read_a
   for (const TorchTensor& t : f.pickle.tensors) {
     TensorInfo i{t.name, t.dtype, t.shape, {}, t.offset, t.length};
     if (!Contiguous(t.shape, t.stride)) i.stride = t.stride;
+    d.tensors.push_back(std::move(i));
+  }
+  return d;
+}
+
+// torch's name for a safetensors dtype; the format's own name where torch has none.
+std::string TorchDtype(safetensors::Dtype d) {
+  using D = safetensors::Dtype;
+  switch (d) {
+    case D::kBool:
+      return "bool";
+    case D::kF4:
+      return "float4_e2m1fn_x2";
+    case D::kU8:
+      return "uint8";
+    case D::kI8:
+      return "int8";
+    case D::kF8E5M2:
+      return "float8_e5m2";
+    case D::kF8E4M3:
+      return "float8_e4m3fn";
+    case D::kF8E8M0:
+      return "float8_e8m0fnu";
+    case D::kF8E4M3Fnuz:
+      return "float8_e4m3fnuz";
+    case D::kF8E5M2Fnuz:
+      return "float8_e5m2fnuz";
+    case D::kI16:
+      return "int16";
+    case D::kU16:
+      return "uint16";
+    case D::kF16:
+      return "float16";
+    case D::kBF16:
+      return "bfloat16";
+    case D::kI32:
+      return "int32";
+    case D::kU32:
+      return "uint32";
+    case D::kF32:
+      return "float32";
+    case D::kC64:
+      return "complex64";
+    case D::kF64:
+      return "float64";
+    case D::kI64:
+      return "int64";
+    case D::kU64:
+      return "uint64";
+    default:
+      return std::string(safetensors::DtypeName(d));
+  }
+}
+
+Result<FileDescription> DescribeSafetensors(uint64_t size, const zip::ReadAtFn& read_at) {
+  if (size < 8) return Corrupt("safetensors file shorter than its 8-byte header length");
+  ASSIGN_OR_RETURN(std::string head, read_at(0, 8));
+  ASSIGN_OR_RETURN(uint64_t need, safetensors::HeaderBytesNeeded(
+                                      reinterpret_cast<const uint8_t*>(head.data()), 8));
+  if (need > size) return Corrupt("safetensors header runs past the end of the file");
+  ASSIGN_OR_RETURN(std::string bytes, read_at(0, static_cast<size_t>(need)));
+  ASSIGN_OR_RETURN(safetensors::Header h, safetensors::ParseHeader(bytes, size));
+  FileDescription d;
+  d.format = FileFormat::kSafetensors;
+  for (const safetensors::TensorInfo& t : h.tensors) {
+    TensorInfo i{t.name, TorchDtype(t.dtype), {}, {}, t.offset, t.length};
+    for (uint64_t dim : t.shape) i.shape.push_back(static_cast<int64_t>(dim));
     d.tensors.push_back(std::move(i));
   }
   return d;
@@ -56,6 +124,8 @@ Result<FileDescription> DescribeFile(std::string_view name, uint64_t size,
   switch (f) {
     case FileFormat::kTorchZip:
       return DescribeTorch(size, read_at);
+    case FileFormat::kSafetensors:
+      return DescribeSafetensors(size, read_at);
     default:
       break;
   }

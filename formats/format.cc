@@ -6,12 +6,18 @@ namespace ckptfs {
 
 std::string_view FormatName(FileFormat f) {
   switch (f) {
-    case FileFormat::kUnknown: return "unknown";
-    case FileFormat::kTorchZip: return "torch-zip";
-    case FileFormat::kTorchLegacy: return "torch-legacy";
-    case FileFormat::kSafetensors: return "safetensors";
-    case FileFormat::kDcpMetadata: return "dcp-metadata";
-    case FileFormat::kDcpData: return "dcp-data";
+    case FileFormat::kUnknown:
+      return "unknown";
+    case FileFormat::kTorchZip:
+      return "torch-zip";
+    case FileFormat::kTorchLegacy:
+      return "torch-legacy";
+    case FileFormat::kSafetensors:
+      return "safetensors";
+    case FileFormat::kDcpMetadata:
+      return "dcp-metadata";
+    case FileFormat::kDcpData:
+      return "dcp-data";
   }
   return "unknown";
 }
@@ -27,8 +33,9 @@ FileFormat SniffFormat(const uint8_t* head, size_t len, std::string_view file_na
   if (len >= 4 && std::memcmp(head, "PK\x03\x04", 4) == 0) {
     return ends_with(".distcp") ? FileFormat::kDcpData : FileFormat::kTorchZip;
   }
-  // safetensors: a little-endian u64 header length, then a JSON object.
-  if (len >= 9 && head[8] == '{') {
+  // safetensors: a little-endian u64 header length, then a JSON object (writers may pad in front
+  // of it with spaces to align the buffer).
+  if (len >= 9 && (head[8] == '{' || head[8] == ' ')) {
     uint64_t n = 0;
     for (int i = 7; i >= 0; --i) n = n << 8 | head[i];
     if (n >= 2 && n < (uint64_t{1} << 32)) return FileFormat::kSafetensors;

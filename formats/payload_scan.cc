@@ -5,8 +5,10 @@
 #include <deque>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "formats/format.h"
+#include "formats/safetensors.h"
 #include "formats/torch_file.h"
 #include "formats/zip.h"
 
@@ -250,9 +252,21 @@ class FormatScanner final : public PayloadScanner {
     Become(sig == zip::kEocdSig ? State::kZipNext : State::kZipCentral);
   }
 
+  // The header lists every tensor's bytes: all ranges are known before the first tensor byte.
   void SafetensorsHeader(const uint8_t*& data, size_t& len) {
-    (void)data;
-    (void)len;
+    auto need = safetensors::HeaderBytesNeeded(held(), hold_.size());
+    if (!need.ok() || *need > opts_.max_header_bytes) return Stop();
+    if (!Gather(data, len, static_cast<size_t>(*need))) return;
+    auto header = safetensors::ParseHeader(held(), hold_.size());
+    if (header.ok()) {
+      std::vector<ByteRange> found;
+      for (const safetensors::TensorInfo& t : header->tensors) {
+        if (t.length >= opts_.min_payload_bytes) found.push_back({t.offset, t.offset + t.length});
+      }
+      std::sort(found.begin(), found.end(),
+                [](const ByteRange& a, const ByteRange& b) { return a.begin < b.begin; });
+      ranges_.insert(ranges_.end(), found.begin(), found.end());
+    }
     Stop();
   }
 

@@ -15,6 +15,7 @@
 
 #include "formats/describe.h"
 #include "formats/payload_scan.h"
+#include "formats/safetensors.h"
 #include "tests/test_util.h"
 
 namespace ckptfs {
@@ -285,6 +286,47 @@ TEST(TorchFile, DescribeAndJsonPages) {
     count += i - first;
   }
   EXPECT_EQ(count, d->tensors.size());
+}
+
+// safetensors: the header announces every tensor; the scanner must report exactly those ranges
+// (in file order), however the bytes arrive, and DescribeFile the same tensors.
+TEST(SafetensorsScan, RangesComeFromTheHeader) {
+  for (const char* name : {"basic", "all_dtypes", "header_order", "odd_names"}) {
+    const std::string bytes =
+        ReadAll(DataPath(std::string("safetensors/") + name + ".safetensors"));
+    auto header = safetensors::ParseHeader(bytes, bytes.size());
+    ASSERT_TRUE(header.ok()) << name << ": " << header.status().ToString();
+    std::vector<ByteRange> want;
+    for (const auto& t : header->tensors) {
+      if (t.length > 0) want.push_back({t.offset, t.offset + t.length});
+    }
+    std::sort(want.begin(), want.end(),
+              [](const ByteRange& a, const ByteRange& b) { return a.begin < b.begin; });
+    PayloadScanOptions opts;
+    opts.min_payload_bytes = 1;
+    auto scanner = NewPayloadScanner(opts);
+    for (size_t off = 0; off < bytes.size(); off += 5) {
+      scanner->Feed(reinterpret_cast<const uint8_t*>(bytes.data()) + off,
+                    std::min<size_t>(5, bytes.size() - off));
+    }
+    EXPECT_EQ(scanner->format(), "safetensors") << name;
+    const std::vector<ByteRange> got = AllRanges(*scanner);
+    ASSERT_EQ(got.size(), want.size()) << name;
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_EQ(got[i].begin, want[i].begin) << name;
+      EXPECT_EQ(got[i].end, want[i].end) << name;
+    }
+    auto d = DescribeFile(name, bytes.size(), ReaderOf(bytes));
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    EXPECT_EQ(d->format, FileFormat::kSafetensors);
+    EXPECT_EQ(d->tensors.size(), header->tensors.size());
+  }
+  // A truncated header is a clear error for DescribeFile and no hints for the scanner.
+  const std::string bytes = ReadAll(DataPath("safetensors/basic.safetensors"));
+  const std::string cut = bytes.substr(0, 20);
+  auto d = DescribeFile("x", cut.size(), ReaderOf(cut));
+  EXPECT_FALSE(d.ok());
+  EXPECT_EQ(d.status().code(), Code::kCorrupt);
 }
 
 }  // namespace
