@@ -31,6 +31,8 @@ os.makedirs(f"{mnt}/run1/iter_0000200", exist_ok=True)
 torch.save(sd, f"{mnt}/run1/iter_0000200/model.pt")
 assert same
 PY
-echo "--- ckptfs stats $mnt (two checkpoints, one changed layer between them)"
-"$bin" stats "$mnt"
+echo "--- ckptfs stats $mnt/run1 (two checkpoints, one changed layer between them)"
+"$bin" stats "$mnt/run1"
+echo "--- ckptfs inspect $mnt/run1/iter_0000200/model.pt (first tensors)"
+"$bin" inspect "$mnt/run1/iter_0000200/model.pt" | head -12
 echo "--- mounted at $mnt (cache: /var/cache/ckptfs); unmount with: $bin umount $mnt"

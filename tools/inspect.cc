@@ -4,10 +4,14 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "formats/json.h"
+#include "formats/layout.h"
 #include "tools/commands.h"
 
 namespace ckptfs {
@@ -58,6 +62,47 @@ int64_t IntOf(const json::Value& obj, const char* key) {
   return v && v->is_int() ? v->as_int() : 0;
 }
 
+// A directory: which checkpoint layout it holds (Megatron-LM, DeepSpeed, DCP, safetensors shards),
+// from its names and its small tracker files. Works on any directory, mounted or not.
+int InspectDir(const std::string& path, bool as_json) {
+  namespace fs = std::filesystem;
+  std::vector<layout::Entry> listing;
+  std::error_code ec;
+  constexpr size_t kMaxEntries = 1'000'000;
+  for (auto it = fs::recursive_directory_iterator(path, ec); !ec && it != fs::end(it);
+       it.increment(ec)) {
+    if (listing.size() == kMaxEntries) return Fail(path + ": more than a million entries");
+    layout::Entry e;
+    e.path = fs::relative(it->path(), path, ec).generic_string();
+    e.is_dir = it->is_directory(ec);
+    if (!e.is_dir) e.size = it->is_regular_file(ec) ? it->file_size(ec) : 0;
+    if (!e.is_dir && layout::WantsContent(e.path) && e.size < (1 << 20)) {
+      std::ifstream f(it->path(), std::ios::binary);
+      std::stringstream s;
+      s << f.rdbuf();
+      e.content = s.str();
+    }
+    listing.push_back(std::move(e));
+  }
+  if (ec) return Fail(path + ": " + ec.message());
+  auto found = layout::Detect(listing);
+  if (!found.ok()) return Fail(path + ": " + found.status().ToString());
+  const std::string text = layout::Describe(*found);
+  if (as_json) {
+    json::Object o;
+    o.emplace_back("directory", json::Value::String(path));
+    o.emplace_back("layout", json::Value::String(std::string(layout::KindName(found->kind))));
+    o.emplace_back("description", json::Value::String(text));
+    auto out = json::Write(json::Value::MakeObject(std::move(o)));
+    if (!out.ok()) return Fail(out.status().ToString());
+    std::printf("%s\n", out->c_str());
+    return 0;
+  }
+  std::printf("directory %s\nlayout    %s\n\n%s", path.c_str(),
+              std::string(layout::KindName(found->kind)).c_str(), text.c_str());
+  return 0;
+}
+
 }  // namespace
 
 int Inspect(const std::vector<std::string>& args) {
@@ -72,10 +117,11 @@ int Inspect(const std::vector<std::string>& args) {
       return Fail("inspect takes one file");
     }
   }
-  if (path.empty()) return Fail("inspect takes one file: ckptfs inspect [--json] FILE");
+  if (path.empty()) return Fail("inspect takes one path: ckptfs inspect [--json] FILE|DIR");
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return Fail(path + ": " + std::strerror(errno));
-  if (!S_ISREG(st.st_mode)) return Fail(path + ": not a regular file");
+  if (S_ISDIR(st.st_mode)) return InspectDir(path, as_json);
+  if (!S_ISREG(st.st_mode)) return Fail(path + ": not a regular file or directory");
   auto format = Attr(path, "user.ckptfs.format");
   if (!format.ok()) {
     return Fail(path + ": not on a ckptfs mount (" + format.status().ToString() + ")");

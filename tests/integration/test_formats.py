@@ -302,3 +302,34 @@ def test_safetensors_ranges_and_cross_format_dedup(mnt):
     added = stored(mnt, "st")["stored_bytes"] - before
     print(f"safetensors copy of a torch file adds {added} bytes")
     assert added < 64 * 1024, added
+
+
+def test_inspect_directory_layouts(mnt):
+    # Megatron-LM legacy: iter_{:07d}/mp_rank_{tp:02d}_{pp:03d}/model_optim_rng.pt and the tracker
+    # (megatron/training/checkpointing.py: get_checkpoint_name, get_checkpoint_tracker_filename).
+    meg = mnt / "megatron"
+    for tp in range(2):
+        for pp in range(2):
+            d = meg / "iter_0000200" / f"mp_rank_{tp:02d}_{pp:03d}"
+            os.makedirs(d)
+            torch.save({"model": {"w": torch.ones(2)}, "iteration": 200}, d / "model_optim_rng.pt")
+    write_file(meg / "latest_checkpointed_iteration.txt", b"200")
+    out = run([CKPTFS_BIN, "inspect", meg]).stdout
+    assert "layout    megatron" in out
+    assert "iter_0000200: tp=2 pp=2" in out and "complete=yes" in out
+    # DeepSpeed: <tag>/mp_rank_{tp:02d}_model_states.pt and
+    # [bf16_]zero_pp_rank_{dp}_mp_rank_{tp:02d}_optim_states.pt, tag file `latest`
+    # (deepspeed/runtime/engine.py: _get_ckpt_name, _get_zero_ckpt_prefix, save_checkpoint).
+    ds = mnt / "deepspeed"
+    os.makedirs(ds / "global_step10")
+    torch.save({"module": {"w": torch.ones(2)}}, ds / "global_step10" / "mp_rank_00_model_states.pt")
+    for dp in range(4):
+        torch.save({"optimizer_state_dict": {}},
+                   ds / "global_step10" / f"bf16_zero_pp_rank_{dp}_mp_rank_00_optim_states.pt")
+    write_file(ds / "latest", b"global_step10")
+    doc = json.loads(run([CKPTFS_BIN, "inspect", "--json", ds]).stdout)
+    assert doc["layout"] == "deepspeed"
+    assert "dp=4" in doc["description"] or "dp_size=4" in doc["description"], doc
+    # A plain directory is no checkpoint layout.
+    os.mkdir(mnt / "plain")
+    assert "layout    unknown" in run([CKPTFS_BIN, "inspect", mnt / "plain"]).stdout
