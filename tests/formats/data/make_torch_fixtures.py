@@ -41,18 +41,20 @@ def span_bytes(t):
     return flat.view(torch.uint8).numpy().tobytes()
 
 
-def walk(obj, path, out):
-    if isinstance(obj, torch.Tensor):
-        out.append((path, obj))
+def walk(obj, path, out, leaf=lambda o: isinstance(o, torch.Tensor), value=lambda o: o):
+    """(key path, value(leaf)) for every leaf under obj, in pickling order."""
+    join = lambda k: f"{path}.{k}" if path else str(k)
+    if leaf(obj):
+        out.append((path, value(obj)))
     elif isinstance(obj, dict):
         for k, v in obj.items():
-            walk(v, f"{path}.{k}" if path else str(k), out)
+            walk(v, join(k), out, leaf, value)
     elif isinstance(obj, (list, tuple)):
         for i, v in enumerate(obj):
-            walk(v, f"{path}.{i}" if path else str(i), out)
+            walk(v, join(i), out, leaf, value)
     elif isinstance(obj, argparse.Namespace):
         for k, v in vars(obj).items():
-            walk(v, f"{path}.{k}" if path else k, out)
+            walk(v, join(k), out, leaf, value)
 
 
 def record_offsets(path):
@@ -92,7 +94,8 @@ def write(out_dir, name, obj):
         prefix = z.namelist()[0].split("/")[0]
         raw = Ids(io.BytesIO(z.read(prefix + "/data.pkl"))).load()
     raw_tensors = []
-    walk_raw(raw, "", raw_tensors)
+    walk(raw, "", raw_tensors, leaf=lambda o: isinstance(o, tuple) and len(o) == 3 and o[0] == "T",
+         value=lambda o: o[1])
     key_of = dict(raw_tensors)
     with open(os.path.join(out_dir, name + ".expect"), "w") as f:
         for n, off, size in records:
@@ -104,20 +107,6 @@ def write(out_dir, name, obj):
             dtype = str(t.dtype).replace("torch.", "")
             shape = ",".join(str(s) for s in t.shape) or "-"
             f.write(f"tensor {tpath} {dtype} {shape} {off} {len(b)} {fnv1a64(b):016x}\n")
-
-
-def walk_raw(obj, path, out):
-    if isinstance(obj, tuple) and len(obj) == 3 and obj[0] == "T":
-        out.append((path, obj[1]))
-    elif isinstance(obj, dict):
-        for k, v in obj.items():
-            walk_raw(v, f"{path}.{k}" if path else str(k), out)
-    elif isinstance(obj, (list, tuple)):
-        for i, v in enumerate(obj):
-            walk_raw(v, f"{path}.{i}" if path else str(i), out)
-    elif isinstance(obj, argparse.Namespace):
-        for k, v in vars(obj).items():
-            walk_raw(v, f"{path}.{k}" if path else k, out)
 
 
 def main():
