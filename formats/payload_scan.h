@@ -22,7 +22,7 @@ struct PayloadScanOptions {
   // (a chunk per norm weight would only add metadata).
   uint64_t min_payload_bytes = 64 * 1024;
   // data.pkl or a safetensors header larger than this stops the scan (memory bound per file).
-  uint64_t max_header_bytes = 256ull << 20;
+  uint64_t max_header_bytes = 64ull << 20;
 };
 
 std::unique_ptr<PayloadScanner> NewPayloadScanner(const PayloadScanOptions& opts);

@@ -32,7 +32,7 @@ namespace {
 constexpr const char* kUsage = R"(usage:
   ckptfs mount MOUNTPOINT [--cache-dir DIR] [--foreground] [--log-level LEVEL] [-o OPT[,OPT...]]
   ckptfs umount MOUNTPOINT [--lazy]
-  ckptfs stats MOUNTPOINT|PATH|CACHE_DIR
+  ckptfs stats [MOUNTPOINT|PATH|CACHE_DIR]
   ckptfs inspect [--json] FILE|DIR
 
 mount options (-o): ram_cache=SIZE, write_queue=SIZE, write_threads=N, reorder_buffer=SIZE,

@@ -85,8 +85,8 @@ void PrintTotals(const Tally& t, const ChunkTotals& c) {
 }  // namespace
 
 int Stats(const std::vector<std::string>& args) {
-  if (args.size() != 1) return Fail("stats takes one path: MOUNTPOINT, a path in it, or CACHE_DIR");
-  const std::string path = AbsolutePath(args[0]);
+  if (args.size() > 1) return Fail("stats takes one path: MOUNTPOINT, a path in it, or CACHE_DIR");
+  const std::string path = AbsolutePath(args.empty() ? "." : args[0]);  // default: where we are
   // A path inside a mount: find the mount above it and the names below the mount point.
   std::string cache_dir = path;
   std::vector<std::string> names;
