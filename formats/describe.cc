@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "formats/dcp.h"
 #include "formats/json.h"
 #include "formats/safetensors.h"
 #include "formats/torch_file.h"
@@ -9,29 +10,45 @@
 namespace ckptfs {
 namespace {
 
-bool Contiguous(const std::vector<int64_t>& shape, const std::vector<int64_t>& stride) {
-  int64_t expect = 1;
-  for (size_t i = shape.size(); i-- > 0;) {
-    if (shape[i] != 1 && stride[i] != expect) return false;
-    expect *= shape[i];
-  }
-  return true;
-}
-
+// A torch.save file, or several back to back (a DCP .distcp file: one archive per item). Each
+// archive is found from the end of the bytes before the one after it. Tensors of a file with
+// several archives are named "<archive>.<name>", archives counted from 0 in file order (the
+// root of a DCP item is the tensor itself, so its name is just the archive's number).
 Result<FileDescription> DescribeTorch(uint64_t size, const zip::ReadAtFn& read_at) {
-  ASSIGN_OR_RETURN(TorchFile f, ReadTorchFile(size, read_at));
+  std::vector<std::vector<TensorInfo>> archives;  // last archive first
+  for (uint64_t end = size; end > 0;) {
+    auto f = ReadTorchFile(end, read_at);
+    if (!f.ok()) {
+      if (archives.empty()) return f.status();
+      return Corrupt("the bytes before archive ending at " + std::to_string(end) +
+                     " are not a torch archive: " + f.status().message());
+    }
+    std::vector<TensorInfo>& tensors = archives.emplace_back();
+    for (const TorchTensor& t : f->pickle.tensors) {
+      TensorInfo i{t.name, t.dtype, t.shape, {}, t.offset, t.length};
+      if (!IsContiguous(t.shape, t.stride)) i.stride = t.stride;
+      tensors.push_back(std::move(i));
+    }
+    if (f->dir.archive_start >= end) return Corrupt("torch archive with no bytes");
+    end = f->dir.archive_start;
+  }
   FileDescription d;
-  d.format = FileFormat::kTorchZip;
-  for (const TorchTensor& t : f.pickle.tensors) {
-    TensorInfo i{t.name, t.dtype, t.shape, {}, t.offset, t.length};
-    if (!Contiguous(t.shape, t.stride)) i.stride = t.stride;
-    d.tensors.push_back(std::move(i));
+  d.format = archives.size() > 1 ? FileFormat::kDcpData : FileFormat::kTorchZip;
+  for (size_t a = archives.size(); a-- > 0;) {
+    for (TensorInfo& t : archives[a]) {
+      if (archives.size() > 1) {
+        const std::string n = std::to_string(archives.size() - 1 - a);
+        t.name = t.name.empty() ? n : n + "." + t.name;
+      }
+      d.tensors.push_back(std::move(t));
+    }
   }
   return d;
 }
 
-// torch's name for a safetensors dtype; the format's own name where torch has none.
-std::string TorchDtype(safetensors::Dtype d) {
+}  // namespace
+
+std::string TorchDtypeName(safetensors::Dtype d) {
   using D = safetensors::Dtype;
   switch (d) {
     case D::kBool:
@@ -79,6 +96,8 @@ std::string TorchDtype(safetensors::Dtype d) {
   }
 }
 
+namespace {
+
 Result<FileDescription> DescribeSafetensors(uint64_t size, const zip::ReadAtFn& read_at) {
   if (size < 8) return Corrupt("safetensors file shorter than its 8-byte header length");
   ASSIGN_OR_RETURN(std::string head, read_at(0, 8));
@@ -90,7 +109,7 @@ Result<FileDescription> DescribeSafetensors(uint64_t size, const zip::ReadAtFn& 
   FileDescription d;
   d.format = FileFormat::kSafetensors;
   for (const safetensors::TensorInfo& t : h.tensors) {
-    TensorInfo i{t.name, TorchDtype(t.dtype), {}, {}, t.offset, t.length};
+    TensorInfo i{t.name, TorchDtypeName(t.dtype), {}, {}, t.offset, t.length};
     for (uint64_t dim : t.shape) i.shape.push_back(static_cast<int64_t>(dim));
     d.tensors.push_back(std::move(i));
   }
@@ -118,14 +137,24 @@ void AppendString(const std::string& s, std::string* out) {
 
 Result<FileDescription> DescribeFile(std::string_view name, uint64_t size,
                                      const zip::ReadAtFn& read_at) {
-  ASSIGN_OR_RETURN(std::string head, read_at(0, static_cast<size_t>(std::min<uint64_t>(size, 16))));
+  ASSIGN_OR_RETURN(std::string head, read_at(0, static_cast<size_t>(std::min<uint64_t>(size, 128))));
   const FileFormat f =
       SniffFormat(reinterpret_cast<const uint8_t*>(head.data()), head.size(), name);
   switch (f) {
     case FileFormat::kTorchZip:
+    case FileFormat::kDcpData:
       return DescribeTorch(size, read_at);
     case FileFormat::kSafetensors:
       return DescribeSafetensors(size, read_at);
+    case FileFormat::kDcpMetadata: {
+      // Its tensors live in the data files; a damaged one is still an error worth seeing.
+      if (size > (uint64_t{1} << 32)) return Corrupt("dcp metadata larger than 4 GiB");
+      ASSIGN_OR_RETURN(std::string bytes, read_at(0, static_cast<size_t>(size)));
+      RETURN_IF_ERROR(dcp::ParseMetadata(bytes).status());
+      FileDescription d;
+      d.format = f;
+      return d;
+    }
     default:
       break;
   }
@@ -151,8 +180,14 @@ std::string TensorsJson(const std::vector<TensorInfo>& tensors, size_t first, si
       one += ",\"stride\":";
       AppendInts(t.stride, &one);
     }
-    one +=
-        ",\"offset\":" + std::to_string(t.offset) + ",\"length\":" + std::to_string(t.length) + "}";
+    one += ",\"offset\":" + std::to_string(t.offset) + ",\"length\":" + std::to_string(t.length);
+    if (!t.global_shape.empty()) {
+      one += ",\"global_shape\":";
+      AppendInts(t.global_shape, &one);
+      one += ",\"global_offset\":";
+      AppendInts(t.global_offset, &one);
+    }
+    one.push_back('}');
     if (i > first && out.size() + one.size() + 1 > max_bytes) break;
     out += one;
   }

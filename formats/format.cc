@@ -30,6 +30,13 @@ FileFormat SniffFormat(const uint8_t* head, size_t len, std::string_view file_na
   if (file_name == ".metadata" || ends_with("/.metadata")) {
     if (len >= 2 && head[0] == 0x80) return FileFormat::kDcpMetadata;
   }
+  // Without a name (the mount describes files by content): the pickle names its class early.
+  const std::string_view text(reinterpret_cast<const char*>(head), len);
+  if (len >= 2 && head[0] == 0x80 && text.find("torch.distributed.checkpoint.metadata") !=
+                                          std::string_view::npos &&
+      text.find("Metadata") != std::string_view::npos) {
+    return FileFormat::kDcpMetadata;
+  }
   if (len >= 4 && std::memcmp(head, "PK\x03\x04", 4) == 0) {
     return ends_with(".distcp") ? FileFormat::kDcpData : FileFormat::kTorchZip;
   }

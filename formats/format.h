@@ -19,7 +19,8 @@ enum class FileFormat : uint8_t {
 
 std::string_view FormatName(FileFormat f);
 
-// Guesses the format from a file's first bytes (at least 8 where the file has them) and its name.
+// Guesses the format from a file's first bytes (at least 8 where the file has them, 128 to
+// recognize a DCP .metadata without its name) and its name.
 // Only a cheap look: the parsers decide for real.
 FileFormat SniffFormat(const uint8_t* head, size_t len, std::string_view file_name);
 

@@ -25,8 +25,9 @@ struct CycleKeeper {
   std::vector<std::pair<ValuePtr, ValuePtr>> back_edges;  // (from, to)
 
   ~CycleKeeper() {
-    for (auto& [from, to] : back_edges) {
-      internal::ForEachChildSlot(*from, [&](ValuePtr& c) {
+    for (auto& edge : back_edges) {
+      const ValuePtr& to = edge.second;  // not a structured binding: clang 14 cannot capture one
+      internal::ForEachChildSlot(*edge.first, [&](ValuePtr& c) {
         if (c == to) c.reset();
       });
     }

@@ -11,6 +11,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "formats/pickle.h"
@@ -18,6 +19,50 @@
 
 namespace ckptfs::pickle {
 namespace {
+
+// What Python 3's unpickler does with a Python 2 name under fix_imports (the renames that
+// checkpoints meet: builtins, exceptions, copy_reg and the modules that were merged or renamed).
+void Python3Name(std::string_view* module, std::string_view* name) {
+  struct Rename {
+    std::string_view from_module, from_name, to_module, to_name;
+  };
+  static constexpr Rename kNames[] = {
+      {"__builtin__", "xrange", "builtins", "range"},
+      {"__builtin__", "unicode", "builtins", "str"},
+      {"__builtin__", "long", "builtins", "int"},
+      {"__builtin__", "basestring", "builtins", "str"},
+      {"__builtin__", "unichr", "builtins", "chr"},
+      {"__builtin__", "reduce", "functools", "reduce"},
+      {"__builtin__", "intern", "sys", "intern"},
+      {"itertools", "izip", "builtins", "zip"},
+      {"itertools", "imap", "builtins", "map"},
+      {"itertools", "ifilter", "builtins", "filter"},
+      {"itertools", "ifilterfalse", "itertools", "filterfalse"},
+      {"itertools", "izip_longest", "itertools", "zip_longest"},
+      {"UserDict", "IterableUserDict", "collections", "UserDict"},
+      {"UserDict", "UserDict", "collections", "UserDict"},
+      {"UserList", "UserList", "collections", "UserList"},
+      {"UserString", "UserString", "collections", "UserString"},
+  };
+  for (const Rename& r : kNames) {
+    if (*module == r.from_module && *name == r.from_name) {
+      *module = r.to_module;
+      *name = r.to_name;
+      return;
+    }
+  }
+  static constexpr std::pair<std::string_view, std::string_view> kModules[] = {
+      {"__builtin__", "builtins"}, {"exceptions", "builtins"}, {"copy_reg", "copyreg"},
+      {"Queue", "queue"},          {"cPickle", "pickle"},      {"cStringIO", "io"},
+      {"StringIO", "io"},          {"repr", "reprlib"},        {"_abcoll", "collections.abc"},
+  };
+  for (const auto& [from, to] : kModules) {
+    if (*module == from) {
+      *module = to;
+      return;
+    }
+  }
+}
 
 using internal::Op;
 
@@ -450,13 +495,10 @@ class Pickler {
     return Status::Ok();
   }
 
-  // Protocols 3 and up have no import fixing on load, so Python 2 module names read from an old
-  // pickle are written under their Python 3 names there.
+  // Protocols 3 and up have no import fixing on load, so Python 2 names read from an old pickle
+  // (Python 3 writes them too, at protocol 2) are written under their Python 3 names there.
   Status WriteGlobal(std::string_view module, std::string_view name) {
-    if (protocol_ >= 3) {
-      if (module == "__builtin__") module = "builtins";
-      if (module == "copy_reg") module = "copyreg";
-    }
+    if (protocol_ >= 3) Python3Name(&module, &name);
     if (protocol_ >= 4) {
       RETURN_IF_ERROR(SaveUnicode(module));
       RETURN_IF_ERROR(SaveUnicode(name));

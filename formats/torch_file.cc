@@ -252,6 +252,15 @@ Result<TorchPickle> DescribeTorchPickle(const pickle::ValuePtr& root) {
   return out;
 }
 
+bool IsContiguous(const std::vector<int64_t>& shape, const std::vector<int64_t>& stride) {
+  int64_t expect = 1;
+  for (size_t i = shape.size(); i-- > 0;) {
+    if (shape[i] != 1 && stride[i] != expect) return false;
+    expect *= shape[i];
+  }
+  return true;
+}
+
 Result<TorchFile> ReadTorchFile(uint64_t file_size, const zip::ReadAtFn& read_at) {
   TorchFile f;
   ASSIGN_OR_RETURN(f.dir, zip::ReadDirectory(file_size, read_at));

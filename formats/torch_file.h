@@ -51,6 +51,8 @@ struct TorchPickle {
 
 // The element size and torch dtype name of a storage class (e.g. "FloatStorage" -> 4, "float32").
 bool StorageType(const std::string& cls, std::string* dtype, uint32_t* itemsize);
+// Whether a tensor of this shape and stride (in elements) is laid out row-major without gaps.
+bool IsContiguous(const std::vector<int64_t>& shape, const std::vector<int64_t>& stride);
 // The element size of a torch dtype name ("float32" -> 4); 0 when unknown.
 uint32_t DtypeSize(const std::string& dtype);
 

@@ -97,8 +97,9 @@ namespace {
 struct EndRecord {
   uint64_t entries = 0;
   uint64_t cd_size = 0;
-  uint64_t cd_offset = 0;
-  uint64_t end = 0;  // one past the end record
+  uint64_t cd_offset = 0;  // in the file (the archive's start added)
+  uint64_t end = 0;        // one past the end record
+  uint64_t start = 0;      // where the archive starts in the file: its offsets count from here
 };
 
 // The end-of-central-directory record is the last thing in an archive, followed only by its
@@ -115,9 +116,23 @@ Result<EndRecord> FindEnd(uint64_t file_size, const ReadAtFn& read_at) {
     r.cd_size = Le32(t + i + 12);
     r.cd_offset = Le32(t + i + 16);
     r.end = file_size;
+    const uint64_t eocd_at = file_size - tail.size() + i;
     const bool needs64 = r.entries == 0xffff || r.cd_size == kMax32 || r.cd_offset == kMax32;
+    // Where the central directory really ends: right before the end record, or before the zip64
+    // end record (56 bytes, as every writer of torch files makes it) and its 20-byte locator.
+    uint64_t cd_end = eocd_at;
     if (i >= 20 && Le32(t + i - 20) == kLocator64Sig) {
-      const uint64_t eocd64 = Le64(t + i - 20 + 8);
+      uint64_t eocd64 = Le64(t + i - 20 + 8);
+      // Offsets in an archive that does not start the file (a DCP .distcp file holds archives
+      // back to back) are relative to its own start: try where the record must be first.
+      if (eocd_at >= 20 + 56) {
+        ASSIGN_OR_RETURN(std::string probe, read_at(eocd_at - 20 - 56, 4));
+        if (Le32(reinterpret_cast<const uint8_t*>(probe.data())) == kEocd64Sig &&
+            eocd_at - 20 - 56 >= eocd64) {
+          r.start = eocd_at - 20 - 56 - eocd64;
+          eocd64 += r.start;
+        }
+      }
       if (eocd64 > file_size || file_size - eocd64 < 56) {
         return Corrupt("zip64 end record offset " + std::to_string(eocd64) + " outside the file");
       }
@@ -128,9 +143,14 @@ Result<EndRecord> FindEnd(uint64_t file_size, const ReadAtFn& read_at) {
       r.entries = Le64(q + 32);
       r.cd_size = Le64(q + 40);
       r.cd_offset = Le64(q + 48);
+      cd_end = eocd64;
     } else if (needs64) {
       return Corrupt("zip end record needs zip64 but has no zip64 locator");
+    } else if (r.cd_size <= cd_end && cd_end - r.cd_size >= r.cd_offset) {
+      r.start = cd_end - r.cd_size - r.cd_offset;
     }
+    if (r.cd_offset > UINT64_MAX - r.start) return Corrupt("zip central directory offset overflows");
+    r.cd_offset += r.start;
     return r;
   }
   return Corrupt("no zip end-of-central-directory record (truncated file?)");
@@ -152,6 +172,7 @@ Result<Directory> ReadDirectory(uint64_t file_size, const ReadAtFn& read_at) {
   size_t left = cd.size();
   Directory dir;
   dir.archive_end = end.end;
+  dir.archive_start = end.start;
   dir.entries.reserve(end.entries);
   for (uint64_t i = 0; i < end.entries; ++i) {
     if (left < kCentralFixed || Le32(p) != kCentralSig) {
@@ -171,6 +192,8 @@ Result<Directory> ReadDirectory(uint64_t file_size, const ReadAtFn& read_at) {
     RETURN_IF_ERROR(ParseExtra(p + kCentralFixed + name_len, extra_len,
                                {&e.size, &e.compressed_size, &e.header_offset})
                         .status());
+    if (e.header_offset > UINT64_MAX - end.start) return Corrupt("zip record offset overflows");
+    e.header_offset += end.start;
     dir.entries.push_back(std::move(e));
     p += len;
     left -= len;

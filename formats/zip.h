@@ -72,12 +72,17 @@ struct Entry {
 using ReadAtFn = std::function<Result<std::string>(uint64_t offset, size_t len)>;
 
 struct Directory {
-  std::vector<Entry> entries;  // in central-directory order
+  std::vector<Entry> entries;  // in central-directory order; offsets are in the file
   uint64_t archive_end = 0;    // one past the end-of-central-directory record
+  // Where the archive starts: 0 for a torch.save file; later archives of a file that holds
+  // several back to back (DCP .distcp) count their offsets from their own start.
+  uint64_t archive_start = 0;
   const Entry* Find(const std::string& name) const;
 };
 
 // Reads the directory of the archive that ends at `file_size`, and each record's local header.
+// The archive may start after other bytes: its start is found from where its central directory
+// really lies (the end record says where it lies relative to the archive's start).
 // Errors (kCorrupt, naming what is wrong): no end record, offsets outside the file, a central entry
 // and its local header that disagree, entries that overlap.
 Result<Directory> ReadDirectory(uint64_t file_size, const ReadAtFn& read_at);

@@ -33,8 +33,9 @@ while read -r name dict seeds; do
     result=FAILED
     failed=1
   fi
-  runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
-  cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 | cut -d' ' -f2)
+  # A target that crashes at once prints no stats: these must not end the script (pipefail).
+  runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1 || true)
+  cov=$({ grep -o 'cov: [0-9]*' "$log" || true; } | tail -1 | cut -d' ' -f2)
   corpus=$(find "$dir/corpus/$name" -type f | wc -l)
   printf '%-18s %-6s runs=%s cov=%s corpus=%s log=%s\n' \
     "$name" "$result" "${runs:-?}" "${cov:-?}" "$corpus" "$log"

@@ -6,6 +6,7 @@ pkgs=(
   build-essential cmake ninja-build pkg-config
   libfuse3-dev fuse3 liburing-dev libxxhash-dev liblmdb-dev lmdb-utils libspdlog-dev libfmt-dev
   libgtest-dev googletest
+  clang libclang-rt-14-dev
   python3-torch python3-numpy python3-pytest attr psmisc procps util-linux e2fsprogs
 )
 missing=()

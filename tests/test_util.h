@@ -6,6 +6,8 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -59,6 +61,24 @@ inline std::vector<uint8_t> RandomBytes(size_t n, uint64_t seed) {
     for (size_t j = 0; j < 8 && i + j < n; ++j) out[i + j] = static_cast<uint8_t>(v >> (8 * j));
   }
   return out;
+}
+
+// A whole file's bytes; a missing fixture throws, which fails the test that asked.
+inline std::string ReadFileBytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f.good()) throw std::runtime_error("missing fixture " + path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+// FNV-1a 64 of s[off, off + len): the fixture generators in tests/formats/data write these.
+inline uint64_t Fnv1a64(const std::string& s, uint64_t off, uint64_t len) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (uint64_t i = off; i < off + len; ++i) {
+    h = (h ^ static_cast<uint8_t>(s[i])) * 0x100000001b3ull;
+  }
+  return h;
 }
 
 }  // namespace ckptfs::test

@@ -1,5 +1,7 @@
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/xattr.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -10,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "formats/dcp.h"
+#include "formats/describe.h"
 #include "formats/json.h"
 #include "formats/layout.h"
 #include "tools/commands.h"
@@ -60,6 +64,96 @@ std::string Shape(const json::Value* shape) {
 int64_t IntOf(const json::Value& obj, const char* key) {
   const json::Value* v = obj.Find(key);
   return v && v->is_int() ? v->as_int() : 0;
+}
+
+Result<std::string> ReadFile(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return Status::FromErrno(errno, "open " + path);
+  std::stringstream s;
+  s << f.rdbuf();
+  if (f.bad()) return Status::FromErrno(errno, "read " + path);
+  return s.str();
+}
+
+// A DCP data file names its tensors only through the checkpoint's .metadata: with it beside the
+// file, the tensors come with their state-dict names and places in the global tensors.
+Result<json::Array> DcpTensors(const std::string& path, uint64_t size) {
+  const std::filesystem::path p(path);
+  ASSIGN_OR_RETURN(std::string meta, ReadFile((p.parent_path() / ".metadata").string()));
+  ASSIGN_OR_RETURN(dcp::Metadata md, dcp::ParseMetadata(meta));
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::FromErrno(errno, "open " + path);
+  auto read_at = [fd](uint64_t off, size_t len) -> Result<std::string> {
+    std::string out(len, '\0');
+    size_t got = 0;
+    while (got < len) {
+      ssize_t n = ::pread(fd, out.data() + got, len - got, static_cast<off_t>(off + got));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return Status::FromErrno(errno, "read");
+      if (n == 0) return Corrupt("file shorter than its metadata says");
+      got += static_cast<size_t>(n);
+    }
+    return out;
+  };
+  auto d = dcp::DescribeDataFile(md, p.filename().string(), size, read_at);
+  ::close(fd);
+  if (!d.ok()) return d.status();
+  size_t next = 0;
+  ASSIGN_OR_RETURN(json::Value v, json::Parse(TensorsJson(d->tensors, 0, SIZE_MAX, &next)));
+  return v.as_array();
+}
+
+// A DCP .metadata: what the checkpoint holds and where, and whether its data files are there.
+int InspectDcpMetadata(const std::string& path, bool as_json) {
+  auto bytes = ReadFile(path);
+  if (!bytes.ok()) return Fail(bytes.status().ToString());
+  auto md = dcp::ParseMetadata(*bytes);
+  if (!md.ok()) return Fail(path + ": " + md.status().ToString());
+  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  std::vector<std::string> problems;
+  for (const std::string& f : md->Files()) {
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(dir / f, ec)) problems.push_back(f + " is missing");
+  }
+  if (as_json) {
+    json::Array tensors;
+    for (const dcp::TensorEntry& t : md->tensors) {
+      json::Object o;
+      o.emplace_back("name", json::Value::String(t.fqn));
+      o.emplace_back("dtype", json::Value::String(t.dtype));
+      json::Array shape;
+      for (int64_t d : t.size) shape.push_back(json::Value::Int(d));
+      o.emplace_back("shape", json::Value::MakeArray(std::move(shape)));
+      o.emplace_back("chunks", json::Value::Int(static_cast<int64_t>(t.chunks.size())));
+      tensors.push_back(json::Value::MakeObject(std::move(o)));
+    }
+    json::Array missing;
+    for (const std::string& p : problems) missing.push_back(json::Value::String(p));
+    json::Object o;
+    o.emplace_back("file", json::Value::String(path));
+    o.emplace_back("format", json::Value::String("dcp-metadata"));
+    o.emplace_back("tensors", json::Value::MakeArray(std::move(tensors)));
+    o.emplace_back("bytes_items", json::Value::Int(static_cast<int64_t>(md->bytes.size())));
+    o.emplace_back("problems", json::Value::MakeArray(std::move(missing)));
+    auto text = json::Write(json::Value::MakeObject(std::move(o)));
+    if (!text.ok()) return Fail(text.status().ToString());
+    std::printf("%s\n", text->c_str());
+    return problems.empty() ? 0 : 1;
+  }
+  std::printf("file     %s\nformat   dcp-metadata%s\n", path.c_str(),
+              md->version.empty() ? "" : (" (version " + md->version + ")").c_str());
+  std::printf("tensors  %zu (%llu bytes) in %zu files; %zu non-tensor items\n",
+              md->tensors.size(), static_cast<unsigned long long>(md->TensorBytes()),
+              md->Files().size(), md->bytes.size());
+  std::printf("\n%-10s %-20s %7s  %s\n", "dtype", "shape", "chunks", "name");
+  for (const dcp::TensorEntry& t : md->tensors) {
+    std::string shape = "[";
+    for (size_t i = 0; i < t.size.size(); ++i) shape += (i ? "," : "") + std::to_string(t.size[i]);
+    std::printf("%-10s %-20s %7zu  %s\n", t.dtype.c_str(), (shape + "]").c_str(), t.chunks.size(),
+                t.fqn.c_str());
+  }
+  for (const std::string& p : problems) std::printf("problem: %s\n", p.c_str());
+  return problems.empty() ? 0 : 1;
 }
 
 // A directory: which checkpoint layout it holds (Megatron-LM, DeepSpeed, DCP, safetensors shards),
@@ -130,7 +224,11 @@ int Inspect(const std::vector<std::string>& args) {
   if (!chunks_text.ok()) return Fail(path + ": " + chunks_text.status().ToString());
   auto chunks = json::Parse(*chunks_text);
   if (!chunks.ok()) return Fail(path + ": " + chunks.status().ToString());
-  auto tensors = Tensors(path);
+  if (*format == "dcp-metadata") return InspectDcpMetadata(path, as_json);
+  // A DCP data file without its .metadata beside it: the archives in it, by number.
+  auto tensors = *format == "dcp-data" ? DcpTensors(path, static_cast<uint64_t>(st.st_size))
+                                       : Tensors(path);
+  if (!tensors.ok() && tensors.status().code() == Code::kNotFound) tensors = Tensors(path);
   if (!tensors.ok()) return Fail(path + ": " + tensors.status().ToString());
 
   if (as_json) {

@@ -25,21 +25,9 @@ std::string DataPath(const std::string& name) {
   return std::string(CKPTFS_SOURCE_DIR) + "/tests/formats/data/" + name;
 }
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  EXPECT_TRUE(f.good()) << "missing fixture " << path;
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
+std::string ReadAll(const std::string& path) { return test::ReadFileBytes(path); }
 
-uint64_t Fnv1a64(const std::string& s, uint64_t off, uint64_t len) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (uint64_t i = off; i < off + len; ++i) {
-    h = (h ^ static_cast<uint8_t>(s[i])) * 0x100000001b3ull;
-  }
-  return h;
-}
+using test::Fnv1a64;
 
 struct Expected {
   struct Record {

@@ -333,3 +333,37 @@ def test_inspect_directory_layouts(mnt):
     # A plain directory is no checkpoint layout.
     os.mkdir(mnt / "plain")
     assert "layout    unknown" in run([CKPTFS_BIN, "inspect", mnt / "plain"]).stdout
+
+
+def test_dcp_checkpoint_through_the_mount(mnt):
+    # The DCP fixtures of tests/formats/data (FileSystemWriter's layout, made by
+    # make_dcp_fixtures.py with real torch.save items): copied in, then read back by content.
+    src = os.path.join(os.path.dirname(__file__), "..", "formats", "data", "dcp_torch_save")
+    dst = mnt / "dcp"
+    os.mkdir(dst)
+    for name in sorted(os.listdir(src)):
+        write_file(dst / name, read_file(os.path.join(src, name)))
+    assert os.getxattr(dst / ".metadata", "user.ckptfs.format") == b"dcp-metadata"
+    assert os.getxattr(dst / "__1_0.distcp", "user.ckptfs.format") == b"dcp-data"
+    # By content alone the archives are numbered; each range holds the chunk torch saved.
+    listed = tensors_attr(dst / "__1_0.distcp")
+    data = read_file(dst / "__1_0.distcp")
+    assert [t["name"] for t in listed] == ["0", "1", "2"]
+    with open(os.path.join(src, "__1_0.distcp"), "rb") as f:
+        raw = f.read()
+    for info in listed:
+        assert data[info["offset"]:info["offset"] + info["length"]] == \
+            raw[info["offset"]:info["offset"] + info["length"]]
+    # With .metadata beside it, inspect names the chunks by their state-dict names.
+    doc = json.loads(run([CKPTFS_BIN, "inspect", "--json", dst / "__1_0.distcp"]).stdout)
+    assert [t["name"] for t in doc["tensors"]] == ["model.w", "model.t", "model.idx"]
+    w = doc["tensors"][0]
+    assert w["global_shape"] == [8, 6] and w["global_offset"] == [4, 0] and w["shape"] == [4, 6]
+    assert doc["tensors"][1]["stride"] == [1, 4]  # the transposed view, saved as it is
+    out = run([CKPTFS_BIN, "inspect", dst / ".metadata"]).stdout
+    assert "format   dcp-metadata (version 1.0.0)" in out
+    assert "tensors  5" in out and "in 2 files; 2 non-tensor items" in out
+    # A data file missing: inspect says so and fails.
+    os.unlink(dst / "__0_0.distcp")
+    r = subprocess.run([CKPTFS_BIN, "inspect", dst / ".metadata"], capture_output=True, text=True)
+    assert r.returncode == 1 and "problem: __0_0.distcp is missing" in r.stdout
