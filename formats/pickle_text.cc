@@ -11,6 +11,8 @@
 #include "formats/pickle.h"
 #include "formats/pickle_internal.h"
 
+#include "common/utf8.h"
+
 namespace ckptfs::pickle::internal {
 namespace {
 
@@ -30,24 +32,6 @@ bool AllDigits(std::string_view s) {
     if (c < '0' || c > '9') return false;
   }
   return true;
-}
-
-void AppendUtf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xc0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3f));
-  } else if (cp < 0x10000) {  // surrogates too: Python decodes them with 'surrogatepass'
-    out += static_cast<char>(0xe0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
-    out += static_cast<char>(0x80 | (cp & 0x3f));
-  } else {
-    out += static_cast<char>(0xf0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3f));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
-    out += static_cast<char>(0x80 | (cp & 0x3f));
-  }
 }
 
 }  // namespace
@@ -205,7 +189,7 @@ bool RawUnicodeEscapeToUtf8(std::string_view s, std::string* out) {
   size_t i = 0;
   while (i < s.size()) {
     if (s[i] != '\\') {
-      AppendUtf8(*out, static_cast<uint8_t>(s[i]));  // latin-1
+      AppendUtf8(static_cast<uint8_t>(s[i]), out);  // latin-1
       ++i;
       continue;
     }
@@ -226,7 +210,7 @@ bool RawUnicodeEscapeToUtf8(std::string_view s, std::string* out) {
       cp = cp * 16 + static_cast<uint32_t>(d);
     }
     if (cp > 0x10ffff) return false;
-    AppendUtf8(*out, cp);
+    AppendUtf8(cp, out);
     i = j + 1 + digits;
   }
   return true;
