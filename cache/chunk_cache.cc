@@ -7,9 +7,13 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <thread>
 
+#include "backends/backend.h"
 #include "cache/io_engine.h"
 
 namespace ckptfs {
@@ -75,6 +79,45 @@ bool ChunkCache::Contains(const ChunkId& id) const {
   return ::stat(PathOf(id).c_str(), &st) == 0;
 }
 
+bool ChunkCache::OnDisk(const ChunkId& id) const {
+  {
+    std::lock_guard lock(mu_);
+    if (remote_) return disk_.count(id) > 0;
+  }
+  return Contains(id);
+}
+
+Status ChunkCache::Warm(const ChunkId& id, size_t len) {
+  std::shared_ptr<Inflight> flight;
+  {
+    std::unique_lock lock(mu_);
+    if (remote_ && disk_.count(id)) {
+      DiskTouch(id);  // asked for: the most recent, the last to be evicted
+      return Status::Ok();
+    }
+    if (!remote_) {
+      lock.unlock();
+      if (Contains(id)) return Status::Ok();
+      return NotFound("chunk " + id.Hex() + " is not on the local tier (no backend)");
+    }
+    if (auto f = inflight_.find(id); f != inflight_.end()) {
+      flight = f->second;
+      flight->cv.wait(lock, [&] { return flight->done; });
+      return flight->result.status();
+    }
+    flight = std::make_shared<Inflight>();
+    inflight_.emplace(id, flight);
+  }
+  // Unlike Get, the bytes go to disk only: the waiters of this flight get them, nobody keeps them.
+  Result<ChunkRef> r = Fetch(id, len);
+  std::lock_guard lock(mu_);
+  flight->result = r;
+  flight->done = true;
+  inflight_.erase(id);
+  flight->cv.notify_all();
+  return r.status();
+}
+
 Result<bool> ChunkCache::Put(const ChunkId& id, const void* data, size_t len) {
   std::string path = PathOf(id);
   struct stat st;
@@ -98,7 +141,101 @@ Result<bool> ChunkCache::Put(const ChunkId& id, const void* data, size_t len) {
   }
   metrics_->chunks_written.Add(1);
   metrics_->chunk_bytes_written.Add(len);
+  std::lock_guard lock(mu_);
+  DiskAdd(id, len);
   return true;
+}
+
+std::string ChunkCache::ObjectKey(const ChunkId& id) {
+  const std::string hex = id.Hex();
+  return "chunks/" + hex.substr(0, 2) + "/" + hex;
+}
+
+void ChunkCache::AttachRemote(Backend* backend, uint64_t disk_limit) {
+  std::vector<std::pair<ChunkId, uint64_t>> found;
+  Status st = ForEach([&](const ChunkId& id, uint64_t size) { found.emplace_back(id, size); });
+  if (!st.ok()) log_->error("listing the local tier: {}", st.ToString());
+  std::lock_guard lock(mu_);
+  remote_ = backend;
+  disk_limit_ = disk_limit;
+  for (const auto& [id, size] : found) DiskAdd(id, size);
+}
+
+void ChunkCache::SetKeepFetched(std::function<bool(const ChunkId&)> keep) {
+  std::lock_guard lock(mu_);
+  keep_ = std::move(keep);
+}
+
+void ChunkCache::DiskAdd(const ChunkId& id, uint64_t size) {
+  if (disk_.count(id)) return DiskTouch(id);
+  disk_lru_.push_front(id);
+  disk_.emplace(id, DiskEntry{size, false, disk_lru_.begin()});
+  disk_bytes_ += size;
+  local_only_bytes_ += size;
+}
+
+void ChunkCache::DiskDrop(const ChunkId& id) {
+  auto it = disk_.find(id);
+  if (it == disk_.end()) return;
+  disk_bytes_ -= it->second.size;
+  if (!it->second.remote) local_only_bytes_ -= it->second.size;
+  disk_lru_.erase(it->second.pos);
+  disk_.erase(it);
+}
+
+void ChunkCache::DiskTouch(const ChunkId& id) {
+  auto it = disk_.find(id);
+  if (it != disk_.end()) disk_lru_.splice(disk_lru_.begin(), disk_lru_, it->second.pos);
+}
+
+void ChunkCache::MarkRemote(const ChunkId& id, uint64_t len) {
+  (void)len;
+  std::lock_guard lock(mu_);
+  auto it = disk_.find(id);
+  if (it == disk_.end() || it->second.remote) return;
+  it->second.remote = true;
+  local_only_bytes_ -= it->second.size;
+}
+
+void ChunkCache::SetPinned(std::unordered_map<ChunkId, uint64_t, ChunkIdHash> pinned) {
+  std::lock_guard lock(mu_);
+  pinned_ = std::move(pinned);
+}
+
+ChunkCache::Usage ChunkCache::usage() const {
+  std::lock_guard lock(mu_);
+  return Usage{disk_bytes_, local_only_bytes_, disk_limit_};
+}
+
+uint64_t ChunkCache::Evict() {
+  std::vector<ChunkId> victims;
+  {
+    std::lock_guard lock(mu_);
+    if (disk_limit_ == 0 || disk_bytes_ <= disk_limit_) return 0;
+    uint64_t excess = disk_bytes_ - disk_limit_;
+    for (auto it = disk_lru_.rbegin(); it != disk_lru_.rend() && excess > 0; ++it) {
+      const DiskEntry& d = disk_.at(*it);
+      if (!d.remote || pinned_.count(*it) || inflight_.count(*it)) continue;
+      victims.push_back(*it);
+      excess -= std::min(excess, d.size);
+    }
+  }
+  uint64_t freed = 0;
+  for (const ChunkId& id : victims) {
+    uint64_t size = 0;
+    {
+      std::lock_guard lock(mu_);
+      auto it = disk_.find(id);
+      if (it == disk_.end()) continue;
+      size = it->second.size;
+    }
+    if (Remove(id).ok()) {
+      freed += size;
+      metrics_->chunks_evicted.Add(1);
+      metrics_->chunk_evict_bytes.Add(size);
+    }
+  }
+  return freed;
 }
 
 Result<ChunkRef> ChunkCache::Get(const ChunkId& id, size_t len) {
@@ -126,8 +263,16 @@ Result<ChunkRef> ChunkCache::Get(const ChunkId& id, size_t len) {
     }
   }
   Result<ChunkRef> r = Load(id, len);
+  // A corrupt local copy was moved aside by Load: the backend's copy replaces it.
+  if (!r.ok() && (r.status().code() == Code::kNotFound || r.status().code() == Code::kCorrupt) &&
+      remote_) {
+    r = Fetch(id, len);
+  }
   std::lock_guard lock(mu_);
-  if (r.ok()) RamPut(id, *r);
+  if (r.ok()) {
+    RamPut(id, *r);
+    DiskTouch(id);
+  }
   flight->result = r;
   flight->done = true;
   inflight_.erase(id);
@@ -156,11 +301,71 @@ Result<ChunkRef> ChunkCache::Load(const ChunkId& id, size_t len) {
     metrics_->chunk_verify_failures.Add(1);
     std::string aside = dir_ + "/corrupt/" + id.Hex();
     ::rename(path.c_str(), aside.c_str());
+    {
+      // Gone from the tier: the disk map (eviction, OnDisk) must not count it any more.
+      std::lock_guard lock(mu_);
+      DiskDrop(id);
+    }
     log_->error("chunk {} on the local tier is corrupt ({} of {} bytes, hash mismatch); moved to {}",
                 id.Hex(), *n, len, aside);
     return Corrupt("chunk " + id.Hex() + " failed verification");
   }
   return ChunkRef(std::move(data));
+}
+
+// A miss of the disk tier: the backend's copy, verified, then kept on disk (a full disk only
+// costs the copy). A failed GET (kIo) and a copy that fails verification are tried again, up to
+// kFetchAttempts in all, with a short backoff after I/O errors: the backend's client retries its
+// own transport errors, this covers what still gets through (a flaky server, a proxy that damages
+// bytes) before a reader sees EIO. Any other error (kPermission, ...) is final at once.
+Result<ChunkRef> ChunkCache::Fetch(const ChunkId& id, size_t len) {
+  constexpr int kFetchAttempts = 5;
+  auto data = std::make_shared<ChunkData>();
+  data->bytes.reset(new uint8_t[len ? len : 1]);
+  data->size = len;
+  for (int attempt = 1;; ++attempt) {
+    auto n = remote_->Get(ObjectKey(id), 0, data->bytes.get(), len);
+    Status st;
+    if (!n.ok()) {
+      if (n.status().code() == Code::kNotFound) {
+        return NotFound("chunk " + id.Hex() + " is neither on the local tier nor in " +
+                        remote_->Describe());
+      }
+      st = n.status();
+    } else {
+      metrics_->remote_fetches.Add(1);
+      metrics_->remote_fetch_bytes.Add(*n);
+      if (*n == len && ChunkId::Of(data->bytes.get(), len) == id) {
+        // A chunk nobody references any more (its file was deleted meanwhile) is served, not
+        // kept: nothing would ever remove it from disk.
+        if (!keep_ || keep_(id)) {
+          if (auto put = Put(id, data->bytes.get(), len); !put.ok()) {
+            log_->warn("chunk {} fetched but not kept on the local tier: {}", id.Hex(),
+                       put.status().ToString());
+          }
+          MarkRemote(id, len);
+          Evict();
+        }
+        return ChunkRef(std::move(data));
+      }
+      metrics_->remote_verify_failures.Add(1);
+      st = Corrupt("chunk " + id.Hex() + " from " + remote_->Describe() + " failed verification (" +
+                   std::to_string(*n) + " of " + std::to_string(len) + " bytes)");
+    }
+    const bool again =
+        attempt < kFetchAttempts && (st.code() == Code::kIo || st.code() == Code::kCorrupt);
+    if (st.code() == Code::kCorrupt) {
+      log_->error("{}{}", st.message(), again ? "; fetching it again" : "");
+    } else if (again) {
+      log_->warn("fetching chunk {}: {}; trying again", id.Hex(), st.ToString());
+    } else {
+      log_->error("fetching chunk {}: {}", id.Hex(), st.ToString());
+    }
+    if (!again) return st;
+    if (st.code() == Code::kIo) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20 << (attempt - 1)));
+    }
+  }
 }
 
 void ChunkCache::RamPut(const ChunkId& id, const ChunkRef& data) {
@@ -189,6 +394,8 @@ Status ChunkCache::Remove(const ChunkId& id) {
   if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
     return Status::FromErrno(errno, "unlink chunk " + path);
   }
+  std::lock_guard lock(mu_);
+  DiskDrop(id);
   return Status::Ok();
 }
 

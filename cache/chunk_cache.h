@@ -2,6 +2,11 @@
 // their id; recently read chunks also live in a RAM LRU. Every byte read from disk is verified
 // against its id before anyone sees it (invariant 1).
 //
+// With a remote backend (AttachRemote), a chunk missing on disk is fetched from the backend,
+// verified, and kept on disk; one fetch serves every concurrent reader. Chunks the backend holds
+// (MarkRemote) may be evicted, least recently used first, to keep the disk tier under its limit;
+// chunks it does not hold yet are never evicted.
+//
 // Thread-safe. One ChunkCache owns its directory; the store's lock file keeps a second daemon out.
 #pragma once
 
@@ -20,6 +25,7 @@
 
 namespace ckptfs {
 
+class Backend;
 class IoEngine;
 
 // An immutable, verified chunk. Shared by every reader that asked for it while it is cached.
@@ -49,7 +55,36 @@ class ChunkCache {
   // when absent.
   Result<ChunkRef> Get(const ChunkId& id, size_t len);
 
+  // Serves misses from `backend` (which outlives the cache) and bounds the disk tier to
+  // `disk_limit` bytes of chunk files (0: no bound). Call once, before any other call.
+  void AttachRemote(Backend* backend, uint64_t disk_limit);
+  // Whether a chunk fetched from the backend is kept on disk (the store: "is it referenced?").
+  // Unset: always. Call once, before any other call.
+  void SetKeepFetched(std::function<bool(const ChunkId&)> keep);
+  // The backend holds chunk `id` (of `len` bytes): its local copy may be evicted from now on.
+  void MarkRemote(const ChunkId& id, uint64_t len);
+  // Chunks that must stay on disk whatever the limit (user.ckptfs.pin); replaces the last set.
+  void SetPinned(std::unordered_map<ChunkId, uint64_t, ChunkIdHash> pinned);
+  // Evicts remote-held, unpinned chunks, least recently used first, until the disk tier is
+  // under its limit. Returns the bytes removed.
+  uint64_t Evict();
+  struct Usage {
+    uint64_t disk_bytes = 0;    // chunk files on disk
+    uint64_t local_only = 0;    // of those, bytes the backend does not hold yet
+    uint64_t disk_limit = 0;    // 0: none
+  };
+  Usage usage() const;
+  // The object key of a chunk in a backend: "chunks/<2 hex>/<32 hex>".
+  static std::string ObjectKey(const ChunkId& id);
+
   bool Contains(const ChunkId& id) const;
+  // Contains, answered from the disk tier's map (no system call) once a backend is attached.
+  bool OnDisk(const ChunkId& id) const;
+  // Prefetch: makes sure chunk `id` (of `len` bytes) is on the disk tier, fetching it from the
+  // backend when missing, without keeping its bytes in the RAM tier, so that memory stays bounded
+  // by the warms in flight. Shares Get's single flight. Ok when already on disk; kNotFound when
+  // neither here nor in the backend (always, without a backend, for a chunk not on disk).
+  Status Warm(const ChunkId& id, size_t len);
   // Removes the chunk from disk and RAM. A missing chunk is not an error.
   Status Remove(const ChunkId& id);
   // Makes every chunk written so far durable (one syncfs over the tier's filesystem).
@@ -64,6 +99,11 @@ class ChunkCache {
   struct Inflight;
   ChunkCache(std::string dir, int dirfd, IoEngine* engine, uint64_t ram_bytes, Metrics* metrics);
   Result<ChunkRef> Load(const ChunkId& id, size_t len);
+  Result<ChunkRef> Fetch(const ChunkId& id, size_t len);
+  // Disk accounting. REQUIRES: mu_ held.
+  void DiskAdd(const ChunkId& id, uint64_t size);
+  void DiskTouch(const ChunkId& id);
+  void DiskDrop(const ChunkId& id);
   ChunkRef RamGet(const ChunkId& id);
   void RamPut(const ChunkId& id, const ChunkRef& data);
 
@@ -81,6 +121,20 @@ class ChunkCache {
   uint64_t ram_used_ = 0;
   std::unordered_map<ChunkId, std::shared_ptr<Inflight>, ChunkIdHash> inflight_;
   uint64_t tmp_seq_ = 0;
+
+  // The disk tier's chunks in recency order (most recent first), with what eviction needs.
+  Backend* remote_ = nullptr;  // set once by AttachRemote
+  std::function<bool(const ChunkId&)> keep_;  // set once by SetKeepFetched
+  uint64_t disk_limit_ = 0;
+  struct DiskEntry {
+    uint64_t size = 0;
+    bool remote = false;
+    std::list<ChunkId>::iterator pos;
+  };
+  std::list<ChunkId> disk_lru_;
+  std::unordered_map<ChunkId, DiskEntry, ChunkIdHash> disk_;
+  uint64_t disk_bytes_ = 0, local_only_bytes_ = 0;
+  std::unordered_map<ChunkId, uint64_t, ChunkIdHash> pinned_;
 };
 
 }  // namespace ckptfs

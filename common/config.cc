@@ -20,6 +20,18 @@ Status Config::Validate() {
   if (c.piece_bytes != 0 && (c.piece_bytes < 4096 || c.piece_bytes > c.max_bytes)) {
     return Invalid("tensor piece size must be in 4K..chunk maximum");
   }
+  if (durability != "local" && durability != "remote") {
+    return Invalid("durability must be 'local' or 'remote', not '" + durability + "'");
+  }
+  if (backend.empty() && (durability == "remote" || cache_bytes > 0)) {
+    return Invalid("durability=remote and cache_size need a backend (--backend URL)");
+  }
+  if (upload_threads == 0 || upload_threads > 256) return Invalid("upload_threads must be 1..256");
+  if (cache_bytes > 0 && cache_bytes < 4 * uint64_t{chunking.max_bytes}) {
+    return Invalid("cache_size must hold at least four chunks (" +
+                   std::to_string(4 * uint64_t{chunking.max_bytes}) + " bytes)");
+  }
+  if (!(remote_timeout_s > 0)) return Invalid("remote_timeout must be positive");
   if (io_engine != "uring" && io_engine != "pread") {
     return Invalid("io engine must be 'uring' or 'pread', not '" + io_engine + "'");
   }

@@ -61,6 +61,23 @@ struct Config {
   uint32_t max_readahead_bytes = 1 << 20;
   uint32_t max_background = 64;
   bool writeback_cache = false;
+  // The remote tier (store/remote_tier.h). Empty: none; the cache directory holds everything.
+  // "file:///PATH" (a directory, e.g. on a parallel filesystem) or "s3://BUCKET[/PREFIX]".
+  std::string backend;
+  std::string s3_endpoint;  // empty: $AWS_ENDPOINT_URL
+  std::string backend_faults;  // tests (--backend-faults): faults injected around the backend
+  // "local": close and fsync make a file durable on the local tier; uploads follow behind.
+  // "remote": fsync also waits until the backend holds the file.
+  std::string durability = "local";
+  // Bytes of chunk files the local tier keeps (0: no bound). Only chunks the backend holds are
+  // evicted; writers wait while the tier is full of chunks still to upload.
+  uint64_t cache_bytes = 0;
+  uint32_t upload_threads = 8;
+  // How long fsync with durability=remote, and a writer waiting for room, wait for the backend.
+  double remote_timeout_s = 600;
+  // Seconds between two looks at what other nodes published to the backend (0: never).
+  double sync_interval_s = 1.0;
+
   // Options handed to libfuse as given (-o allow_other, ...).
   std::vector<std::string> fuse_options;
 

@@ -40,7 +40,8 @@ Logger GetLogger(const std::string& layer) {
   if (!g_sink) g_sink = std::make_shared<spdlog::sinks::stderr_sink_mt>();
   auto l = std::make_shared<spdlog::logger>(layer, g_sink);
   l->set_level(g_level);
-  l->flush_on(spdlog::level::warn);
+  // Info lines are rare (mounts, recoveries, stalls) and worth reading while the daemon runs.
+  l->flush_on(spdlog::level::info);
   spdlog::register_logger(l);
   return l;
 }

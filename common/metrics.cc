@@ -15,6 +15,15 @@ std::vector<std::pair<std::string, uint64_t>> Metrics::Snapshot() const {
       {"file_commits", file_commits.Get()},
       {"staging_switches", staging_switches.Get()},
       {"tensor_chunk_bytes", tensor_chunk_bytes.Get()},
+      {"remote_fetches", remote_fetches.Get()},
+      {"remote_fetch_bytes", remote_fetch_bytes.Get()},
+      {"remote_verify_failures", remote_verify_failures.Get()},
+      {"chunks_uploaded", chunks_uploaded.Get()},
+      {"chunk_upload_bytes", chunk_upload_bytes.Get()},
+      {"chunk_upload_skips", chunk_upload_skips.Get()},
+      {"files_published", files_published.Get()},
+      {"chunks_evicted", chunks_evicted.Get()},
+      {"chunk_evict_bytes", chunk_evict_bytes.Get()},
   };
 }
 

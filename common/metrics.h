@@ -31,6 +31,16 @@ struct Metrics {
   Counter file_commits;         // manifests committed
   Counter staging_switches;     // files that left the streaming write path for a staging file
   Counter tensor_chunk_bytes;   // bytes cut at tensor boundaries (the rest: content-defined)
+  // The remote tier.
+  Counter remote_fetches;          // chunks fetched from the backend on a local miss
+  Counter remote_fetch_bytes;
+  Counter remote_verify_failures;  // fetched chunks whose bytes did not match their name
+  Counter chunks_uploaded;         // chunks put to the backend
+  Counter chunk_upload_bytes;
+  Counter chunk_upload_skips;      // chunks the backend already held (another node's upload)
+  Counter files_published;         // file records put to the backend
+  Counter chunks_evicted;          // local copies of remote-held chunks removed for room
+  Counter chunk_evict_bytes;
 
   std::vector<std::pair<std::string, uint64_t>> Snapshot() const;
 };

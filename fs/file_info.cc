@@ -20,6 +20,8 @@ constexpr std::string_view kFormat = "user.ckptfs.format";
 constexpr std::string_view kTensors = "user.ckptfs.tensors";
 constexpr std::string_view kPages = "user.ckptfs.tensors.pages";
 constexpr std::string_view kChunks = "user.ckptfs.chunks";
+constexpr std::string_view kState = "user.ckptfs.state";
+constexpr std::string_view kCached = "user.ckptfs.cached";
 // The kernel passes attribute values of at most 64 KiB; longer tensor lists come in pages.
 constexpr size_t kMaxValue = 64 * 1024;
 
@@ -104,11 +106,21 @@ Result<std::shared_ptr<const Described>> Describe(Context& ctx, fuse_ino_t ino) 
 std::shared_ptr<FileInfoCache> NewFileInfoCache() { return std::make_shared<FileInfoCache>(); }
 
 bool IsComputedXattr(std::string_view name) {
-  return name == kFormat || name == kChunks || name.substr(0, kTensors.size()) == kTensors;
+  return name == kFormat || name == kChunks || name == kState || name == kCached ||
+         name == kPrefetchXattr || name.substr(0, kTensors.size()) == kTensors;
 }
 
 Result<std::string> ComputedXattr(Context& ctx, fuse_ino_t ino, std::string_view name) {
   if (!IsComputedXattr(name)) return Status(Code::kNoData, "not a computed attribute");
+  if (name == kState) return ctx.store->RemoteState(ino);
+  if (name == kPrefetchXattr) return std::string(ctx.store->Prefetching(ino) ? "1" : "0");
+  if (name == kCached) {
+    ASSIGN_OR_RETURN(Store::CacheUsage u, ctx.store->Cached(ino));
+    return "{\"bytes\":" + std::to_string(u.bytes) +
+           ",\"cached_bytes\":" + std::to_string(u.cached_bytes) +
+           ",\"files\":" + std::to_string(u.files) + ",\"chunks\":" + std::to_string(u.chunks) +
+           ",\"cached_chunks\":" + std::to_string(u.cached_chunks) + "}";
+  }
   if (name == kChunks) {
     ASSIGN_OR_RETURN(auto m, ctx.store->CommittedManifest(ino));
     ASSIGN_OR_RETURN(Store::ChunkUsage u, ctx.store->Usage(*m));

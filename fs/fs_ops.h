@@ -34,10 +34,17 @@ void FillStat(const InodeRecord& rec, struct stat* st);
 fuse_entry_param EntryOf(fuse_req_t req, const InodeRecord& rec);
 void ReplyEntry(fuse_req_t req, const InodeRecord& rec);
 
-// The read-only attributes ckptfs computes (user.ckptfs.format, .tensors, .tensors.pages,
-// .tensors.N, .chunks); kNoData for any other name, which the caller then looks up as stored.
+// The attributes ckptfs computes (user.ckptfs.format, .tensors, .tensors.pages, .tensors.N,
+// .chunks, .state, .cached, .prefetch); kNoData for any other name, which the caller then looks
+// up as stored. Read-only, except the hints that ops_xattr.cc handles before this check.
 Result<std::string> ComputedXattr(Context& ctx, fuse_ino_t ino, std::string_view name);
 bool IsComputedXattr(std::string_view name);
+// The hints: "1" queues a prefetch of a file or tree, "0" cancels it; reads "1" while pending.
+// user.ckptfs.pin (Store::kPinXattr) is stored, "1" or absent.
+inline constexpr std::string_view kPrefetchXattr = "user.ckptfs.prefetch";
+// Predictive prefetch (warm.cc): `ino` was opened for reading; when it belongs to a recognized
+// checkpoint whose chunks are not all local, warm the rest of that checkpoint in the background.
+void WarmOnOpen(Context& ctx, fuse_ino_t ino);
 std::shared_ptr<FileInfoCache> NewFileInfoCache();
 
 void AddEntryOps(fuse_lowlevel_ops* ops);  // lookup, getattr, setattr, links, renames, nodes

@@ -74,6 +74,13 @@ Status ServeMount(Store* store, const Config& cfg, const std::function<void()>& 
                    " (does it exist? is a dead mount still there? try `ckptfs umount`)");
   }
   on_mounted();
+  // What other nodes publish changes the namespace behind the kernel's back: it must forget the
+  // names and attributes it cached (entry_timeout and attr_timeout are long).
+  store->SetChangeListener([se](uint64_t parent, const std::string& name, uint64_t ino) {
+    fuse_lowlevel_notify_inval_entry(se, parent, name.data(), name.size());
+    if (ino) fuse_lowlevel_notify_inval_inode(se, ino, 0, 0);
+  });
+  store->StartSync();
   fuse_loop_config* lc = fuse_loop_cfg_create();
   fuse_loop_cfg_set_max_threads(lc, cfg.max_threads);
   fuse_loop_cfg_set_idle_threads(lc, cfg.max_threads);
@@ -82,6 +89,7 @@ Status ServeMount(Store* store, const Config& cfg, const std::function<void()>& 
   if (rc != 0 && rc != SIGTERM && rc != SIGINT && rc != SIGHUP) {
     result = IoError("the FUSE loop ended with error " + std::to_string(rc));
   }
+  store->StopSync();  // no notification may reach a session that is going away
   fuse_session_unmount(se);
   fuse_remove_signal_handlers(se);
   fuse_session_destroy(se);

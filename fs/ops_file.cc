@@ -24,10 +24,16 @@ void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   // truncating first: the store must drop the old bytes.
   uint64_t fh = 0;
   bool keep = true;
-  Status st = Ctx(req).store->Open(ino, (fi->flags & O_TRUNC) != 0, &fh, &keep);
+  Context& ctx = Ctx(req);
+  Status st = ctx.store->Open(ino, (fi->flags & O_TRUNC) != 0, &fh, &keep);
   if (!st.ok()) return ReplyError(req, st, "open", ino);
   SetOpenFlags(fi, fh, keep);
-  if (fuse_reply_open(req, fi) != 0) (void)Ctx(req).store->Release(ino, fh);  // opener is gone
+  const bool reader = (fi->flags & O_ACCMODE) == O_RDONLY;
+  if (fuse_reply_open(req, fi) != 0) {
+    (void)ctx.store->Release(ino, fh);  // opener is gone
+  } else if (reader) {
+    WarmOnOpen(ctx, ino);  // after the reply: the opener does not wait for it
+  }
 }
 
 void Create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, fuse_file_info* fi) {

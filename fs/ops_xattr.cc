@@ -1,5 +1,6 @@
 // Handlers for extended attributes.
 #include <string>
+#include <string_view>
 
 #include "fs/fs_ops.h"
 
@@ -13,8 +14,31 @@ void ReplySized(fuse_req_t req, const std::string& value, size_t size) {
   fuse_reply_buf(req, value.data(), value.size());
 }
 
+// user.ckptfs.prefetch and user.ckptfs.pin: "1" or "0".
+void SetHint(fuse_req_t req, fuse_ino_t ino, std::string_view name, std::string_view value) {
+  if (value != "1" && value != "0") return static_cast<void>(fuse_reply_err(req, EINVAL));
+  const bool on = value == "1";
+  Store* store = Ctx(req).store;
+  Status st;
+  if (name == kPrefetchXattr) {
+    if (on) {
+      st = store->Prefetch(ino);
+    } else {
+      store->CancelPrefetch(ino);
+    }
+  } else {
+    st = store->SetPin(ino, on);
+    if (!on && st.code() == Code::kNoData) st = Status::Ok();  // "0" on what is not pinned
+  }
+  if (!st.ok()) return ReplyError(req, st, "setxattr", ino);
+  fuse_reply_err(req, 0);
+}
+
 void SetXattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char* value, size_t size,
               int flags) {
+  if (name == kPrefetchXattr || name == Store::kPinXattr) {
+    return SetHint(req, ino, name, std::string_view(value, size));
+  }
   if (IsComputedXattr(name)) return static_cast<void>(fuse_reply_err(req, EPERM));
   Status st = Ctx(req).store->SetXattr(ino, name, std::string_view(value, size), flags);
   if (!st.ok()) return ReplyError(req, st, "setxattr", ino);
@@ -44,8 +68,13 @@ void ListXattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
 }
 
 void RemoveXattr(fuse_req_t req, fuse_ino_t ino, const char* name) {
+  if (name == kPrefetchXattr) {
+    Ctx(req).store->CancelPrefetch(ino);
+    return static_cast<void>(fuse_reply_err(req, 0));
+  }
   if (IsComputedXattr(name)) return static_cast<void>(fuse_reply_err(req, EPERM));
-  Status st = Ctx(req).store->RemoveXattr(ino, name);
+  Status st = name == Store::kPinXattr ? Ctx(req).store->SetPin(ino, false)
+                                       : Ctx(req).store->RemoveXattr(ino, name);
   if (!st.ok()) return ReplyError(req, st, "removexattr", ino);
   fuse_reply_err(req, 0);
 }

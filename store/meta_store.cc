@@ -4,12 +4,17 @@
 
 #include <cerrno>
 #include <cstring>
+#include <deque>
+#include <initializer_list>
+#include <utility>
+#include <vector>
 
 namespace ckptfs {
 namespace {
 
 constexpr uint8_t kInodeVersion = 1;
 constexpr std::string_view kNextInoKey = "next_ino";
+constexpr std::string_view kNextRemoteOpKey = "next_remote_op";
 
 Status LmdbError(int rc, const std::string& what) {
   Code code = Code::kIo;
@@ -78,6 +83,11 @@ Result<InodeRecord> DecodeInode(std::string_view b) {
   return r;
 }
 
+Result<ChunkRecord> DecodeChunk(const ChunkId& id, std::string_view v) {
+  if (v.size() != 16 && v.size() != 17) return Corrupt("chunk record " + id.Hex() + " is damaged");
+  return ChunkRecord{GetU64(v.data()), GetU64(v.data() + 8), v.size() == 17 && v[16] == 1};
+}
+
 }  // namespace
 
 Result<std::unique_ptr<MetaStore>> MetaStore::Open(const std::string& dir, uint64_t map_bytes,
@@ -114,6 +124,18 @@ Result<std::unique_ptr<MetaStore>> MetaStore::Open(const std::string& dir, uint6
     if (rc) {
       mdb_txn_abort(txn);
       return LmdbError(rc, std::string("opening table ") + t.name);
+    }
+  }
+  s->has_remote_tables_ = true;
+  for (auto& t : std::initializer_list<std::pair<const char*, MDB_dbi*>>{
+           {"parents", &s->parents_}, {"remote_ops", &s->remote_ops_},
+           {"published", &s->published_}}) {
+    rc = mdb_dbi_open(txn, t.first, read_only ? 0 : MDB_CREATE, t.second);
+    if (rc == MDB_NOTFOUND && read_only) {
+      s->has_remote_tables_ = false;
+    } else if (rc) {
+      mdb_txn_abort(txn);
+      return LmdbError(rc, std::string("opening table ") + t.first);
     }
   }
   rc = mdb_txn_commit(txn);
@@ -242,7 +264,86 @@ Status MetaStore::Txn::PutEntry(InodeRecord& parent_rec, std::string_view name, 
   PutU64(v, cookie);
   uint32_t type = mode & S_IFMT;
   v.append(reinterpret_cast<const char*>(&type), 4);
-  return Put(store_->dentries_, NameKey(parent_rec.ino, name), v);
+  RETURN_IF_ERROR(Put(store_->dentries_, NameKey(parent_rec.ino, name), v));
+  if (old.ok() && old->ino != ino) RETURN_IF_ERROR(DropParent(old->ino, parent_rec.ino, name));
+  return Put(store_->parents_, InoKey(ino), NameKey(parent_rec.ino, name));
+}
+
+Status MetaStore::Txn::DropParent(uint64_t ino, uint64_t parent, std::string_view name) {
+  ASSIGN_OR_RETURN(auto v, Get(store_->parents_, InoKey(ino)));
+  if (v && *v == NameKey(parent, name)) return Del(store_->parents_, InoKey(ino), true);
+  return Status::Ok();
+}
+
+Result<std::pair<uint64_t, std::string>> MetaStore::Txn::GetParent(uint64_t ino) {
+  if (!store_->has_remote_tables_) return NotFound("no parent table");
+  ASSIGN_OR_RETURN(auto v, Get(store_->parents_, InoKey(ino)));
+  if (!v) return NotFound("no parent of inode " + std::to_string(ino));
+  if (v->size() < 8) return Corrupt("parent record is damaged");
+  return std::make_pair(GetU64(v->data()), std::string(v->substr(8)));
+}
+
+Status MetaStore::Txn::BackfillParents() {
+  constexpr std::string_view kDone = "parents_v1";
+  ASSIGN_OR_RETURN(auto done, Get(store_->meta_, kDone));
+  if (done) return Status::Ok();
+  std::vector<std::pair<std::string, std::string>> links;  // child key -> parent key + name
+  RETURN_IF_ERROR(Scan(store_->dentries_, {}, {}, [&](std::string_view k, std::string_view v) {
+    if (k.size() > 8 && v.size() == 20) links.emplace_back(std::string(v.substr(0, 8)), k);
+    return true;
+  }));
+  for (const auto& [child, link] : links) RETURN_IF_ERROR(Put(store_->parents_, child, link));
+  return Put(store_->meta_, kDone, "1");
+}
+
+Result<std::string> MetaStore::Txn::PathOf(uint64_t ino) {
+  std::string path;
+  for (int depth = 0; ino != kRootIno; ++depth) {
+    if (depth > 4096) return Corrupt("a directory loop above inode " + std::to_string(ino));
+    ASSIGN_OR_RETURN(auto p, GetParent(ino));
+    path = path.empty() ? p.second : p.second + "/" + path;
+    ino = p.first;
+  }
+  return path;
+}
+
+Result<uint64_t> MetaStore::Txn::QueueRemoteOp(std::string_view op) {
+  ASSIGN_OR_RETURN(auto v, Get(store_->meta_, kNextRemoteOpKey));
+  const uint64_t seq = (v && v->size() == 8) ? GetU64(v->data()) : 1;
+  std::string nv;
+  PutU64(nv, seq + 1);
+  RETURN_IF_ERROR(Put(store_->meta_, kNextRemoteOpKey, nv));
+  RETURN_IF_ERROR(Put(store_->remote_ops_, InoKey(seq), op));
+  return seq;
+}
+
+Status MetaStore::Txn::ForEachRemoteOp(
+    uint64_t after, const std::function<bool(uint64_t, std::string_view)>& fn) {
+  if (!store_->has_remote_tables_) return Status::Ok();
+  return Scan(store_->remote_ops_, {}, InoKey(after + 1),
+              [&](std::string_view k, std::string_view v) {
+                return k.size() != 8 || fn(GetU64(k.data()), v);
+              });
+}
+
+Status MetaStore::Txn::DelRemoteOp(uint64_t seq) {
+  return Del(store_->remote_ops_, InoKey(seq), true);
+}
+
+Result<uint64_t> MetaStore::Txn::GetPublished(uint64_t ino) {
+  if (!store_->has_remote_tables_) return uint64_t{0};
+  ASSIGN_OR_RETURN(auto v, Get(store_->published_, InoKey(ino)));
+  return (v && v->size() == 8) ? GetU64(v->data()) : uint64_t{0};
+}
+
+Status MetaStore::Txn::PutPublished(uint64_t ino, uint64_t generation) {
+  std::string v;
+  PutU64(v, generation);
+  return Put(store_->published_, InoKey(ino), v);
+}
+
+Status MetaStore::Txn::DelPublished(uint64_t ino) {
+  return Del(store_->published_, InoKey(ino), true);
 }
 
 Status MetaStore::Txn::DelEntry(uint64_t parent, std::string_view name) {
@@ -250,6 +351,7 @@ Status MetaStore::Txn::DelEntry(uint64_t parent, std::string_view name) {
   std::string ck = InoKey(parent);
   PutU64(ck, e.cookie);
   RETURN_IF_ERROR(Del(store_->dircookies_, ck, true));
+  RETURN_IF_ERROR(DropParent(e.ino, parent, name));
   return Del(store_->dentries_, NameKey(parent, name), false);
 }
 
@@ -277,6 +379,25 @@ Status MetaStore::Txn::ListDir(uint64_t dir, uint64_t after,
     return fn(name, *e);
   }));
   return inner;
+}
+
+Status MetaStore::Txn::WalkTree(uint64_t dir, bool recursive,
+                                const std::function<Status(const DirEntry&)>& fn) {
+  std::deque<uint64_t> dirs{dir};
+  while (!dirs.empty()) {
+    const uint64_t d = dirs.front();
+    dirs.pop_front();
+    std::vector<DirEntry> entries;  // not called back inside the cursor: fn may read the txn
+    RETURN_IF_ERROR(ListDir(d, 0, [&](std::string_view, const DirEntry& e) {
+      entries.push_back(e);
+      return true;
+    }));
+    for (const DirEntry& e : entries) {
+      if (recursive && S_ISDIR(e.mode)) dirs.push_back(e.ino);
+      RETURN_IF_ERROR(fn(e));
+    }
+  }
+  return Status::Ok();
 }
 
 Result<std::optional<Manifest>> MetaStore::Txn::GetManifest(uint64_t ino) {
@@ -357,10 +478,24 @@ Result<ChunkRecord> MetaStore::Txn::GetChunk(const ChunkId& id) {
   ASSIGN_OR_RETURN(auto v, Get(store_->chunks_, std::string_view(reinterpret_cast<char*>(key), 16)));
   ChunkRecord r;
   if (!v) return r;
-  if (v->size() != 16) return Corrupt("chunk record " + id.Hex() + " is damaged");
-  r.refs = GetU64(v->data());
-  r.len = GetU64(v->data() + 8);
-  return r;
+  return DecodeChunk(id, *v);
+}
+
+Status MetaStore::Txn::MarkChunkRemote(const ChunkId& id) {
+  ASSIGN_OR_RETURN(ChunkRecord r, GetChunk(id));
+  if (r.refs == 0 || r.remote) return Status::Ok();
+  r.remote = true;
+  return PutChunkRecord(id, r);
+}
+
+Status MetaStore::Txn::PutChunkRecord(const ChunkId& id, const ChunkRecord& r) {
+  uint8_t key[16];
+  id.ToBytes(key);
+  std::string v;
+  PutU64(v, r.refs);
+  PutU64(v, r.len);
+  if (r.remote) v.push_back(1);  // 16 bytes: a record from before the remote tier
+  return Put(store_->chunks_, std::string_view(reinterpret_cast<char*>(key), 16), v);
 }
 
 Result<uint64_t> MetaStore::Txn::AddChunkRefs(const ChunkId& id, uint64_t len, int64_t delta) {
@@ -376,20 +511,17 @@ Result<uint64_t> MetaStore::Txn::AddChunkRefs(const ChunkId& id, uint64_t len, i
     RETURN_IF_ERROR(Del(store_->chunks_, k, true));
     return uint64_t{0};
   }
-  std::string v;
-  PutU64(v, r.refs);
-  PutU64(v, len);
-  RETURN_IF_ERROR(Put(store_->chunks_, k, v));
+  r.len = len;
+  RETURN_IF_ERROR(PutChunkRecord(id, r));
   return r.refs;
 }
 
 Status MetaStore::Txn::ForEachChunk(
     const std::function<void(const ChunkId&, const ChunkRecord&)>& fn) {
   return Scan(store_->chunks_, {}, {}, [&](std::string_view k, std::string_view v) {
-    if (k.size() == 16 && v.size() == 16) {
-      fn(ChunkId::FromBytes(reinterpret_cast<const uint8_t*>(k.data())),
-         ChunkRecord{GetU64(v.data()), GetU64(v.data() + 8)});
-    }
+    if (k.size() != 16) return true;
+    const ChunkId id = ChunkId::FromBytes(reinterpret_cast<const uint8_t*>(k.data()));
+    if (auto r = DecodeChunk(id, v); r.ok()) fn(id, *r);
     return true;
   });
 }

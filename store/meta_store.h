@@ -10,6 +10,11 @@
 //   chunks     chunk id (16 bytes)  -> ChunkRecord (references, length)
 //   orphans    ino                  -> ""            (unlinked while open; reclaimed at mount)
 //   meta       name                 -> value         (next inode number, format version)
+//   parents    ino                  -> parent ino + name   (the entry that last linked ino: a
+//                                      file's path for the remote tier)
+//   remote_ops seq                  -> op            (namespace changes still to publish to the
+//                                      remote backend, in order; see store/remote_tier.h)
+//   published  ino                  -> generation    (the version of a file the backend has)
 //
 // A Txn is used by one thread from Begin to Commit/Abort. Write transactions are serialized by
 // LMDB itself; read transactions run concurrently with them and see a consistent snapshot.
@@ -24,6 +29,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "common/chunk_id.h"
 #include "common/status.h"
@@ -57,6 +63,7 @@ struct DirEntry {
 struct ChunkRecord {
   uint64_t refs = 0;
   uint64_t len = 0;
+  bool remote = false;  // the remote backend holds it: the local copy may be evicted
 };
 
 class MetaStore {
@@ -90,6 +97,9 @@ class MetaStore {
     // fn returns false.
     Status ListDir(uint64_t dir, uint64_t after,
                    const std::function<bool(std::string_view, const DirEntry&)>& fn);
+    // Calls fn for every entry below `dir`, breadth first, each directory's entries in cookie
+    // order; descends into subdirectories when `recursive`. Stops at fn's first error.
+    Status WalkTree(uint64_t dir, bool recursive, const std::function<Status(const DirEntry&)>& fn);
 
     Result<std::optional<Manifest>> GetManifest(uint64_t ino);
     Status PutManifest(uint64_t ino, const Manifest& m);
@@ -106,6 +116,28 @@ class MetaStore {
     Status ListXattrs(uint64_t ino, const std::function<void(std::string_view)>& fn);
     Status DelAllXattrs(uint64_t ino);
 
+    // The entry that last linked ino (kNotFound for the root and for records older than the
+    // table). Kept by PutEntry and DelEntry.
+    Result<std::pair<uint64_t, std::string>> GetParent(uint64_t ino);
+    // Fills the parents table from the directory entries once, for a store made before it.
+    Status BackfillParents();
+    // The path of ino from the root, without a leading '/' ("" for the root). kNotFound when an
+    // ancestor is gone (unlinked).
+    Result<std::string> PathOf(uint64_t ino);
+
+    // The remote tier's queue of namespace changes to publish, in the order they were made.
+    Result<uint64_t> QueueRemoteOp(std::string_view op);
+    // Calls fn(seq, op) in order for queued ops with seq > after, until fn returns false.
+    Status ForEachRemoteOp(uint64_t after,
+                           const std::function<bool(uint64_t, std::string_view)>& fn);
+    Status DelRemoteOp(uint64_t seq);
+    // The generation of ino that the backend holds (0: none).
+    Result<uint64_t> GetPublished(uint64_t ino);
+    Status PutPublished(uint64_t ino, uint64_t generation);
+    Status DelPublished(uint64_t ino);
+    // Records that the backend holds chunk id (no-op for a chunk nothing references).
+    Status MarkChunkRemote(const ChunkId& id);
+
     Result<ChunkRecord> GetChunk(const ChunkId& id);  // refs 0 when unknown
     // Adds `delta` references to chunk `id` of `len` bytes and returns the new count; the record
     // is removed when the count reaches zero.
@@ -118,6 +150,9 @@ class MetaStore {
 
    private:
     friend class MetaStore;
+    Status PutChunkRecord(const ChunkId& id, const ChunkRecord& r);
+    // Removes ino's parent record if it names parent/name (another link may have replaced it).
+    Status DropParent(uint64_t ino, uint64_t parent, std::string_view name);
     Txn(MDB_txn* txn, MetaStore* store) : txn_(txn), store_(store) {}
     Result<std::optional<std::string_view>> Get(MDB_dbi dbi, std::string_view key);
     Status Put(MDB_dbi dbi, std::string_view key, std::string_view value);
@@ -139,7 +174,10 @@ class MetaStore {
   MetaStore() = default;
   MDB_env* env_ = nullptr;
   MDB_dbi inodes_ = 0, dentries_ = 0, dircookies_ = 0, manifests_ = 0, symlinks_ = 0,
-          xattrs_ = 0, chunks_ = 0, orphans_ = 0, meta_ = 0;
+          xattrs_ = 0, chunks_ = 0, orphans_ = 0, meta_ = 0, parents_ = 0, remote_ops_ = 0,
+          published_ = 0;
+  // Tables added after the first release: a read-only open of an older store has none of them.
+  bool has_remote_tables_ = false;
 };
 
 }  // namespace ckptfs

@@ -10,7 +10,11 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
+#include <fstream>
 #include <map>
+
+#include "store/remote_tier.h"
 
 namespace ckptfs {
 namespace {
@@ -46,7 +50,8 @@ int64_t NowNs() {
       .count();
 }
 
-Result<std::unique_ptr<Store>> Store::Open(const Config& cfg, PayloadScannerFactory scanners) {
+Result<std::unique_ptr<Store>> Store::Open(const Config& cfg, PayloadScannerFactory scanners,
+                                           std::unique_ptr<Backend> backend) {
   const std::string& dir = cfg.cache_dir;
   RETURN_IF_ERROR(MakeDirs(dir));
   RETURN_IF_ERROR(MakeDirs(dir + "/staging"));
@@ -90,6 +95,17 @@ Result<std::unique_ptr<Store>> Store::Open(const Config& cfg, PayloadScannerFact
     s->closed_ = true;
     return st;
   }
+  if (backend) {
+    st = s->AttachRemote(std::move(backend));
+    if (!st.ok()) {
+      s->closed_ = true;
+      return st;
+    }
+    // Pinned chunks are kept from eviction from the first request on.
+    if (Status pins = s->LoadPins(); !pins.ok()) {
+      s->log_->warn("loading pins (user.ckptfs.pin): {}", pins.ToString());
+    }
+  }
   std::string pid = std::to_string(::getpid()) + "\n";
   if (::ftruncate(lock_fd, 0) == 0) {
     [[maybe_unused]] ssize_t n = ::pwrite(lock_fd, pid.data(), pid.size(), 0);
@@ -131,6 +147,7 @@ Status Store::Recover(bool clean) {
     RETURN_IF_ERROR(txn.PutInode(r));
     log_->info("created a new store in {}", cfg_.cache_dir);
   }
+  RETURN_IF_ERROR(txn.BackfillParents());
   // Files unlinked while open when the last daemon stopped: nobody can open them any more.
   std::vector<uint64_t> orphans;
   RETURN_IF_ERROR(txn.ForEachOrphan([&](uint64_t ino) { orphans.push_back(ino); }));
@@ -163,6 +180,10 @@ Status Store::Recover(bool clean) {
 Status Store::Close() {
   if (closed_) return Status::Ok();
   closed_ = true;
+  StopPrefetch();  // no chunk lands behind the final sync below
+  // Uploads still queued stay in LMDB and resume at the next mount.
+  StopSync();
+  if (remote_) remote_->Stop();
   Status first;
   std::vector<std::pair<uint64_t, std::shared_ptr<OpenFile>>> open;
   {

@@ -27,15 +27,18 @@
 #include <deque>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
+#include "backends/backend.h"
 #include "cache/chunk_cache.h"
 #include "cache/io_engine.h"
 #include "common/config.h"
@@ -69,12 +72,18 @@ struct DirItem {
   uint64_t next_offset;  // the readdir offset that continues after this item
 };
 
+class RemoteTier;
+struct FileRecord;
+
 class Store final : private ChunkSink {
  public:
   // Opens the cache directory named in cfg (creating it), takes its lock (one daemon per cache
   // directory), and recovers from an unclean stop. cfg must be validated. `scanners` (optional)
-  // recognizes checkpoint formats in new files so chunks are cut at tensor boundaries.
-  static Result<std::unique_ptr<Store>> Open(const Config& cfg, PayloadScannerFactory scanners = {});
+  // recognizes checkpoint formats in new files so chunks are cut at tensor boundaries. `backend`
+  // (optional) is the remote tier: committed files are written back to it, chunks missing
+  // locally are fetched from it (store/remote_tier.h).
+  static Result<std::unique_ptr<Store>> Open(const Config& cfg, PayloadScannerFactory scanners = {},
+                                             std::unique_ptr<Backend> backend = nullptr);
   // Commits files still dirty and syncs everything (see Close).
   ~Store() override;
   // Commits every dirty file, makes everything durable and marks the stop clean. Idempotent.
@@ -144,6 +153,68 @@ class Store final : private ChunkSink {
   // Flush, and makes the file's committed bytes durable (fsync(2)).
   Status Fsync(uint64_t ino, uint64_t fh = 0);
 
+  // --- the remote tier ---
+  // "local" (no backend, or bytes not committed yet), "uploading" (committed, the backend does
+  // not hold this version yet) or "remote" (the backend holds it): user.ckptfs.state.
+  Result<std::string> RemoteState(uint64_t ino);
+  // Null without a backend.
+  RemoteTier* remote() { return remote_.get(); }
+
+  // --- what other nodes publish (the namespace sync) ---
+  // Told, from the sync thread, that parent/name now names ino (0: nothing), so that the kernel
+  // drops what it cached of both. Set once, before the backend's first sync pass can run.
+  using ChangeListener = std::function<void(uint64_t parent, const std::string& name, uint64_t ino)>;
+  void SetChangeListener(ChangeListener fn);
+  // One pass: lists the backend's files and applies every file another node published, replaced
+  // or deleted since the last pass. A file open here, or with local changes not yet published
+  // and newer than the remote version, is left alone. The sync thread runs a pass every
+  // sync_interval; tests call it directly.
+  Status SyncFromRemote();
+  // Starts the thread that runs SyncFromRemote every sync_interval (after SetChangeListener);
+  // Close stops it.
+  void StartSync();
+  void StopSync();
+
+  // --- prefetch hints and pins (store_prefetch.cc): user.ckptfs.prefetch, .cached and .pin ---
+  // The work runs on a few threads of its own (made on first use); a chunk being fetched holds
+  // one buffer, nothing is kept in the RAM tier. Thread-safe.
+  static constexpr std::string_view kPinXattr = "user.ckptfs.pin";
+  // Pulls every chunk of file `ino`, or of every file under directory `ino` (all levels when
+  // `recursive`, else its own files), onto the local disk tier in the background. Returns at
+  // once; a request for an `ino` already pending is not queued twice. Without a backend every
+  // chunk is local already and nothing is queued.
+  Status Prefetch(uint64_t ino, bool recursive = true);
+  // Drops the prefetch work queued for `ino` itself; the chunks being fetched now finish.
+  void CancelPrefetch(uint64_t ino);
+  // Whether prefetch work for `ino` is queued or running.
+  bool Prefetching(uint64_t ino);
+  struct CacheUsage {
+    uint64_t files = 0;                            // regular files counted (hard links once)
+    uint64_t chunks = 0, bytes = 0;                // their distinct chunks (holes excluded)
+    uint64_t cached_chunks = 0, cached_bytes = 0;  // of those, on the local disk tier
+  };
+  // Of file `ino`, or of every file under directory `ino`, as committed (one LMDB snapshot, an
+  // in-memory lookup per chunk).
+  Result<CacheUsage> Cached(uint64_t ino);
+  // Stores (pin) or removes (kNoData if absent) the attribute kPinXattr ("1") of file or
+  // directory `ino`, then hands the cache the chunks it must keep whatever cache_size says (of
+  // every pinned file and every file under a pinned directory) and prefetches them.
+  Status SetPin(uint64_t ino, bool pin);
+  // Finds the pinned inodes (one walk of the namespace) and applies their pins. Call once after
+  // Open, before serving. While pins exist they are applied again every few seconds, so that
+  // files written, synced or replaced under a pinned directory are kept and fetched too.
+  Status LoadPins();
+  // Predictive prefetch: file `ino` was opened for reading and belongs to the checkpoint stored
+  // under `dir`. With a backend, and when not all of ino's chunks are local, prefetches `dir`
+  // (see Prefetch), at most once per directory per kWarmIntervalS.
+  static constexpr int kWarmIntervalS = 60;
+  Status WarmCheckpoint(uint64_t ino, uint64_t dir, bool recursive);
+  // The entry that last linked `ino`: (parent, name); kNotFound for the root.
+  Result<std::pair<uint64_t, std::string>> ParentOf(uint64_t ino);
+  // Stops the prefetch threads (work still queued is dropped). Before Close, so that no chunk
+  // is written behind its final sync. Idempotent; Prefetch afterwards queues nothing.
+  void StopPrefetch();
+
   const Metrics& metrics() const { return metrics_; }
   const Config& config() const { return cfg_; }
 
@@ -188,6 +259,7 @@ class Store final : private ChunkSink {
   Store(Config cfg, std::unique_ptr<IoEngine> engine, std::unique_ptr<ChunkCache> cache,
         std::unique_ptr<MetaStore> meta, int lock_fd);
   Status Recover(bool clean);
+  Status AttachRemote(std::unique_ptr<Backend> backend);
 
   // ChunkSink
   Status PutChunk(const ChunkId& id, const uint8_t* data, size_t len) override;
@@ -242,6 +314,29 @@ class Store final : private ChunkSink {
   void ReleaseHolds(const std::vector<ChunkId>& ids);
   // Deletes an orphan whose last open went away.
   Status ReapIfOrphan(uint64_t ino);
+  // REQUIRES: inside a write txn (ns_mu_ held). Queues what the backend must learn of a change
+  // (nothing without a backend); the txn's commit makes it durable with the change.
+  Status QueueRemote(MetaStore::Txn& txn, const std::string& op);
+  // Queues, for ino and everything under it, the unpublishing of its old paths (publish=false,
+  // `path` its path now) or the publishing under its new ones (publish=true).
+  Status QueueTree(MetaStore::Txn& txn, uint64_t ino, const std::string& path, bool publish);
+  void KickRemote();
+  // The path of parent/name, "" when the parent is not reachable from the root.
+  std::string ChildPath(MetaStore::Txn& txn, uint64_t parent, std::string_view name);
+  // At open: queue every file whose committed version the backend does not hold.
+  Status QueueUnpublished();
+  // Waits until the local tier has room for `len` more bytes of chunks the backend does not
+  // hold yet (cache_size); kNoSpace after remote_timeout.
+  Status WaitForRoom(size_t len);
+  // The namespace sync's steps (store_remote.cc).
+  void SyncLoop();
+  Status ApplyRemoteFile(const std::string& path, const FileRecord& r);
+  Status ApplyRemoteDelete(const std::string& path);
+  Status ApplyRemoteDir(const std::string& path);
+  // REQUIRES: inside a write txn. The directory at `dirs` (path components) below the root,
+  // made where missing; kExists when a component is not a directory.
+  Result<uint64_t> MakeDirsForRemote(MetaStore::Txn& txn, const std::vector<std::string>& dirs,
+                                     std::vector<std::pair<uint64_t, std::string>>* created);
 
   const Config cfg_;
   PayloadScannerFactory scanners_;  // set once in Open, before any file is written
@@ -265,9 +360,26 @@ class Store final : private ChunkSink {
   // their next open drops the kernel's cached pages. Guarded by files_mu_.
   std::unordered_set<uint64_t> stale_pages_;
   std::atomic<bool> full_logged_{false};
+  std::unique_ptr<Backend> backend_;
+  std::string node_id_;  // this node's name in published records
+  ChangeListener on_change_;
+  // The namespace sync: its thread, and what it has applied (sync thread only): for each
+  // files/<path> and dirs/<path> key, the object version seen.
+  std::thread sync_thread_;
+  std::mutex sync_mu_;
+  std::condition_variable sync_cv_;
+  bool sync_stop_ = false;  // guarded by sync_mu_
+  std::map<std::string, std::string> synced_;
   // Last members: destroyed first, so their threads are joined before anything they use goes.
   std::unique_ptr<ThreadPool> read_pool_;
   std::unique_ptr<ThreadPool> write_pool_;
+  std::unique_ptr<RemoteTier> remote_;
+  // Prefetch work and pins (store_prefetch.cc), made on first use by prefetcher(). Declared last:
+  // its threads stop before the cache, the metadata and the backend they use go.
+  class Prefetcher;
+  Prefetcher& prefetcher();
+  std::once_flag prefetch_once_;
+  std::shared_ptr<Prefetcher> prefetch_;  // shared_ptr: deleted where Prefetcher is complete
 };
 
 // Wall-clock time in nanoseconds since the epoch.

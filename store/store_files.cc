@@ -4,8 +4,11 @@
 #include <sys/statvfs.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <thread>
 
+#include "store/remote_tier.h"
 #include "store/store.h"
 
 namespace ckptfs {
@@ -168,7 +171,30 @@ namespace {
 constexpr size_t kLargeWrite = 128 << 10;
 }  // namespace
 
+Status Store::WaitForRoom(size_t len) {
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(static_cast<int64_t>(cfg_.remote_timeout_s * 1000));
+  for (bool logged = false;;) {
+    cache_->Evict();
+    const ChunkCache::Usage u = cache_->usage();
+    if (u.local_only + unstored_bytes_.load() + len <= cfg_.cache_bytes) return Status::Ok();
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return Status(Code::kNoSpace, "the local tier holds " + std::to_string(u.local_only >> 20) +
+                                        " MiB not yet uploaded to " + backend_->Describe() +
+                                        " (cache_size " + std::to_string(cfg_.cache_bytes >> 20) +
+                                        " MiB)");
+    }
+    if (!logged) {
+      log_->info("writers wait: the local tier is full of chunks still to upload");
+      logged = true;
+    }
+    remote_->Kick();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
 Status Store::AdmitWrite(size_t len) {
+  if (remote_ && cfg_.cache_bytes > 0) RETURN_IF_ERROR(WaitForRoom(len));
   struct statvfs vfs;
   if (::statvfs(cfg_.cache_dir.c_str(), &vfs) != 0) {
     return Status::FromErrno(errno, "statvfs " + cfg_.cache_dir);
@@ -305,7 +331,13 @@ Status Store::Fsync(uint64_t ino, uint64_t fh) {
   }
   // A file committed earlier by close(2) is made durable here too.
   RETURN_IF_ERROR(cache_->Sync());
-  return meta_->Sync();
+  RETURN_IF_ERROR(meta_->Sync());
+  // durability=remote: fsync returns once the backend holds the committed version.
+  if (remote_ && cfg_.durability == "remote") {
+    ASSIGN_OR_RETURN(InodeRecord rec, GetAttr(ino));
+    if (S_ISREG(rec.mode)) return remote_->WaitPublished(ino, rec.generation, cfg_.remote_timeout_s);
+  }
+  return Status::Ok();
 }
 
 Status Store::CommitOrDrop(uint64_t ino, OpenFile& f, bool durable) {
@@ -357,6 +389,7 @@ Status Store::Commit(uint64_t ino, OpenFile& f, bool durable) {
       rec.mtime_ns = rec.ctime_ns = mtime;
       ++rec.generation;
       RETURN_IF_ERROR(txn.PutInode(rec));
+      RETURN_IF_ERROR(QueueRemote(txn, remote_op::PublishFile(ino)));
       return txn.Commit();
     }();
   }
@@ -386,6 +419,7 @@ Status Store::Commit(uint64_t ino, OpenFile& f, bool durable) {
   }
   ReleaseHolds(writer->held());
   Reclaim(freed);
+  if (st.ok() && remote_) remote_->Kick();
   return st;
 }
 

@@ -123,7 +123,9 @@ Result<InodeRecord> Store::MakeNode(uint64_t parent, std::string_view name, uint
   dir.mtime_ns = dir.ctime_ns = rec.ctime_ns;
   RETURN_IF_ERROR(txn.PutInode(dir));
   RETURN_IF_ERROR(txn.PutInode(rec));
+  RETURN_IF_ERROR(QueueTree(txn, rec.ino, ChildPath(txn, parent, name), true));
   RETURN_IF_ERROR(txn.Commit());
+  KickRemote();
   return rec;
 }
 
@@ -189,12 +191,14 @@ Status Store::Unlink(uint64_t parent, std::string_view name) {
     ASSIGN_OR_RETURN(DirEntry e, txn.GetEntry(parent, name));
     ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(e.ino));
     if (S_ISDIR(rec.mode)) return Status(Code::kIsDir, std::string(name));
+    RETURN_IF_ERROR(QueueTree(txn, rec.ino, ChildPath(txn, parent, name), false));
     RETURN_IF_ERROR(txn.DelEntry(parent, name));
     dir.mtime_ns = dir.ctime_ns = NowNs();
     RETURN_IF_ERROR(txn.PutInode(dir));
     RETURN_IF_ERROR(DropLink(txn, rec, &freed));
     RETURN_IF_ERROR(txn.Commit());
   }
+  KickRemote();
   Reclaim(freed);
   return Status::Ok();
 }
@@ -209,12 +213,15 @@ Status Store::Rmdir(uint64_t parent, std::string_view name) {
   ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(e.ino));
   if (!S_ISDIR(rec.mode)) return Status(Code::kNotDir, std::string(name));
   if (!txn.DirEmpty(rec.ino)) return Status(Code::kNotEmpty, std::string(name));
+  RETURN_IF_ERROR(QueueTree(txn, rec.ino, ChildPath(txn, parent, name), false));
   RETURN_IF_ERROR(txn.DelEntry(parent, name));
   --dir.nlink;
   dir.mtime_ns = dir.ctime_ns = NowNs();
   RETURN_IF_ERROR(txn.PutInode(dir));
   RETURN_IF_ERROR(DropLink(txn, rec, nullptr));
-  return txn.Commit();
+  RETURN_IF_ERROR(txn.Commit());
+  KickRemote();
+  return Status::Ok();
 }
 
 Status Store::Rename(uint64_t parent, std::string_view name, uint64_t new_parent,
@@ -237,6 +244,12 @@ Status Store::Rename(uint64_t parent, std::string_view name, uint64_t new_parent
     if (!de.ok() && de.status().code() != Code::kNotFound) return de.status();
     const int64_t now = NowNs();
     const bool src_is_dir = S_ISDIR(src.mode);
+    // The backend learns the move as: the old paths gone, then everything under its new path.
+    // A file that replaces another is simply published over it (no gap for other nodes).
+    RETURN_IF_ERROR(QueueTree(txn, src.ino, ChildPath(txn, parent, name), false));
+    if (de.ok() && (flags & RENAME_EXCHANGE || S_ISDIR(src.mode))) {
+      RETURN_IF_ERROR(QueueTree(txn, de->ino, ChildPath(txn, new_parent, new_name), false));
+    }
 
     if (flags & RENAME_EXCHANGE) {
       if (!de.ok()) return de.status();
@@ -278,8 +291,13 @@ Status Store::Rename(uint64_t parent, std::string_view name, uint64_t new_parent
     dst_dir.mtime_ns = dst_dir.ctime_ns = now;
     RETURN_IF_ERROR(txn.PutInode(src_dir));
     if (new_parent != parent) RETURN_IF_ERROR(txn.PutInode(dst_dir));
+    RETURN_IF_ERROR(QueueTree(txn, src.ino, ChildPath(txn, new_parent, new_name), true));
+    if (de.ok() && (flags & RENAME_EXCHANGE)) {
+      RETURN_IF_ERROR(QueueTree(txn, de->ino, ChildPath(txn, parent, name), true));
+    }
     RETURN_IF_ERROR(txn.Commit());
   }
+  KickRemote();
   Reclaim(freed);
   return Status::Ok();
 }

@@ -1,5 +1,5 @@
-// The ckptfs subcommands that only read: each takes the arguments after its name and returns the
-// process exit status, printing errors to stderr.
+// The ckptfs subcommands besides mount and umount: each takes the arguments after its name and
+// returns the process exit status, printing errors to stderr.
 #pragma once
 
 #include <string>
@@ -13,6 +13,10 @@ int Stats(const std::vector<std::string>& args);
 // ckptfs inspect [--json] FILE|DIR: a file's format, tensors, chunks and how much is shared (from
 // the mount's computed attributes); a directory's checkpoint layout.
 int Inspect(const std::vector<std::string>& args);
+// ckptfs prefetch PATH [--wait]: pulls a file or tree onto the local tier in the background (sets
+// user.ckptfs.prefetch); --wait follows user.ckptfs.cached with a progress bar until it is all
+// there (exit 0), the prefetch ends short of it (1) or it is interrupted (130, cancelled).
+int Prefetch(const std::vector<std::string>& args);
 
 int Fail(const std::string& msg);
 

@@ -1,4 +1,4 @@
-// The ckptfs command: mount, umount, stats, inspect.
+// The ckptfs command: mount, umount, stats, inspect, prefetch.
 #include <fcntl.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "backends/open.h"
 #include "common/config.h"
 #include "common/log.h"
 #include "formats/payload_scan.h"
@@ -30,16 +31,26 @@ namespace ckptfs {
 namespace {
 
 constexpr const char* kUsage = R"(usage:
-  ckptfs mount MOUNTPOINT [--cache-dir DIR] [--foreground] [--log-level LEVEL] [-o OPT[,OPT...]]
+  ckptfs mount MOUNTPOINT [--cache-dir DIR] [--backend URL] [--s3-endpoint URL] [--foreground]
+               [--log-level LEVEL] [-o OPT[,OPT...]]
   ckptfs umount MOUNTPOINT [--lazy]
   ckptfs stats [MOUNTPOINT|PATH|CACHE_DIR]
   ckptfs inspect [--json] FILE|DIR
+  ckptfs prefetch PATH [--wait]
 
 mount options (-o): ram_cache=SIZE, write_queue=SIZE, write_threads=N, reorder_buffer=SIZE,
   readahead_chunks=N, read_threads=N, io_engine=uring|pread,
   writeback_cache[=0|1], max_threads=N, max_background=N, max_readahead=SIZE,
   attr_timeout=SECONDS, entry_timeout=SECONDS, chunk_min=SIZE, chunk_avg=SIZE, chunk_max=SIZE,
-  tensor_chunking[=0|1], tensor_piece=SIZE; any other option goes to FUSE (e.g. ro, allow_other).
+  tensor_chunking[=0|1], tensor_piece=SIZE, durability=local|remote, cache_size=SIZE,
+  upload_threads=N, remote_timeout=SECONDS, sync_interval=SECONDS;
+  any other option goes to FUSE (e.g. ro, allow_other).
+--backend-faults SPEC (tests) injects backend faults, e.g. fail=0.1,seed=7,ops=put+get.
+--backend: file:///PATH or s3://BUCKET[/PREFIX] (endpoint: --s3-endpoint or AWS_ENDPOINT_URL;
+  credentials and region: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION
+  or ~/.aws/credentials).
+prefetch: pulls PATH (a file or a directory tree) from the backend onto the local tier in the
+  background; --wait draws progress on stderr and returns once it is all there.
 The cache directory defaults to /var/cache/ckptfs/<mountpoint> (root) or ~/.cache/ckptfs/...
 )";
 
@@ -68,6 +79,11 @@ Status ApplyOption(const std::string& opt, Config& cfg) {
     if (key == "tensor_piece") return size(cfg.chunking.piece_bytes);
     if (key == "tensor_chunking") return (cfg.chunking.tensor_boundaries = val != "0"), Status::Ok();
     if (key == "io_engine") return (cfg.io_engine = val), Status::Ok();
+    if (key == "durability") return (cfg.durability = val), Status::Ok();
+    if (key == "cache_size") return size(cfg.cache_bytes);
+    if (key == "upload_threads") return (cfg.upload_threads = std::stoul(val)), Status::Ok();
+    if (key == "remote_timeout") return (cfg.remote_timeout_s = std::stod(val)), Status::Ok();
+    if (key == "sync_interval") return (cfg.sync_interval_s = std::stod(val)), Status::Ok();
     if (key == "writeback_cache") return (cfg.writeback_cache = val != "0"), Status::Ok();
     if (key == "max_threads") return (cfg.max_threads = std::stoul(val)), Status::Ok();
     if (key == "max_background") return (cfg.max_background = std::stoul(val)), Status::Ok();
@@ -92,6 +108,12 @@ Status ParseMountArgs(const std::vector<std::string>& args, Config& cfg) {
     } else if (a == "--cache-dir") {
       ASSIGN_OR_RETURN(cfg.cache_dir, next());
       cfg.cache_dir = AbsolutePath(cfg.cache_dir);
+    } else if (a == "--backend") {
+      ASSIGN_OR_RETURN(cfg.backend, next());
+    } else if (a == "--s3-endpoint") {
+      ASSIGN_OR_RETURN(cfg.s3_endpoint, next());
+    } else if (a == "--backend-faults") {  // tests; its own flag: a spec has commas
+      ASSIGN_OR_RETURN(cfg.backend_faults, next());
     } else if (a == "--log-level") {
       ASSIGN_OR_RETURN(cfg.log_level, next());
     } else if (a == "-o") {
@@ -111,6 +133,18 @@ Status ParseMountArgs(const std::vector<std::string>& args, Config& cfg) {
     } else {
       return Invalid("unexpected argument " + a);
     }
+  }
+  // A chunk missing locally costs a round trip to the backend: read further ahead, on more
+  // threads, unless told otherwise.
+  if (!cfg.backend.empty()) {
+    auto given = [&](const char* key) {
+      for (size_t i = 0; i + 1 < args.size(); ++i) {
+        if (args[i] == "-o" && args[i + 1].find(key) != std::string::npos) return true;
+      }
+      return false;
+    };
+    if (!given("readahead_chunks=")) cfg.readahead_chunks = 16;
+    if (!given("read_threads=")) cfg.read_threads = 8;
   }
   return cfg.Validate();
 }
@@ -135,7 +169,20 @@ void Detach() {
 
 int RunDaemon(const Config& cfg, int notify_fd) {
   Logger log = GetLogger("main");
-  auto store = Store::Open(cfg, [] { return NewPayloadScanner(PayloadScanOptions{}); });
+  std::unique_ptr<Backend> backend;
+  if (!cfg.backend.empty()) {
+    auto b = OpenBackend({cfg.backend, cfg.s3_endpoint, cfg.backend_faults});
+    if (!b.ok()) {
+      const std::string msg = "backend " + cfg.backend + ": " + b.status().ToString();
+      log->error("{}", msg);
+      Report(notify_fd, msg);
+      if (notify_fd < 0) std::fprintf(stderr, "ckptfs: %s\n", msg.c_str());
+      return 1;
+    }
+    backend = std::move(*b);
+  }
+  auto store = Store::Open(cfg, [] { return NewPayloadScanner(PayloadScanOptions{}); },
+                           std::move(backend));
   if (!store.ok()) {
     log->error("cannot open the store: {}", store.status().ToString());
     Report(notify_fd, store.status().ToString());
@@ -298,5 +345,6 @@ int main(int argc, char** argv) {
   if (cmd == "umount" || cmd == "unmount") return ckptfs::Umount(args);
   if (cmd == "stats") return ckptfs::Stats(args);
   if (cmd == "inspect") return ckptfs::Inspect(args);
+  if (cmd == "prefetch") return ckptfs::Prefetch(args);
   return ckptfs::Fail("unknown command '" + cmd + "'\n" + ckptfs::kUsage);
 }

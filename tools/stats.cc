@@ -51,25 +51,12 @@ double Ratio(uint64_t data, uint64_t stored) {
 
 // Adds every file under `dir` (hard links once) to the tally.
 Status WalkTree(MetaStore::Txn& txn, uint64_t dir, Tally* t, std::unordered_set<uint64_t>* seen) {
-  std::deque<uint64_t> dirs{dir};
-  while (!dirs.empty()) {
-    const uint64_t d = dirs.front();
-    dirs.pop_front();
-    std::vector<DirEntry> entries;
-    RETURN_IF_ERROR(txn.ListDir(d, 0, [&](std::string_view, const DirEntry& e) {
-      entries.push_back(e);
-      return true;
-    }));
-    for (const DirEntry& e : entries) {
-      if (S_ISDIR(e.mode)) {
-        dirs.push_back(e.ino);
-      } else if (S_ISREG(e.mode) && seen->insert(e.ino).second) {
-        ASSIGN_OR_RETURN(auto m, txn.GetManifest(e.ino));
-        if (m) t->Add(*m);
-      }
-    }
-  }
-  return Status::Ok();
+  return txn.WalkTree(dir, true, [&](const DirEntry& e) -> Status {
+    if (!S_ISREG(e.mode) || !seen->insert(e.ino).second) return Status::Ok();
+    ASSIGN_OR_RETURN(auto m, txn.GetManifest(e.ino));
+    if (m) t->Add(*m);
+    return Status::Ok();
+  });
 }
 
 void PrintTotals(const Tally& t, const ChunkTotals& c) {

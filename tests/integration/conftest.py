@@ -7,6 +7,8 @@
 #   CKPTFS_TEST_TIMEOUT  seconds one test may run before it is interrupted (default: 600)
 #   CKPTFS_TEST_MOUNT_OPTIONS  -o options added to every test mount (e.g. writeback_cache=1), to run
 #                    the suite against another configuration
+#   CKPTFS_TEST_RGW_DIR  a radosgw already started there with scripts/rgw.sh: the `rgw` fixture uses
+#                    it (and leaves it running) instead of starting one for the session
 import errno
 import os
 import shutil
@@ -14,6 +16,7 @@ import signal
 import subprocess
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -80,11 +83,13 @@ def pid_alive(pid):
 class CkptMount:
     """One ckptfs mount: a mountpoint and its cache directory."""
 
-    def __init__(self, mnt, cache, options=None, log_level="info"):
+    def __init__(self, mnt, cache, options=None, log_level="info", args=(), env=None):
         self.mnt = Path(mnt)
         self.cache = Path(cache)
         self.options = options
         self.log_level = log_level
+        self.args = list(args)  # more `ckptfs mount` arguments (--backend URL, ...)
+        self.env = env  # variables added to the daemon's environment (AWS_*)
 
     # --- paths ---
     def __truediv__(self, rel):
@@ -100,13 +105,19 @@ class CkptMount:
 
     # --- life cycle ---
     def mount(self):
+        run(self.mount_command(), timeout=60, env=self.environ())
+        assert self.mounted(), f"{self.mnt} is not a ckptfs mount after `ckptfs mount`"
+
+    def mount_command(self):
         cmd = [CKPTFS_BIN, "mount", self.mnt, "--cache-dir", self.cache,
-               "--log-level", self.log_level]
+               "--log-level", self.log_level, *self.args]
         opts = ",".join(o for o in (EXTRA_OPTIONS, self.options) if o)
         if opts:
             cmd += ["-o", opts]
-        run(cmd, timeout=60)
-        assert self.mounted(), f"{self.mnt} is not a ckptfs mount after `ckptfs mount`"
+        return cmd
+
+    def environ(self):
+        return {**os.environ, **self.env} if self.env else None
 
     def mounted(self):
         return mount_fstype(self.mnt) == "fuse.ckptfs"
@@ -223,17 +234,19 @@ def workdir(request):
 
 @pytest.fixture
 def make_mount(ckptfs_bin, workdir, request):
-    """Factory: make_mount(options=None, cache=None, name="m") mounts ckptfs on a fresh
-    mountpoint (with a fresh cache directory unless one is given) and returns a CkptMount.
-    Everything it mounted is unmounted at teardown, even when the test failed."""
+    """Factory: make_mount(options=None, cache=None, name="m", args=(), env=None) mounts
+    ckptfs on a fresh mountpoint (with a fresh cache directory unless one is given) and returns a
+    CkptMount; args are more `ckptfs mount` arguments, env more daemon environment. Everything
+    it mounted is unmounted at teardown, even when the test failed."""
     mounts = []
 
-    def factory(options=None, cache=None, name="m", log_level="info", mount=True):
+    def factory(options=None, cache=None, name="m", log_level="info", mount=True, args=(),
+                env=None):
         mnt = workdir / f"{name}.mnt"
         mnt.mkdir()
         os.chmod(mnt, 0o755)
         cache = Path(cache) if cache else workdir / f"{name}.cache"
-        m = CkptMount(mnt, cache, options, log_level)
+        m = CkptMount(mnt, cache, options, log_level, args, env)
         mounts.append(m)
         if mount:
             m.mount()
@@ -319,3 +332,122 @@ def wait_for(probe, done, timeout=20.0):
         if done(r) or time.monotonic() > deadline:
             return r
         time.sleep(0.05)
+
+
+# --- the remote tier: a real S3 server (Ceph radosgw) for the session ---
+
+RGW_SCRIPT = REPO_ROOT / "scripts" / "rgw.sh"
+
+
+class Rgw:
+    """A radosgw started by scripts/rgw.sh: its endpoint, the AWS_* variables a client needs,
+    boto3 access and its logs."""
+
+    def __init__(self, directory):
+        self.dir = Path(directory)
+        self.env = {}
+        for line in (self.dir / "env").read_text().splitlines():
+            if line.startswith("export ") and "=" in line:
+                k, v = line[len("export "):].split("=", 1)
+                self.env[k] = v
+        self.endpoint = self.env["AWS_ENDPOINT_URL"]
+        self._client = None
+
+    def client(self):
+        """A boto3 S3 client (path-style; Debian's boto3 ignores AWS_ENDPOINT_URL)."""
+        if self._client is None:
+            import boto3
+            from botocore.config import Config
+            self._client = boto3.client(
+                "s3", endpoint_url=self.endpoint, region_name=self.env["AWS_REGION"],
+                aws_access_key_id=self.env["AWS_ACCESS_KEY_ID"],
+                aws_secret_access_key=self.env["AWS_SECRET_ACCESS_KEY"],
+                config=Config(s3={"addressing_style": "path"}, connect_timeout=5,
+                              read_timeout=60, retries={"max_attempts": 3}))
+        return self._client
+
+    def make_bucket(self, hint="t"):
+        """A new, empty bucket with a unique name."""
+        hint = "".join(c if c.isalnum() else "-" for c in hint.lower())[:30].strip("-") or "t"
+        name = f"ckptfs-{hint}-{uuid.uuid4().hex[:10]}"
+        self.client().create_bucket(Bucket=name)
+        return name
+
+    def objects(self, bucket, prefix=""):
+        """{key: size} of every object under prefix."""
+        out = {}
+        for page in self.client().get_paginator("list_objects_v2").paginate(Bucket=bucket,
+                                                                            Prefix=prefix):
+            for o in page.get("Contents", []):
+                out[o["Key"]] = o["Size"]
+        return out
+
+    def get(self, bucket, key):
+        return self.client().get_object(Bucket=bucket, Key=key)["Body"].read()
+
+    def access_log(self):
+        """radosgw's log: one `beast:` line per request ("PUT /bucket/key HTTP/1.1" 200 ...)."""
+        try:
+            return (self.dir / "log" / "client.rgw.a.log").read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def requests(self, method, bucket, prefix=""):
+        """Successful requests of `method` to keys of bucket under prefix, from the access log:
+        a list of keys, one per request."""
+        start = f'"{method} /{bucket}/{prefix}'
+        keys = []
+        for line in self.access_log().splitlines():
+            at = line.find(start)
+            if at < 0 or " beast: " not in line:
+                continue
+            request, _, rest = line[at + 1:].partition('" ')
+            if rest.split(" ", 1)[0].startswith("2"):
+                keys.append(request.split(" ")[1][len(bucket) + 2:].split("?")[0])
+        return keys
+
+
+def _rgw_log_tails(directory, lines=20):
+    out = []
+    for p in sorted((Path(directory) / "log").glob("*")):
+        tail = p.read_text(errors="replace").splitlines()[-lines:]
+        out.append(f"--- {p} ---\n" + "\n".join(tail))
+    return "\n".join(out)
+
+
+@pytest.fixture(scope="session")
+def rgw():
+    """One radosgw for the whole session (scripts/rgw.sh), stopped at the end. A radosgw that
+    does not start fails the tests that need it, with its logs: it is never a reason to skip."""
+    given = os.environ.get("CKPTFS_TEST_RGW_DIR")
+    if given:
+        p = subprocess.run(["bash", str(RGW_SCRIPT), "status", given], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, timeout=60)
+        if p.returncode != 0:
+            pytest.fail(f"CKPTFS_TEST_RGW_DIR={given}: no radosgw answers there:\n{p.stdout}")
+        yield Rgw(given)
+        return
+    TEST_TMP.mkdir(parents=True, exist_ok=True)
+    d = Path(tempfile.mkdtemp(prefix="ckptfs-rgw-", dir=TEST_TMP))
+    env = {**os.environ, "RGW_TIMEOUT": os.environ.get("RGW_TIMEOUT", "90")}
+    try:
+        p = subprocess.run(["bash", str(RGW_SCRIPT), "start", str(d)], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, timeout=600, env=env)
+    except subprocess.TimeoutExpired as e:
+        subprocess.run(["bash", str(RGW_SCRIPT), "stop", str(d)], timeout=120, check=False)
+        pytest.fail(f"scripts/rgw.sh start {d} did not return in 600 s\n{e.stderr}")
+    if p.returncode != 0:
+        subprocess.run(["bash", str(RGW_SCRIPT), "stop", str(d)], timeout=120, check=False)
+        pytest.fail(f"scripts/rgw.sh start {d} failed ({p.returncode}):\n{p.stderr}")
+    try:
+        server = Rgw(d)
+        server.client().list_buckets()
+    except Exception as e:  # noqa: BLE001 - any failure here means no usable S3 server
+        tails = _rgw_log_tails(d)
+        subprocess.run(["bash", str(RGW_SCRIPT), "stop", str(d)], timeout=120, check=False)
+        pytest.fail(f"radosgw in {d} started but does not answer S3: {e!r}\n{p.stderr}\n{tails}")
+    try:
+        yield server
+    finally:
+        subprocess.run(["bash", str(RGW_SCRIPT), "stop", str(d)], timeout=120, check=False)
+        shutil.rmtree(d, ignore_errors=True)

@@ -1,0 +1,169 @@
+#!/usr/bin/python3
+"""ckptfs remote-tier benchmark against a real S3 server (Ceph radosgw on 127.0.0.1, started by
+scripts/rgw.sh), every figure a ratio measured in this run:
+
+  cold-load  mount/download   torch.load of a checkpoint whose chunks are only in the bucket,
+                              through a fresh mount with an empty cache, against the usual route:
+                              download it with boto3 (parallel ranged GETs), then torch.load the
+                              local copy. Lower is better; the goal is <= 0.6.
+  save remote/local           torch.save + fsync with -o durability=remote against
+                              durability=local (same mount, fresh bytes each run).
+  upload ckptfs/boto3         the mount's background upload of a saved checkpoint (from close
+                              to user.ckptfs.state == remote) against boto3's upload_file of the
+                              same bytes. Higher is better (throughput ratio).
+
+Usage: /usr/bin/python3 bench/bench_remote.py [--gib 2] [--dir /var/tmp/ckptfs-remote]
+The radosgw cluster keeps data in RAM (memstore) unless RGW_STORE=bluestore; 2 GiB needs ~5 GiB.
+"""
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import boto3
+import torch
+from boto3.s3.transfer import TransferConfig
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def sh(*args, **kw):
+    return subprocess.run([str(a) for a in args], check=True, **kw)
+
+
+def state_dict(gib, seed):
+    """A GPT-like state dict of about `gib` GiB of fresh bf16 and fp32 tensors."""
+    g = torch.Generator().manual_seed(seed)
+    sd, total, i = {}, 0, 0
+    while total < gib * 2**30:
+        sd[f"layers.{i}.weight"] = torch.randn(4096, 4096, generator=g).bfloat16()
+        sd[f"layers.{i}.exp_avg"] = torch.randn(2048, 4096, generator=g)
+        total += 4096 * 4096 * 2 + 2048 * 4096 * 4
+        i += 1
+    return sd
+
+
+def wait_state(path, want, timeout=1800):
+    t0 = time.perf_counter()
+    while os.getxattr(path, "user.ckptfs.state").decode() != want:
+        if time.perf_counter() - t0 > timeout:
+            raise TimeoutError(f"{path} never reached state {want}")
+        time.sleep(0.05)
+    return time.perf_counter() - t0
+
+
+def drop_caches():
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gib", type=float, default=2.0)
+    ap.add_argument("--dir", default="/var/tmp/ckptfs-remote")
+    ap.add_argument("--bin", default=os.environ.get("CKPTFS_BIN",
+                                                    os.path.join(ROOT, "build/tools/ckptfs")))
+    args = ap.parse_args()
+    work = args.dir
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    rgw = os.path.join(work, "rgw")
+    env = {}
+    out = sh("bash", os.path.join(ROOT, "scripts/rgw.sh"), "start", rgw,
+             capture_output=True, text=True).stdout
+    for line in out.splitlines():
+        if line.startswith("export "):
+            for kv in line[len("export "):].split():
+                k, v = kv.split("=", 1)
+                env[k] = v
+    os.environ.update(env)
+    mounts = []
+    try:
+        s3 = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name="us-east-1")
+        s3.create_bucket(Bucket="bench")
+        xfer = TransferConfig(multipart_threshold=16 << 20, multipart_chunksize=16 << 20,
+                              max_concurrency=10)
+
+        def mount(name, *opts):
+            mnt, cache = os.path.join(work, name, "mnt"), os.path.join(work, name, "cache")
+            os.makedirs(mnt)
+            os.makedirs(cache)
+            cmd = [args.bin, "mount", mnt, "--cache-dir", cache, "--backend", "s3://bench/ck",
+                   "--s3-endpoint", env["AWS_ENDPOINT_URL"]]
+            for o in opts:
+                cmd += ["-o", o]
+            sh(*cmd, stdout=subprocess.DEVNULL)
+            mounts.append(mnt)
+            return mnt
+
+        a = mount("a")
+        sd = state_dict(args.gib, 1)
+        ckpt = os.path.join(a, "model.pt")
+        t0 = time.perf_counter()
+        torch.save(sd, ckpt)
+        local_save = time.perf_counter() - t0
+        size = os.path.getsize(ckpt)
+        upload = wait_state(ckpt, "remote")
+        plain = os.path.join(work, "plain.pt")
+        shutil.copyfile(ckpt, plain)
+
+        # Baseline upload: boto3 of the same bytes to another key.
+        t0 = time.perf_counter()
+        s3.upload_file(plain, "bench", "plain/model.pt", Config=xfer)
+        boto_up = time.perf_counter() - t0
+
+        # Cold load: a fresh mount, empty cache, the file known only from the bucket.
+        b = mount("b")
+        path_b = os.path.join(b, "model.pt")
+        t_wait = time.perf_counter()
+        while not os.path.exists(path_b):
+            if time.perf_counter() - t_wait > 60:
+                raise TimeoutError("the second mount never saw the checkpoint")
+            time.sleep(0.05)
+        drop_caches()
+        t0 = time.perf_counter()
+        loaded = torch.load(path_b)
+        mount_load = time.perf_counter() - t0
+        assert all(torch.equal(loaded[k], sd[k]) for k in sd)
+        del loaded
+        os.unlink(plain)
+        drop_caches()
+        t0 = time.perf_counter()
+        s3.download_file("bench", "plain/model.pt", plain, Config=xfer)
+        loaded = torch.load(plain)
+        download_load = time.perf_counter() - t0
+        assert all(torch.equal(loaded[k], sd[k]) for k in sd)
+        del loaded
+
+        # Save with durability=remote (fsync waits for the upload) on a third mount.
+        c = mount("c", "durability=remote")
+        sd2 = state_dict(args.gib, 2)
+        t0 = time.perf_counter()
+        with open(os.path.join(c, "model.pt"), "wb") as f:
+            torch.save(sd2, f)
+            f.flush()
+            os.fsync(f.fileno())
+        remote_save = time.perf_counter() - t0
+        assert os.getxattr(os.path.join(c, "model.pt"), "user.ckptfs.state") == b"remote"
+
+        mib = size / 2**20
+        print(f"checkpoint {mib:.0f} MiB, radosgw on 127.0.0.1")
+        print(f"cold-load  mount/download = {mount_load / download_load:.2f}   "
+              f"(mount {mount_load:.1f} s, download+load {download_load:.1f} s)   goal <= 0.6")
+        print(f"save       remote/local   = {remote_save / local_save:.2f}   "
+              f"(durability=local {local_save:.1f} s, remote {remote_save:.1f} s)")
+        print(f"upload     ckptfs/boto3   = {(mib / upload) / (mib / boto_up):.2f}   "
+              f"(ckptfs {mib / upload:.0f} MiB/s, boto3 {mib / boto_up:.0f} MiB/s)")
+    finally:
+        for m in mounts:
+            subprocess.run([args.bin, "umount", m], stdout=subprocess.DEVNULL)
+        subprocess.run(["bash", os.path.join(ROOT, "scripts/rgw.sh"), "stop", rgw],
+                       stdout=subprocess.DEVNULL)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

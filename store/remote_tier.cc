@@ -1,0 +1,348 @@
+#include "store/remote_tier.h"
+
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <vector>
+
+namespace ckptfs {
+namespace {
+
+// Version 2: the record ends with the XXH3-128 of everything before it, so that bytes damaged
+// in the backend or on the way are detected (a flipped chunk id would make the file unreadable).
+constexpr std::string_view kRecordMagic = "CKFR\x02";
+constexpr size_t kRecordSum = 16;
+
+void PutU64(std::string& out, uint64_t v) {
+  for (int i = 7; i >= 0; --i) out.push_back(static_cast<char>(v >> (8 * i)));
+}
+
+uint64_t GetU64(std::string_view b, size_t at) {
+  uint64_t v = 0;
+  for (size_t i = 0; i < 8; ++i) v = (v << 8) | static_cast<uint8_t>(b[at + i]);
+  return v;
+}
+
+std::string Op(char kind, std::string_view payload) {
+  std::string op(1, kind);
+  op.append(payload);
+  return op;
+}
+
+// Errors that no retry can mend: the op is dropped (and logged) so that the queue moves on.
+bool Permanent(const Status& st) {
+  return st.code() == Code::kInvalid || st.code() == Code::kCorrupt ||
+         st.code() == Code::kNotFound;
+}
+
+}  // namespace
+
+std::string FileRecord::Encode() const {
+  std::string out(kRecordMagic);
+  for (uint64_t v : {uint64_t{mode}, uint64_t{uid}, uint64_t{gid},
+                     static_cast<uint64_t>(mtime_ns), generation, uint64_t{origin.size()}}) {
+    PutU64(out, v);
+  }
+  out += origin;
+  out += manifest.Encode();
+  uint8_t sum[kRecordSum];
+  ChunkId::Of(out.data(), out.size()).ToBytes(sum);
+  out.append(reinterpret_cast<const char*>(sum), kRecordSum);
+  return out;
+}
+
+Result<FileRecord> FileRecord::Decode(std::string_view b) {
+  constexpr size_t kFixed = 5 + 6 * 8;
+  if (b.size() < kFixed + kRecordSum || b.substr(0, 5) != kRecordMagic) {
+    return Corrupt("remote file record is damaged or of another version");
+  }
+  uint8_t sum[kRecordSum];
+  ChunkId::Of(b.data(), b.size() - kRecordSum).ToBytes(sum);
+  const std::string_view want(reinterpret_cast<const char*>(sum), kRecordSum);
+  if (b.substr(b.size() - kRecordSum) != want) {
+    return Corrupt("remote file record fails its checksum");
+  }
+  b.remove_suffix(kRecordSum);
+  FileRecord r;
+  r.mode = static_cast<uint32_t>(GetU64(b, 5));
+  r.uid = static_cast<uint32_t>(GetU64(b, 13));
+  r.gid = static_cast<uint32_t>(GetU64(b, 21));
+  r.mtime_ns = static_cast<int64_t>(GetU64(b, 29));
+  r.generation = GetU64(b, 37);
+  const uint64_t origin_len = GetU64(b, 45);
+  if (origin_len > b.size() - kFixed) return Corrupt("remote file record is truncated");
+  r.origin = std::string(b.substr(kFixed, origin_len));
+  ASSIGN_OR_RETURN(r.manifest, Manifest::Decode(b.substr(kFixed + origin_len)));
+  return r;
+}
+
+namespace remote_op {
+std::string PublishFile(uint64_t ino) {
+  std::string p;
+  PutU64(p, ino);
+  return Op('F', p);
+}
+std::string Unpublish(std::string_view path) { return Op('D', path); }
+std::string PublishDir(std::string_view path) { return Op('M', path); }
+std::string UnpublishDir(std::string_view path) { return Op('R', path); }
+}  // namespace remote_op
+
+RemoteTier::RemoteTier(Backend* backend, MetaStore* meta, ChunkCache* cache, Metrics* metrics,
+                       std::string origin, uint32_t threads)
+    : backend_(backend),
+      meta_(meta),
+      cache_(cache),
+      metrics_(metrics),
+      origin_(std::move(origin)),
+      log_(GetLogger("remote")),
+      upload_pool_(std::make_unique<ThreadPool>(std::max<uint32_t>(threads, 1))) {}
+
+RemoteTier::~RemoteTier() { Stop(); }
+
+void RemoteTier::Start() {
+  std::lock_guard lock(mu_);
+  if (worker_.joinable()) return;
+  stop_ = false;
+  worker_ = std::thread([this] { Loop(); });
+}
+
+void RemoteTier::Stop() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  work_cv_.notify_all();
+  done_cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+}
+
+void RemoteTier::Kick() {
+  {
+    std::lock_guard lock(mu_);
+    kicked_ = true;
+  }
+  work_cv_.notify_all();
+}
+
+void RemoteTier::Loop() {
+  int failures = 0;
+  for (;;) {
+    uint64_t seq = 0;
+    std::string op;
+    {
+      auto txn = meta_->Begin(false);
+      Status st = txn.ok() ? txn->ForEachRemoteOp(0, [&](uint64_t s, std::string_view o) {
+        seq = s;
+        op = o;
+        return false;
+      })
+                           : txn.status();
+      if (!st.ok()) log_->error("reading the upload queue: {}", st.ToString());
+    }
+    std::unique_lock lock(mu_);
+    if (stop_) return;
+    if (seq == 0) {
+      ++queue_empty_at_;
+      done_cv_.notify_all();
+      work_cv_.wait_for(lock, std::chrono::seconds(1), [&] { return kicked_ || stop_; });
+      kicked_ = false;
+      continue;
+    }
+    lock.unlock();
+    Status st = Process(op);
+    if (!st.ok() && !Permanent(st)) {
+      // The backend is down or refusing: keep the op, back off (0.1 s doubling to 30 s).
+      lock.lock();
+      last_error_ = st;
+      done_cv_.notify_all();
+      const auto wait = std::chrono::milliseconds(std::min(30'000, 100 << std::min(failures, 9)));
+      if (failures++ % 10 == 0) log_->warn("upload queue stalled: {}; retrying", st.ToString());
+      work_cv_.wait_for(lock, wait, [&] { return stop_; });
+      continue;
+    }
+    if (!st.ok()) log_->error("dropping an upload that cannot succeed: {}", st.ToString());
+    failures = 0;
+    Status del = [&]() -> Status {
+      ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
+      RETURN_IF_ERROR(txn.DelRemoteOp(seq));
+      return txn.Commit();
+    }();
+    lock.lock();
+    if (!del.ok()) {
+      last_error_ = del;
+      log_->error("updating the upload queue: {}", del.ToString());
+    } else {
+      done_upto_ = seq;
+      last_error_ = Status::Ok();
+    }
+    done_cv_.notify_all();
+  }
+}
+
+Status RemoteTier::Process(std::string_view op) {
+  if (op.empty()) return Corrupt("empty upload op");
+  const std::string_view arg = op.substr(1);
+  switch (op[0]) {
+    case 'F':
+      if (arg.size() != 8) return Corrupt("damaged upload op");
+      return PublishFile(GetU64(arg, 0));
+    case 'D':
+      return backend_->Delete("files/" + std::string(arg));
+    case 'M':
+      return backend_->Put("dirs/" + std::string(arg), "", 0);
+    case 'R':
+      return backend_->Delete("dirs/" + std::string(arg));
+    default:
+      return Corrupt("unknown upload op '" + std::string(1, op[0]) + "'");
+  }
+}
+
+Status RemoteTier::PublishFile(uint64_t ino) {
+  InodeRecord rec;
+  std::string path;
+  Manifest m;
+  {
+    ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
+    auto r = txn.GetInode(ino);
+    if (!r.ok() && r.status().code() == Code::kNotFound) return Status::Ok();  // gone since
+    if (!r.ok()) return r.status();
+    rec = *r;
+    if (!S_ISREG(rec.mode) || rec.nlink == 0) return Status::Ok();
+    auto p = txn.PathOf(ino);
+    if (!p.ok() && p.status().code() == Code::kNotFound) return Status::Ok();  // unlinked
+    if (!p.ok()) return p.status();
+    path = std::move(*p);
+    ASSIGN_OR_RETURN(auto mm, txn.GetManifest(ino));
+    if (mm) m = std::move(*mm);
+    ASSIGN_OR_RETURN(uint64_t published, txn.GetPublished(ino));
+    if (published >= rec.generation && rec.generation > 0) return Status::Ok();
+  }
+  RETURN_IF_ERROR(UploadChunks(m));
+  FileRecord fr;
+  fr.mode = rec.mode;
+  fr.uid = rec.uid;
+  fr.gid = rec.gid;
+  fr.mtime_ns = rec.mtime_ns;
+  fr.generation = rec.generation;
+  fr.origin = origin_;
+  fr.manifest = std::move(m);
+  const std::string bytes = fr.Encode();
+  RETURN_IF_ERROR(backend_->Put("files/" + path, bytes.data(), bytes.size()));
+  metrics_->files_published.Add(1);
+  ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
+  ASSIGN_OR_RETURN(uint64_t published, txn.GetPublished(ino));
+  if (published < rec.generation) RETURN_IF_ERROR(txn.PutPublished(ino, rec.generation));
+  return txn.Commit();
+}
+
+Status RemoteTier::UploadChunks(const Manifest& m) {
+  std::map<ChunkId, uint64_t> todo;
+  std::vector<std::pair<ChunkId, uint64_t>> already;  // chunks the backend holds
+  {
+    ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
+    for (const Extent& e : m.extents()) {
+      if (e.hole() || todo.count(e.id)) continue;
+      ASSIGN_OR_RETURN(ChunkRecord r, txn.GetChunk(e.id));
+      if (!r.remote) {
+        todo.emplace(e.id, e.len);
+      } else {
+        already.emplace_back(e.id, e.len);
+      }
+    }
+  }
+  // A chunk evicted and then written again (the same tensor saved anew) is back on disk as
+  // local-only: the backend holds it, so it may be evicted again.
+  for (const auto& [id, len] : already) cache_->MarkRemote(id, len);
+  if (todo.empty()) {
+    cache_->Evict();
+    return Status::Ok();
+  }
+  struct Batch {
+    std::mutex mu;
+    std::condition_variable cv;
+    size_t left = 0;
+    Status first;
+    std::vector<std::pair<ChunkId, uint64_t>> held;  // chunks the backend now holds
+  } batch;
+  batch.left = todo.size();
+  for (const auto& [id, len] : todo) {
+    upload_pool_->Submit([this, &batch, id = id, len = len] {
+      Status st = [&]() -> Status {
+        const std::string key = ChunkCache::ObjectKey(id);
+        auto head = backend_->Head(key);
+        if (head.ok() && head->size == len) {
+          metrics_->chunk_upload_skips.Add(1);  // another node (or an earlier run) put it
+          return Status::Ok();
+        }
+        if (!head.ok() && head.status().code() != Code::kNotFound) return head.status();
+        ASSIGN_OR_RETURN(ChunkRef data, cache_->Get(id, len));
+        RETURN_IF_ERROR(backend_->Put(key, data->bytes.get(), data->size));
+        metrics_->chunks_uploaded.Add(1);
+        metrics_->chunk_upload_bytes.Add(len);
+        return Status::Ok();
+      }();
+      std::lock_guard lock(batch.mu);
+      if (st.ok()) {
+        batch.held.emplace_back(id, len);
+      } else if (batch.first.ok()) {
+        batch.first = Status(st.code(), "chunk " + id.Hex() + ": " + st.message());
+      }
+      if (--batch.left == 0) batch.cv.notify_all();
+    });
+  }
+  std::unique_lock lock(batch.mu);
+  batch.cv.wait(lock, [&] { return batch.left == 0; });
+  // Record what the backend holds even when some chunks failed: they are not uploaded again.
+  Status marked = [&]() -> Status {
+    ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
+    for (const auto& [id, len] : batch.held) RETURN_IF_ERROR(txn.MarkChunkRemote(id));
+    return txn.Commit();
+  }();
+  if (marked.ok()) {
+    for (const auto& [id, len] : batch.held) cache_->MarkRemote(id, len);
+    cache_->Evict();  // the limit holds again once the uploads are done, not at the next miss
+  }
+  RETURN_IF_ERROR(batch.first);
+  return marked;
+}
+
+Status RemoteTier::WaitPublished(uint64_t ino, uint64_t generation, double timeout_s) {
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  for (;;) {
+    {
+      ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
+      auto rec = txn.GetInode(ino);
+      if (!rec.ok()) return rec.status().code() == Code::kNotFound ? Status::Ok() : rec.status();
+      ASSIGN_OR_RETURN(uint64_t published, txn.GetPublished(ino));
+      if (published >= generation || rec->nlink == 0) return Status::Ok();
+    }
+    Kick();
+    std::unique_lock lock(mu_);
+    if (stop_) return Status(Code::kIo, "the remote tier is stopping");
+    if (done_cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
+      return Status(Code::kIo, "the backend " + backend_->Describe() +
+                                   " did not take the file in time" +
+                                   (last_error_.ok() ? "" : ": " + last_error_.ToString()));
+    }
+  }
+}
+
+Status RemoteTier::Drain(double timeout_s) {
+  Kick();
+  std::unique_lock lock(mu_);
+  const uint64_t seen = queue_empty_at_;
+  const bool ok = done_cv_.wait_for(lock, std::chrono::milliseconds(static_cast<int64_t>(
+                                              timeout_s * 1000)),
+                                    [&] { return queue_empty_at_ > seen + 1 || stop_; });
+  if (!ok) {
+    return Status(Code::kIo, "uploads to " + backend_->Describe() + " did not finish in time" +
+                                 (last_error_.ok() ? "" : ": " + last_error_.ToString()));
+  }
+  return Status::Ok();
+}
+
+}  // namespace ckptfs

@@ -1,0 +1,111 @@
+// RemoteTier: writes a store back to a remote backend (backends/backend.h), behind the writers.
+//
+// The bucket (under the backend's prefix) holds:
+//   chunks/<2 hex>/<32 hex>   chunk bytes, named by content: written once by whichever node has
+//                             the chunk first, never rewritten, shared by every file and node
+//   files/<path>              a committed file: its attributes and manifest (FileRecord)
+//   dirs/<path>               an empty marker for a directory made with mkdir
+//
+// Every namespace change that the backend must see is queued in LMDB (MetaStore remote_ops) in
+// the same transaction as the change itself, so a crash or a restart loses none: the queue is
+// worked off in order, from where it stopped. A file is published chunks first, then its record
+// (invariant 2 for the remote side: another node never sees a record whose chunks are missing).
+// A chunk the backend already holds (HEAD) is not uploaded again: dedup is global across nodes.
+//
+// Thread-safe. One worker thread runs the queue in order; the chunks of one file upload in
+// parallel on `threads` threads. A failing backend is retried with backoff, forever: nothing
+// committed locally is dropped because the backend is down.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+
+#include "backends/backend.h"
+#include "cache/chunk_cache.h"
+#include "common/log.h"
+#include "common/metrics.h"
+#include "common/status.h"
+#include "common/thread_pool.h"
+#include "store/manifest.h"
+#include "store/meta_store.h"
+
+namespace ckptfs {
+
+// What files/<path> holds.
+struct FileRecord {
+  uint32_t mode = 0;  // type and permission bits
+  uint32_t uid = 0, gid = 0;
+  int64_t mtime_ns = 0;
+  uint64_t generation = 0;  // of the inode on the node that published it
+  std::string origin;       // that node's id (the cache directory's random id)
+  Manifest manifest;
+
+  // Encode ends the record with the XXH3-128 of its other bytes; Decode checks it (kCorrupt), so
+  // a record damaged in the backend or on the way is never applied.
+  std::string Encode() const;
+  static Result<FileRecord> Decode(std::string_view bytes);
+};
+
+// The ops of the remote_ops queue.
+namespace remote_op {
+std::string PublishFile(uint64_t ino);          // put files/<path of ino> (and its chunks)
+std::string Unpublish(std::string_view path);   // delete files/<path>
+std::string PublishDir(std::string_view path);  // put dirs/<path>
+std::string UnpublishDir(std::string_view path);
+}  // namespace remote_op
+
+class RemoteTier {
+ public:
+  // backend, meta, cache and metrics outlive the tier. `origin` names this node in FileRecords.
+  RemoteTier(Backend* backend, MetaStore* meta, ChunkCache* cache, Metrics* metrics,
+             std::string origin, uint32_t threads);
+  // Stops the worker (see Stop).
+  ~RemoteTier();
+
+  // Starts the worker on the queue as it is in LMDB.
+  void Start();
+  // Finishes the op in flight and stops; the rest stay queued for the next start.
+  void Stop();
+  // Ops were queued: wakes the worker.
+  void Kick();
+
+  // Waits until the backend holds generation `generation` of file `ino` (or a later one), or the
+  // file is gone. kIo with the last backend error after `timeout_s` seconds.
+  Status WaitPublished(uint64_t ino, uint64_t generation, double timeout_s);
+  // Waits until every op queued so far is done (tests, umount with durability=remote).
+  Status Drain(double timeout_s);
+
+  Backend* backend() const { return backend_; }
+
+ private:
+  void Loop();
+  Status Process(std::string_view op);
+  Status PublishFile(uint64_t ino);
+  Status UploadChunks(const Manifest& m);
+
+  Backend* const backend_;
+  MetaStore* const meta_;
+  ChunkCache* const cache_;
+  Metrics* const metrics_;
+  const std::string origin_;
+  Logger log_;
+  std::unique_ptr<ThreadPool> upload_pool_;
+
+  std::mutex mu_;
+  std::condition_variable work_cv_;  // the worker waits here for ops
+  std::condition_variable done_cv_;  // waiters: an op finished
+  bool kicked_ = false;              // guarded by mu_
+  bool stop_ = false;                // guarded by mu_
+  uint64_t done_upto_ = 0;           // guarded by mu_: the last op seq finished
+  uint64_t queue_empty_at_ = 0;      // guarded by mu_: done_upto_ when the queue was last empty
+  Status last_error_;                // guarded by mu_
+  std::thread worker_;
+};
+
+}  // namespace ckptfs

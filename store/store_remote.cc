@@ -1,0 +1,394 @@
+// Store: the remote tier's side of the filesystem model. Publishing local changes (the queue in
+// LMDB, worked off by RemoteTier) and applying what other nodes published (the namespace sync).
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "store/remote_tier.h"
+#include "store/store.h"
+
+namespace ckptfs {
+namespace {
+
+// This node's name in the records it publishes: random, made once per cache directory.
+Result<std::string> NodeId(const std::string& dir) {
+  const std::string path = dir + "/node-id";
+  std::ifstream in(path);
+  std::string id;
+  if (in >> id && id.size() == 16) return id;
+  std::ifstream rnd("/dev/urandom", std::ios::binary);
+  uint64_t v = 0;
+  if (!rnd.read(reinterpret_cast<char*>(&v), sizeof(v))) return IoError("reading /dev/urandom");
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(v));
+  std::ofstream out(path + ".tmp", std::ios::trunc);
+  out << hex << "\n";
+  out.close();
+  if (!out || ::rename((path + ".tmp").c_str(), path.c_str()) != 0) {
+    return Status::FromErrno(errno, "writing " + path);
+  }
+  return std::string(hex);
+}
+
+}  // namespace
+
+Status Store::AttachRemote(std::unique_ptr<Backend> backend) {
+  ASSIGN_OR_RETURN(std::string node, NodeId(cfg_.cache_dir));
+  node_id_ = node;
+  backend_ = std::move(backend);
+  cache_->SetKeepFetched([this](const ChunkId& id) {
+    auto txn = meta_->Begin(false);
+    if (!txn.ok()) return true;
+    auto r = txn->GetChunk(id);
+    return !r.ok() || r->refs > 0;
+  });
+  cache_->AttachRemote(backend_.get(), cfg_.cache_bytes);
+  std::vector<std::pair<ChunkId, uint64_t>> remote;
+  {
+    ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
+    RETURN_IF_ERROR(txn.ForEachChunk([&](const ChunkId& id, const ChunkRecord& r) {
+      if (r.remote) remote.emplace_back(id, r.len);
+    }));
+  }
+  for (const auto& [id, len] : remote) cache_->MarkRemote(id, len);
+  remote_ = std::make_unique<RemoteTier>(backend_.get(), meta_.get(), cache_.get(), &metrics_,
+                                         node, cfg_.upload_threads);
+  RETURN_IF_ERROR(QueueUnpublished());
+  remote_->Start();
+  log_->info("writing back to {} as node {}", backend_->Describe(), node);
+  return Status::Ok();
+}
+
+void Store::StartSync() {
+  if (!remote_ || cfg_.sync_interval_s <= 0 || sync_thread_.joinable()) return;
+  sync_thread_ = std::thread([this] { SyncLoop(); });
+}
+
+void Store::StopSync() {
+  {
+    std::lock_guard lock(sync_mu_);
+    sync_stop_ = true;
+  }
+  sync_cv_.notify_all();
+  if (sync_thread_.joinable()) sync_thread_.join();
+}
+
+Status Store::QueueUnpublished() {
+  std::lock_guard lock(ns_mu_);
+  ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
+  std::vector<uint64_t> files;
+  RETURN_IF_ERROR(txn.ForEachManifest([&](uint64_t ino, const Manifest&) { files.push_back(ino); }));
+  size_t queued = 0;
+  for (uint64_t ino : files) {
+    auto rec = txn.GetInode(ino);
+    if (!rec.ok() || !S_ISREG(rec->mode) || rec->nlink == 0) continue;
+    ASSIGN_OR_RETURN(uint64_t published, txn.GetPublished(ino));
+    if (published >= rec->generation) continue;
+    RETURN_IF_ERROR(txn.QueueRemoteOp(remote_op::PublishFile(ino)).status());
+    ++queued;
+  }
+  RETURN_IF_ERROR(txn.Commit());
+  if (queued) log_->info("{} files committed locally are queued for upload", queued);
+  return Status::Ok();
+}
+
+void Store::KickRemote() {
+  if (remote_) remote_->Kick();
+}
+
+Status Store::QueueRemote(MetaStore::Txn& txn, const std::string& op) {
+  if (!remote_) return Status::Ok();
+  return txn.QueueRemoteOp(op).status();
+}
+
+std::string Store::ChildPath(MetaStore::Txn& txn, uint64_t parent, std::string_view name) {
+  auto p = txn.PathOf(parent);
+  if (!p.ok()) return {};
+  return p->empty() ? std::string(name) : *p + "/" + std::string(name);
+}
+
+Status Store::QueueTree(MetaStore::Txn& txn, uint64_t ino, const std::string& path, bool publish) {
+  if (!remote_ || path.empty()) return Status::Ok();
+  ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(ino));
+  if (S_ISREG(rec.mode)) {
+    if (!publish) return txn.QueueRemoteOp(remote_op::Unpublish(path)).status();
+    // A file that moves keeps its generation: publish it again under the new path.
+    RETURN_IF_ERROR(txn.DelPublished(ino));
+    return txn.QueueRemoteOp(remote_op::PublishFile(ino)).status();
+  }
+  if (!S_ISDIR(rec.mode)) return Status::Ok();
+  RETURN_IF_ERROR(txn.QueueRemoteOp(publish ? remote_op::PublishDir(path)
+                                            : remote_op::UnpublishDir(path)).status());
+  std::vector<std::pair<std::string, uint64_t>> children;
+  RETURN_IF_ERROR(txn.ListDir(ino, 0, [&](std::string_view name, const DirEntry& e) {
+    children.emplace_back(std::string(name), e.ino);
+    return true;
+  }));
+  for (const auto& [name, child] : children) {
+    RETURN_IF_ERROR(QueueTree(txn, child, path + "/" + name, publish));
+  }
+  return Status::Ok();
+}
+
+Result<std::string> Store::RemoteState(uint64_t ino) {
+  if (auto f = FindFile(ino); f && f->dirty) return std::string("local");
+  ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
+  ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(ino));
+  if (!S_ISREG(rec.mode)) return Invalid("only files have a remote state");
+  if (!remote_) return std::string("local");
+  ASSIGN_OR_RETURN(uint64_t published, txn.GetPublished(ino));
+  return std::string(published >= rec.generation && published > 0 ? "remote" : "uploading");
+}
+
+void Store::SetChangeListener(ChangeListener fn) { on_change_ = std::move(fn); }
+
+void Store::SyncLoop() {
+  int failures = 0;
+  for (;;) {
+    Status st = SyncFromRemote();
+    if (!st.ok() && failures++ % 30 == 0) {
+      log_->warn("syncing from {}: {}", backend_->Describe(), st.ToString());
+    }
+    if (st.ok()) failures = 0;
+    std::unique_lock lock(sync_mu_);
+    const auto wait = std::chrono::milliseconds(static_cast<int64_t>(cfg_.sync_interval_s * 1000));
+    if (sync_cv_.wait_for(lock, wait, [&] { return sync_stop_; })) return;
+  }
+}
+
+namespace {
+
+std::vector<std::string> Components(const std::string& path) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= path.size()) {
+    size_t slash = path.find('/', start);
+    if (slash == std::string::npos) slash = path.size();
+    out.push_back(path.substr(start, slash - start));
+    start = slash + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+Status Store::SyncFromRemote() {
+  if (!remote_) return Status::Ok();
+  // One listing of each tree; what changed since the last pass is applied.
+  std::map<std::string, std::string> seen;
+  for (const char* tree : {"dirs/", "files/"}) {
+    RETURN_IF_ERROR(backend_->List(tree, "", [&](const ObjectInfo& o) {
+      seen[o.key] = o.version.empty() ? std::to_string(o.size) : o.version;
+      return true;
+    }));
+  }
+  Status first;
+  auto note = [&](const Status& st, const std::string& key) {
+    if (!st.ok() && first.ok()) first = Status(st.code(), key + ": " + st.message());
+  };
+  for (const auto& [key, version] : seen) {
+    auto known = synced_.find(key);
+    if (known != synced_.end() && known->second == version) continue;
+    if (key.rfind("dirs/", 0) == 0) {
+      Status st = ApplyRemoteDir(key.substr(5));
+      note(st, key);
+      if (st.ok()) synced_[key] = version;
+      continue;
+    }
+    auto bytes = backend_->GetObject(key);
+    if (!bytes.ok()) {
+      if (bytes.status().code() != Code::kNotFound) note(bytes.status(), key);
+      continue;
+    }
+    auto rec = FileRecord::Decode(*bytes);
+    if (!rec.ok()) {
+      // Not applied. Read again at the next pass (the damage may have been on the way), but
+      // reported once per version of the object.
+      const std::string damaged = "damaged " + version;
+      if (known == synced_.end() || known->second != damaged) {
+        log_->error("{} in {}: {}", key, backend_->Describe(), rec.status().ToString());
+      }
+      synced_[key] = damaged;
+      continue;
+    }
+    Status st = rec->origin == node_id_ ? Status::Ok() : ApplyRemoteFile(key.substr(6), *rec);
+    if (st.ok() || st.code() == Code::kExists) {
+      synced_[key] = version;
+    } else if (st.code() != Code::kBusy) {
+      note(st, key);
+    }
+  }
+  // Keys gone since the last pass: another node deleted or moved them.
+  for (auto it = synced_.begin(); it != synced_.end();) {
+    if (seen.count(it->first)) {
+      ++it;
+      continue;
+    }
+    if (it->first.rfind("files/", 0) == 0) note(ApplyRemoteDelete(it->first.substr(6)), it->first);
+    it = synced_.erase(it);
+  }
+  return first;
+}
+
+Result<uint64_t> Store::MakeDirsForRemote(MetaStore::Txn& txn,
+                                          const std::vector<std::string>& dirs,
+                                          std::vector<std::pair<uint64_t, std::string>>* created) {
+  uint64_t parent = kRootIno;
+  for (const std::string& name : dirs) {
+    if (name.empty() || name == "." || name == ".." || name.size() > 255) {
+      return Invalid("a remote path component '" + name + "' is not a file name");
+    }
+    auto e = txn.GetEntry(parent, name);
+    if (e.ok()) {
+      if (!S_ISDIR(e->mode)) return Status(Code::kExists, name + " is not a directory here");
+      parent = e->ino;
+      continue;
+    }
+    if (e.status().code() != Code::kNotFound) return e.status();
+    ASSIGN_OR_RETURN(InodeRecord dir, txn.GetInode(parent));
+    InodeRecord rec;
+    ASSIGN_OR_RETURN(rec.ino, txn.AllocIno());
+    rec.mode = S_IFDIR | 0755;
+    rec.uid = dir.uid;
+    rec.gid = dir.gid;
+    rec.nlink = 2;
+    rec.atime_ns = rec.mtime_ns = rec.ctime_ns = NowNs();
+    RETURN_IF_ERROR(txn.PutEntry(dir, name, rec.ino, rec.mode));
+    ++dir.nlink;
+    dir.mtime_ns = dir.ctime_ns = rec.ctime_ns;
+    RETURN_IF_ERROR(txn.PutInode(dir));
+    RETURN_IF_ERROR(txn.PutInode(rec));
+    created->emplace_back(parent, name);
+    parent = rec.ino;
+  }
+  return parent;
+}
+
+Status Store::ApplyRemoteDir(const std::string& path) {
+  std::vector<std::pair<uint64_t, std::string>> created;
+  {
+    std::lock_guard lock(ns_mu_);
+    ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
+    auto made = MakeDirsForRemote(txn, Components(path), &created);
+    if (!made.ok()) return made.status().code() == Code::kExists ? Status::Ok() : made.status();
+    RETURN_IF_ERROR(txn.Commit());
+  }
+  for (const auto& [parent, name] : created) {
+    if (on_change_) on_change_(parent, name, 0);
+  }
+  return Status::Ok();
+}
+
+Status Store::ApplyRemoteFile(const std::string& path, const FileRecord& r) {
+  std::vector<std::string> parts = Components(path);
+  const std::string name = parts.back();
+  parts.pop_back();
+  std::vector<std::pair<uint64_t, std::string>> created;
+  std::vector<ChunkId> freed;
+  uint64_t parent = 0, ino = 0;
+  {
+    std::lock_guard lock(ns_mu_);
+    ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
+    ASSIGN_OR_RETURN(parent, MakeDirsForRemote(txn, parts, &created));
+    if (name.empty() || name == "." || name == ".." || name.size() > 255) {
+      return Invalid("remote file name '" + name + "'");
+    }
+    InodeRecord rec;
+    auto e = txn.GetEntry(parent, name);
+    if (e.ok()) {
+      ASSIGN_OR_RETURN(rec, txn.GetInode(e->ino));
+      if (!S_ISREG(rec.mode)) return Status(Code::kExists, path + " is not a file here");
+      // Open here: applied at a later pass, once nobody here has it open.
+      if (IsOpen(rec.ino)) return Status(Code::kBusy, path + " is open");
+      ASSIGN_OR_RETURN(uint64_t published, txn.GetPublished(rec.ino));
+      // Local changes still to publish win over an older remote version; they overwrite it.
+      if (published < rec.generation && rec.mtime_ns >= r.mtime_ns) return Status::Ok();
+      ASSIGN_OR_RETURN(auto old, txn.GetManifest(rec.ino));
+      // What this node already has (the first pass after a mount sees every file again).
+      if (published == rec.generation && rec.mtime_ns == r.mtime_ns &&
+          (rec.mode & 07777) == (r.mode & 07777) &&
+          (old ? *old == r.manifest : r.manifest.empty())) {
+        return Status::Ok();
+      }
+      if (old) RETURN_IF_ERROR(AddManifestRefs(txn, *old, -1, &freed));
+    } else if (e.status().code() == Code::kNotFound) {
+      ASSIGN_OR_RETURN(InodeRecord dir, txn.GetInode(parent));
+      ASSIGN_OR_RETURN(rec.ino, txn.AllocIno());
+      rec.nlink = 1;
+      rec.atime_ns = NowNs();
+      RETURN_IF_ERROR(txn.PutEntry(dir, name, rec.ino, S_IFREG));
+      dir.mtime_ns = dir.ctime_ns = rec.atime_ns;
+      RETURN_IF_ERROR(txn.PutInode(dir));
+    } else {
+      return e.status();
+    }
+    RETURN_IF_ERROR(AddManifestRefs(txn, r.manifest, +1, nullptr));
+    for (const Extent& x : r.manifest.extents()) {
+      if (!x.hole()) RETURN_IF_ERROR(txn.MarkChunkRemote(x.id));
+    }
+    RETURN_IF_ERROR(txn.PutManifest(rec.ino, r.manifest));
+    rec.mode = S_IFREG | (r.mode & 07777);
+    rec.uid = r.uid;
+    rec.gid = r.gid;
+    rec.size = r.manifest.size();
+    rec.mtime_ns = r.mtime_ns;
+    rec.ctime_ns = NowNs();
+    ++rec.generation;
+    RETURN_IF_ERROR(txn.PutInode(rec));
+    RETURN_IF_ERROR(txn.PutPublished(rec.ino, rec.generation));  // the backend holds it
+    RETURN_IF_ERROR(txn.Commit());
+    ino = rec.ino;
+  }
+  for (const Extent& x : r.manifest.extents()) {
+    if (!x.hole()) cache_->MarkRemote(x.id, x.len);
+  }
+  Reclaim(freed);
+  if (on_change_) {
+    for (const auto& [p, n] : created) on_change_(p, n, 0);
+    on_change_(parent, name, ino);
+  }
+  return Status::Ok();
+}
+
+Status Store::ApplyRemoteDelete(const std::string& path) {
+  std::vector<std::string> parts = Components(path);
+  std::vector<ChunkId> freed;
+  uint64_t parent = kRootIno, ino = 0;
+  {
+    std::lock_guard lock(ns_mu_);
+    ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
+    for (size_t i = 0; i + 1 < parts.size(); ++i) {
+      auto e = txn.GetEntry(parent, parts[i]);
+      if (!e.ok() || !S_ISDIR(e->mode)) return Status::Ok();  // already gone here
+      parent = e->ino;
+    }
+    auto e = txn.GetEntry(parent, parts.back());
+    if (!e.ok()) return Status::Ok();
+    ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(e->ino));
+    if (!S_ISREG(rec.mode)) return Status::Ok();
+    ASSIGN_OR_RETURN(uint64_t published, txn.GetPublished(rec.ino));
+    // Only a file that is what the backend had: local changes since are published again.
+    if (published != rec.generation) return Status::Ok();
+    ASSIGN_OR_RETURN(InodeRecord dir, txn.GetInode(parent));
+    RETURN_IF_ERROR(txn.DelEntry(parent, parts.back()));
+    dir.mtime_ns = dir.ctime_ns = NowNs();
+    RETURN_IF_ERROR(txn.PutInode(dir));
+    RETURN_IF_ERROR(txn.DelPublished(rec.ino));
+    RETURN_IF_ERROR(DropLink(txn, rec, &freed));
+    RETURN_IF_ERROR(txn.Commit());
+    ino = rec.ino;
+  }
+  Reclaim(freed);
+  if (on_change_) on_change_(parent, parts.back(), 0);
+  (void)ino;
+  return Status::Ok();
+}
+
+}  // namespace ckptfs
