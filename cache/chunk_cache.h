@@ -50,9 +50,10 @@ class ChunkCache {
   Result<bool> Put(const ChunkId& id, const void* data, size_t len);
 
   // The verified bytes of chunk `id`, which is `len` bytes long. One disk read serves all
-  // concurrent callers for the same id. kCorrupt when the bytes on disk are not the chunk's (the
-  // file is moved aside to <dir>/chunks/corrupt/ so that the next Put writes it anew); kNotFound
-  // when absent.
+  // concurrent callers for the same id. When the bytes on disk are not the chunk's, the file is
+  // moved aside to <dir>/chunks/corrupt/ (so that the next Put writes it anew) and the result is
+  // kCorrupt, or, with a backend attached, the backend's copy. kNotFound when absent here (and
+  // from the backend); a backend's copy that fails verification twice is kCorrupt.
   Result<ChunkRef> Get(const ChunkId& id, size_t len);
 
   // Serves misses from `backend` (which outlives the cache) and bounds the disk tier to

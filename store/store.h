@@ -333,6 +333,7 @@ class Store final : private ChunkSink {
   Status ApplyRemoteFile(const std::string& path, const FileRecord& r);
   Status ApplyRemoteDelete(const std::string& path);
   Status ApplyRemoteDir(const std::string& path);
+  Status ApplyRemoteRmdir(const std::string& path);
   // REQUIRES: inside a write txn. The directory at `dirs` (path components) below the root,
   // made where missing; kExists when a component is not a directory.
   Result<uint64_t> MakeDirsForRemote(MetaStore::Txn& txn, const std::vector<std::string>& dirs,

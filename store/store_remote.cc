@@ -225,16 +225,48 @@ Status Store::SyncFromRemote() {
       note(st, key);
     }
   }
-  // Keys gone since the last pass: another node deleted or moved them.
+  // Keys gone since the last pass: another node deleted or moved them. Files first, then the
+  // directories, deepest first (they sort after their parents), so that emptied ones can go.
+  std::vector<std::string> gone_dirs;
   for (auto it = synced_.begin(); it != synced_.end();) {
     if (seen.count(it->first)) {
       ++it;
       continue;
     }
     if (it->first.rfind("files/", 0) == 0) note(ApplyRemoteDelete(it->first.substr(6)), it->first);
+    if (it->first.rfind("dirs/", 0) == 0) gone_dirs.push_back(it->first.substr(5));
     it = synced_.erase(it);
   }
+  for (auto d = gone_dirs.rbegin(); d != gone_dirs.rend(); ++d) note(ApplyRemoteRmdir(*d), *d);
   return first;
+}
+
+Status Store::ApplyRemoteRmdir(const std::string& path) {
+  std::vector<std::string> parts = Components(path);
+  uint64_t parent = kRootIno;
+  {
+    std::lock_guard lock(ns_mu_);
+    ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
+    for (size_t i = 0; i + 1 < parts.size(); ++i) {
+      auto e = txn.GetEntry(parent, parts[i]);
+      if (!e.ok() || !S_ISDIR(e->mode)) return Status::Ok();  // already gone here
+      parent = e->ino;
+    }
+    auto e = txn.GetEntry(parent, parts.back());
+    if (!e.ok() || !S_ISDIR(e->mode)) return Status::Ok();
+    // Something made or kept here since: the directory stays (its files will be published).
+    if (!txn.DirEmpty(e->ino)) return Status::Ok();
+    ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(e->ino));
+    ASSIGN_OR_RETURN(InodeRecord dir, txn.GetInode(parent));
+    RETURN_IF_ERROR(txn.DelEntry(parent, parts.back()));
+    --dir.nlink;
+    dir.mtime_ns = dir.ctime_ns = NowNs();
+    RETURN_IF_ERROR(txn.PutInode(dir));
+    RETURN_IF_ERROR(DropLink(txn, rec, nullptr));
+    RETURN_IF_ERROR(txn.Commit());
+  }
+  if (on_change_) on_change_(parent, parts.back(), 0);
+  return Status::Ok();
 }
 
 Result<uint64_t> Store::MakeDirsForRemote(MetaStore::Txn& txn,

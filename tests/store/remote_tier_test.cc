@@ -136,6 +136,10 @@ TEST_F(RemoteTierTest, CommittedFilesReachTheOtherNode) {
   ASSERT_TRUE(b->SyncFromRemote().ok());
   EXPECT_EQ(Find(*b, {"ck", "final.pt"}), 0u);
   EXPECT_NE(Find(*b, {"ck"}), 0u);
+  ASSERT_TRUE(a->Rmdir(kRootIno, "ck").ok());
+  ASSERT_TRUE(a->remote()->Drain(30).ok());
+  ASSERT_TRUE(b->SyncFromRemote().ok());
+  EXPECT_EQ(Find(*b, {"ck"}), 0u);
 }
 
 TEST_F(RemoteTierTest, IdenticalBytesFromTwoNodesAreUploadedOnce) {
