@@ -14,6 +14,6 @@ echo "== unit tests under ASan/UBSan"
 echo "== build"
 bash scripts/build.sh build -DCKPTFS_BUILD_TESTS=ON -DCKPTFS_SANITIZE=
 echo "== fuzz every parser for a bounded time (libFuzzer, clang, ASan)"
-FUZZ_SECONDS=${FUZZ_SECONDS:-20} bash scripts/fuzz.sh
+FUZZ_SECONDS=${FUZZ_SECONDS:-10} bash scripts/fuzz.sh
 echo "== all tests"
 (cd build && ctest --output-on-failure)
