@@ -165,6 +165,17 @@ void Store::SyncLoop() {
 
 namespace {
 
+// The directory holding the last of `parts`, 0 when some directory on the way is gone.
+uint64_t ParentDir(MetaStore::Txn& txn, const std::vector<std::string>& parts) {
+  uint64_t dir = kRootIno;
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    auto e = txn.GetEntry(dir, parts[i]);
+    if (!e.ok() || !S_ISDIR(e->mode)) return 0;
+    dir = e->ino;
+  }
+  return dir;
+}
+
 std::vector<std::string> Components(const std::string& path) {
   std::vector<std::string> out;
   size_t start = 0;
@@ -247,11 +258,8 @@ Status Store::ApplyRemoteRmdir(const std::string& path) {
   {
     std::lock_guard lock(ns_mu_);
     ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
-    for (size_t i = 0; i + 1 < parts.size(); ++i) {
-      auto e = txn.GetEntry(parent, parts[i]);
-      if (!e.ok() || !S_ISDIR(e->mode)) return Status::Ok();  // already gone here
-      parent = e->ino;
-    }
+    parent = ParentDir(txn, parts);
+    if (parent == 0) return Status::Ok();  // already gone here
     auto e = txn.GetEntry(parent, parts.back());
     if (!e.ok() || !S_ISDIR(e->mode)) return Status::Ok();
     // Something made or kept here since: the directory stays (its files will be published).
@@ -396,11 +404,8 @@ Status Store::ApplyRemoteDelete(const std::string& path) {
   {
     std::lock_guard lock(ns_mu_);
     ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
-    for (size_t i = 0; i + 1 < parts.size(); ++i) {
-      auto e = txn.GetEntry(parent, parts[i]);
-      if (!e.ok() || !S_ISDIR(e->mode)) return Status::Ok();  // already gone here
-      parent = e->ino;
-    }
+    parent = ParentDir(txn, parts);
+    if (parent == 0) return Status::Ok();  // already gone here
     auto e = txn.GetEntry(parent, parts.back());
     if (!e.ok()) return Status::Ok();
     ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(e->ino));

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "common/chunk_id.h"
+
 namespace ckptfs::test {
 
 // A fresh directory under /tmp, removed with everything in it when the object goes away.
@@ -61,6 +63,17 @@ inline std::vector<uint8_t> RandomBytes(size_t n, uint64_t seed) {
     for (size_t j = 0; j < 8 && i + j < n; ++j) out[i + j] = static_cast<uint8_t>(v >> (8 * j));
   }
   return out;
+}
+
+// A chunk of `len` deterministic bytes and its id, for the cache tests.
+struct TestChunk {
+  std::vector<uint8_t> bytes;
+  ChunkId id;
+};
+inline TestChunk MakeChunk(size_t len, uint64_t seed) {
+  TestChunk c{RandomBytes(len, seed), {}};
+  c.id = ChunkId::Of(c.bytes.data(), c.bytes.size());
+  return c;
 }
 
 // A whole file's bytes; a missing fixture throws, which fails the test that asked.

@@ -21,16 +21,8 @@
 namespace ckptfs {
 namespace {
 
-struct Chunk {
-  std::vector<uint8_t> bytes;
-  ChunkId id;
-};
-
-Chunk MakeChunk(size_t len, uint64_t seed) {
-  Chunk c{test::RandomBytes(len, seed), {}};
-  c.id = ChunkId::Of(c.bytes.data(), c.bytes.size());
-  return c;
-}
+using Chunk = test::TestChunk;
+using test::MakeChunk;
 
 std::vector<std::string> ListDir(const std::string& dir) {
   std::vector<std::string> names;
