@@ -41,14 +41,7 @@ from typing import Any, Optional
 
 import torch
 
-FNV_OFFSET, FNV_PRIME = 0xCBF29CE484222325, 0x100000001B3
-
-
-def fnv1a64(data):
-    h = FNV_OFFSET
-    for b in data:
-        h = ((h ^ b) * FNV_PRIME) & 0xFFFFFFFFFFFFFFFF
-    return h
+from make_torch_fixtures import fnv1a64  # the hash the C++ tests check ranges with
 
 
 def module(name):
