@@ -219,7 +219,9 @@ Status ReadPlannerData(const ValuePtr& pd, Metadata* md) {
   for (const auto& [k, v] : pd->pairs) {
     if (!k || k->kind != Kind::kStr || !v || v->kind != Kind::kTuple) continue;
     std::vector<std::string> path;
+    std::vector<bool> index;
     for (const ValuePtr& p : v->items) {
+      index.push_back(p && p->kind == Kind::kInt);
       if (p && p->kind == Kind::kStr) {
         path.push_back(p->str);
       } else if (p && p->kind == Kind::kInt) {
@@ -229,6 +231,7 @@ Status ReadPlannerData(const ValuePtr& pd, Metadata* md) {
       }
     }
     md->key_paths[k->str] = std::move(path);
+    md->key_path_index[k->str] = std::move(index);
   }
   return Status::Ok();
 }

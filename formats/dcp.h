@@ -66,6 +66,9 @@ struct Metadata {
   // planner_data: each flattened name's key path in the original state dict (when the planner
   // recorded it; keys that were ints are written in decimal).
   std::map<std::string, std::vector<std::string>> key_paths;
+  // Per key path component: whether it was an int (a list index; dict keys are always strings,
+  // since the planner writes str(key)).
+  std::map<std::string, std::vector<bool>> key_path_index;
   std::string version;  // Metadata.version ("1.0.0"), empty before torch 2.9
 
   // Every data file the metadata names, sorted.

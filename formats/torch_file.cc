@@ -1,5 +1,6 @@
 #include "formats/torch_file.h"
 
+#include <algorithm>
 #include <string_view>
 #include <unordered_set>
 
@@ -166,6 +167,7 @@ class Walker {
     const Value* v = &call;
     TorchTensor t;
     t.name = name;
+    t.node = &call;
     if (v->IsCallOf("torch._utils", "_rebuild_parameter") ||
         v->IsCallOf("torch._utils", "_rebuild_parameter_with_state")) {
       t.parameter = true;
@@ -250,6 +252,16 @@ Result<TorchPickle> DescribeTorchPickle(const pickle::ValuePtr& root) {
   Walker w(&out);
   RETURN_IF_ERROR(w.Walk(root, "", 0));
   return out;
+}
+
+std::vector<int64_t> ContiguousStride(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> s(shape.size());
+  int64_t acc = 1;
+  for (size_t i = shape.size(); i-- > 0;) {
+    s[i] = acc;
+    acc *= std::max<int64_t>(shape[i], 1);
+  }
+  return s;
 }
 
 bool IsContiguous(const std::vector<int64_t>& shape, const std::vector<int64_t>& stride) {

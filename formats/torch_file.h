@@ -42,6 +42,9 @@ struct TorchTensor {
   // exactly its bytes in row-major order.
   uint64_t offset = 0;
   uint64_t length = 0;
+  // The call node in the pickle tree that rebuilds this tensor (the outer _rebuild_parameter call
+  // for a parameter); valid while the tree lives.
+  const pickle::Value* node = nullptr;
 };
 
 struct TorchPickle {
@@ -53,6 +56,8 @@ struct TorchPickle {
 bool StorageType(const std::string& cls, std::string* dtype, uint32_t* itemsize);
 // Whether a tensor of this shape and stride (in elements) is laid out row-major without gaps.
 bool IsContiguous(const std::vector<int64_t>& shape, const std::vector<int64_t>& stride);
+// The row-major strides (in elements) of a contiguous tensor of this shape.
+std::vector<int64_t> ContiguousStride(const std::vector<int64_t>& shape);
 // The element size of a torch dtype name ("float32" -> 4); 0 when unknown.
 uint32_t DtypeSize(const std::string& dtype);
 

@@ -1,0 +1,882 @@
+#include "reshard/megatron.h"
+
+#include <cctype>
+#include <cstdio>
+#include <map>
+#include <optional>
+#include <unordered_map>
+
+#include "formats/pickle.h"
+
+namespace ckptfs::reshard {
+namespace {
+
+using pickle::Kind;
+using pickle::Value;
+using pickle::ValuePtr;
+
+bool IsMapping(const ValuePtr& v) {
+  return v && (v->kind == Kind::kDict ||
+               (v->kind == Kind::kObject && v->IsCallOf("collections", "OrderedDict")));
+}
+std::vector<std::pair<ValuePtr, ValuePtr>>& PairsOf(Value& v) {
+  return v.kind == Kind::kDict ? v.pairs : v.dict_items;
+}
+std::string KeyName(const ValuePtr& k) {
+  if (k && k->kind == Kind::kStr) return k->str;
+  if (k && k->kind == Kind::kInt) return std::to_string(k->i);
+  return pickle::Debug(k, 80);
+}
+ValuePtr Get(const ValuePtr& m, std::string_view key) {
+  if (!IsMapping(m)) return nullptr;
+  for (const auto& [k, v] : PairsOf(*m)) {
+    if (k && k->kind == Kind::kStr && k->str == key) return v;
+  }
+  return nullptr;
+}
+// A new, empty mapping of m's kind (an OrderedDict keeps its BUILD state).
+ValuePtr EmptyLike(const ValuePtr& m) {
+  auto c = std::make_shared<Value>(*m);
+  c->pairs.clear();
+  c->dict_items.clear();
+  return c;
+}
+void Put(const ValuePtr& m, ValuePtr k, ValuePtr v) { PairsOf(*m).emplace_back(std::move(k), std::move(v)); }
+
+// args is an argparse.Namespace: its attributes are the BUILD state's dict.
+ValuePtr ArgsDict(const ValuePtr& args) {
+  if (!args) return nullptr;
+  if (args->kind == Kind::kObject && args->state && args->state->kind == Kind::kDict) {
+    return args->state;
+  }
+  if (args->kind == Kind::kDict) return args;
+  return nullptr;
+}
+std::optional<int64_t> IntArg(const ValuePtr& d, std::string_view key) {
+  ValuePtr v = Get(d, key);
+  if (v && v->kind == Kind::kInt) return v->i;
+  return std::nullopt;
+}
+bool BoolArg(const ValuePtr& d, std::string_view key) {
+  ValuePtr v = Get(d, key);
+  return v && ((v->kind == Kind::kBool && v->b) || (v->kind == Kind::kInt && v->i != 0));
+}
+bool SetArg(const ValuePtr& d, std::string_view key, ValuePtr value) {
+  for (auto& [k, v] : PairsOf(*d)) {
+    if (k && k->kind == Kind::kStr && k->str == key) {
+      v = std::move(value);
+      return true;
+    }
+  }
+  return false;
+}
+
+// "layers.N" in a key path: the component holding it, and where the digits are.
+struct LayerRef {
+  size_t component = 0, pos = 0, len = 0;
+  int64_t number = -1;
+};
+std::optional<LayerRef> FindLayer(const std::vector<std::string>& path) {
+  static constexpr std::string_view kWord = "layers.";
+  for (size_t c = 0; c < path.size(); ++c) {
+    const std::string& s = path[c];
+    for (size_t at = s.find(kWord); at != std::string::npos; at = s.find(kWord, at + 1)) {
+      if (at != 0 && s[at - 1] != '.') continue;
+      size_t d = at + kWord.size(), e = d;
+      while (e < s.size() && std::isdigit(static_cast<unsigned char>(s[e]))) ++e;
+      if (e == d || (e < s.size() && s[e] != '.')) continue;
+      return LayerRef{c, d, e - d, std::stoll(s.substr(d, e - d))};
+    }
+    if (s == "layers" && c + 1 < path.size() && !path[c + 1].empty() &&
+        path[c + 1].find_first_not_of("0123456789") == std::string::npos) {
+      return LayerRef{c + 1, 0, path[c + 1].size(), std::stoll(path[c + 1])};
+    }
+  }
+  return std::nullopt;
+}
+std::vector<std::string> WithLayer(std::vector<std::string> path, const LayerRef& r, int64_t n) {
+  path[r.component].replace(r.pos, r.len, std::to_string(n));
+  return path;
+}
+std::string Join(const std::vector<std::string>& path) {
+  std::string s;
+  for (const auto& c : path) s += (s.empty() ? "" : ".") + c;
+  return s;
+}
+
+// One source file, decoded.
+struct ModelEntry {
+  std::vector<std::string> path;  // keys from the model root
+  ValuePtr leaf;
+  const TorchTensor* tensor = nullptr;
+};
+struct Decoded {
+  const MegatronRankFile* rank = nullptr;
+  std::unordered_map<const Value*, const TorchTensor*> tensors;
+  ValuePtr root, model;
+  std::vector<ModelEntry> entries;
+  std::map<std::string, ValuePtr> containers;  // by joined path ("" = the model root)
+  // Optimizer (non-distributed): the wrapper, the torch optimizer's state dict, the fp32 masters.
+  ValuePtr optim_wrapper, optim_inner, fp32;
+  std::vector<ValuePtr> groups;
+  // Per entry index (tensors only): the Adam state index and group, or -1.
+  std::vector<int64_t> opt_index, opt_group, opt_pos;
+};
+
+Status Flatten(Decoded* d, const ValuePtr& m, std::vector<std::string>* path, int depth) {
+  if (depth > 64) return Invalid("model state nests too deep");
+  d->containers.emplace(Join(*path), m);
+  for (const auto& [k, v] : PairsOf(*m)) {
+    path->push_back(KeyName(k));
+    if (IsMapping(v)) {
+      RETURN_IF_ERROR(Flatten(d, v, path, depth + 1));
+    } else {
+      ModelEntry e{*path, v, nullptr};
+      if (auto it = d->tensors.find(v.get()); it != d->tensors.end()) e.tensor = it->second;
+      d->entries.push_back(std::move(e));
+    }
+    path->pop_back();
+  }
+  return Status::Ok();
+}
+
+double Number(const ValuePtr& v, double dflt) {
+  if (!v) return dflt;
+  if (v->kind == Kind::kFloat) return v->f;
+  if (v->kind == Kind::kInt) return static_cast<double>(v->i);
+  return dflt;
+}
+bool NoWeightDecay(const ModelEntry& e) {
+  return (!e.path.empty() && e.path.back().ends_with("bias")) ||
+         Join(e.path).ends_with(".bias") || e.tensor->shape.size() == 1;
+}
+
+// Maps each model parameter of d to its optimizer group, position and state index.
+Status DecodeOptimizer(Decoded* d, const Rules& rules, bool swiglu) {
+  const size_t n = d->entries.size();
+  d->opt_index.assign(n, -1);
+  d->opt_group.assign(n, -1);
+  d->opt_pos.assign(n, -1);
+  ValuePtr o = Get(d->root, "optimizer");
+  if (!IsMapping(o)) return Status::Ok();  // saved without optimizer (--no-save-optim)
+  d->optim_wrapper = o;
+  if (ValuePtr inner = Get(o, "optimizer"); IsMapping(inner)) {
+    d->optim_inner = inner;
+    d->fp32 = Get(o, "fp32_from_fp16_params");
+  } else if (Get(o, "param_groups")) {
+    d->optim_inner = o;
+    d->optim_wrapper = nullptr;
+  } else {
+    return Invalid("optimizer state of an unknown kind (a distributed optimizer?)");
+  }
+  ValuePtr pg = Get(d->optim_inner, "param_groups");
+  if (!pg || pg->kind != Kind::kList) return Invalid("optimizer has no param_groups list");
+  d->groups = pg->items;
+  // Each group's class: no weight decay when wd_mult is 0, or without wd_mult, weight_decay 0.
+  std::vector<int> cls;
+  bool have_wd_mult = false;
+  for (const ValuePtr& g : d->groups) {
+    if (!IsMapping(g)) return Invalid("optimizer param group is not a dict");
+    if (ValuePtr w = Get(g, "wd_mult")) {
+      have_wd_mult = true;
+      cls.push_back(Number(w, 1) == 0 ? 1 : 0);
+    } else {
+      cls.push_back(Number(Get(g, "weight_decay"), 0) == 0 ? 1 : 0);
+    }
+  }
+  if (!have_wd_mult && cls.size() == 2 && cls[0] == cls[1]) cls = {0, 1};  // both decay 0: legacy order
+  int group_of_class[2] = {-1, -1};
+  for (size_t g = 0; g < cls.size(); ++g) {
+    if (group_of_class[cls[g]] != -1) {
+      return Invalid("optimizer has two parameter groups of one weight-decay class (lr_mult "
+                     "groups?): their parameters cannot be told apart");
+    }
+    group_of_class[cls[g]] = static_cast<int>(g);
+  }
+  std::vector<size_t> filled(d->groups.size(), 0);
+  for (size_t i = 0; i < n; ++i) {
+    const ModelEntry& e = d->entries[i];
+    if (!e.tensor) continue;
+    ASSIGN_OR_RETURN(Rule r, rules.Classify("model." + Join(e.path), swiglu));
+    if (r == Rule::kExtraState) continue;
+    const int g = group_of_class[NoWeightDecay(e) ? 1 : 0];
+    const std::string name = "model." + Join(e.path);
+    if (g < 0) return Invalid("no optimizer param group fits parameter '" + name + "'");
+    ValuePtr params = Get(d->groups[g], "params");
+    if (!params || params->kind != Kind::kList || filled[g] >= params->items.size() ||
+        params->items[filled[g]]->kind != Kind::kInt) {
+      return Invalid("optimizer param group " + std::to_string(g) +
+                     " does not match the model's parameters at '" + name + "'");
+    }
+    d->opt_group[i] = g;
+    d->opt_pos[i] = static_cast<int64_t>(filled[g]);
+    d->opt_index[i] = params->items[filled[g]]->i;
+    ++filled[g];
+  }
+  for (size_t g = 0; g < d->groups.size(); ++g) {
+    ValuePtr params = Get(d->groups[g], "params");
+    if (filled[g] != params->items.size()) {
+      return Invalid("optimizer param group " + std::to_string(g) + " holds " +
+                     std::to_string(params->items.size()) + " parameters, the model has " +
+                     std::to_string(filled[g]) + " of its class");
+    }
+  }
+  return Status::Ok();
+}
+
+// The source shard of one tensor in one file.
+Result<Shard> ShardOf(const Decoded& d, const TorchTensor& t, const std::string& name) {
+  if (!IsContiguous(t.shape, t.stride)) {
+    return Invalid("tensor '" + name + "' is not contiguous: views reshard contiguous tensors only");
+  }
+  return Shard{d.rank->source, t.offset, t.shape};
+}
+
+// Everything about one model entry across the source: its shards by source TP rank.
+struct Global {
+  std::vector<std::string> path;  // global layer numbering
+  std::optional<LayerRef> layer;
+  enum Place { kPre, kLayer, kPost, kHead } place = kPost;
+  Rule rule = Rule::kExtraState;
+  std::vector<size_t> entry;    // per source tp: index into that file's entries
+  uint32_t stage = 0;           // source stage
+  bool from_embedding = false;  // a head copy made from the word embeddings
+};
+
+class Planner {
+ public:
+  Planner(const MegatronSource& src, uint32_t T, uint32_t P, const Rules& rules)
+      : src_(src), T_(T), P_(P), rules_(rules) {}
+
+  Result<std::vector<ViewFile>> Run();
+
+ private:
+  Decoded& File(uint32_t tp, uint32_t pp) { return files_[pp * src_.tp + tp]; }
+  Status DecodeAll();
+  Status BuildGlobals();
+  Result<ViewFile> PlanFile(uint32_t t, uint32_t p);
+
+  // Building one target file.
+  struct Out {
+    std::vector<std::vector<Gather>> storages;  // by key
+    std::unordered_map<const Value*, ValuePtr> memo;
+  };
+  ValuePtr NewTensor(Out* out, const Value& like, std::vector<Gather> gathers,
+                     const std::vector<int64_t>& shape, const std::vector<int64_t>& stride,
+                     uint64_t nbytes);
+  Result<ValuePtr> Copy(Out* out, const Decoded& d, const ValuePtr& v);
+  // A copy of mapping m (of file d) with the values of the keys in `replace` replaced.
+  Result<ValuePtr> Rebuild(Out* out, const Decoded& d, const ValuePtr& m,
+                           const std::map<std::string, ValuePtr>& replace);
+  Result<ValuePtr> ReshardTensor(Out* out, const Global& g, uint32_t t,
+                                 const std::function<Result<const TorchTensor*>(const Decoded&,
+                                                                                size_t)>& pick,
+                                 const std::string& what);
+
+  const MegatronSource& src_;
+  const uint32_t T_, P_;
+  const Rules& rules_;
+  MegatronModel model_;
+  std::vector<Decoded> files_;
+  std::vector<Global> globals_;
+  bool legacy_ = false;
+  VocabSizes vocab_;
+};
+
+Status Planner::DecodeAll() {
+  files_.resize(size_t{src_.tp} * src_.pp);
+  std::vector<bool> seen(files_.size());
+  for (const MegatronRankFile& r : src_.ranks) {
+    if (r.tp >= src_.tp || r.pp >= src_.pp || seen[r.pp * src_.tp + r.tp]) {
+      return Invalid("rank files do not form a " + std::to_string(src_.tp) + "x" +
+                     std::to_string(src_.pp) + " grid");
+    }
+    seen[r.pp * src_.tp + r.tp] = true;
+    Decoded& d = File(r.tp, r.pp);
+    d.rank = &r;
+    d.root = r.file->root;
+    for (const TorchTensor& t : r.file->pickle.tensors) d.tensors.emplace(t.node, &t);
+    if (!IsMapping(d.root)) return Invalid("model_optim_rng.pt does not hold a dict");
+    for (const auto& [k, v] : PairsOf(*d.root)) {
+      const std::string key = KeyName(k);
+      if (key.size() > 5 && key.starts_with("model") && std::isdigit(static_cast<unsigned char>(key[5]))) {
+        return Invalid("virtual pipeline stages ('" + key + "') are not supported");
+      }
+    }
+    d.model = Get(d.root, "model");
+    if (!IsMapping(d.model)) return Invalid("rank file has no 'model' dict");
+    std::vector<std::string> path;
+    RETURN_IF_ERROR(Flatten(&d, d.model, &path, 0));
+    RETURN_IF_ERROR(DecodeOptimizer(&d, rules_, model_.swiglu));
+  }
+  for (bool s : seen) {
+    if (!s) return Invalid("a rank file of the source grid is missing");
+  }
+  return Status::Ok();
+}
+
+Status Planner::BuildGlobals() {
+  const int64_t per_stage = model_.num_layers / src_.pp;
+  std::map<std::string, size_t> index;  // canonical name -> globals_
+  for (uint32_t pp = 0; pp < src_.pp; ++pp) {
+    for (uint32_t tp = 0; tp < src_.tp; ++tp) {
+      Decoded& d = File(tp, pp);
+      for (size_t i = 0; i < d.entries.size(); ++i) {
+        const ModelEntry& e = d.entries[i];
+        if (!e.path.empty() && e.path[0] == "language_model") legacy_ = true;
+        Global g;
+        g.path = e.path;
+        g.layer = FindLayer(e.path);
+        if (g.layer) {
+          if (g.layer->number < 0 || g.layer->number >= per_stage) {
+            return Invalid("'" + Join(e.path) + "' on pipeline stage " + std::to_string(pp) +
+                           " is outside the stage's " + std::to_string(per_stage) + " layers");
+          }
+          g.path = WithLayer(e.path, *g.layer, g.layer->number + pp * per_stage);
+          g.layer->number += pp * per_stage;
+          g.layer->len = std::to_string(g.layer->number).size();  // the path now holds these digits
+          g.place = Global::kLayer;
+        }
+        const std::string canon = Join(g.path);
+        auto [it, fresh] = index.emplace(canon, globals_.size());
+        if (!fresh) {
+          Global& have = globals_[it->second];
+          if (have.stage != pp) {
+            return Invalid("'model." + canon + "' appears on pipeline stages " +
+                           std::to_string(have.stage) + " and " + std::to_string(pp));
+          }
+          if (have.entry.size() != tp) {
+            return Invalid("'model." + canon + "' is missing on a tensor-parallel rank");
+          }
+          have.entry.push_back(i);
+          continue;
+        }
+        if (tp != 0) return Invalid("'model." + canon + "' is missing on tensor-parallel rank 0");
+        g.stage = pp;
+        g.entry.push_back(i);
+        if (e.tensor || IsMapping(e.leaf)) {
+          ASSIGN_OR_RETURN(g.rule, rules_.Classify("model." + canon, model_.swiglu));
+        } else {
+          g.rule = Rule::kExtraState;  // None or an object: passed through
+        }
+        if (!g.layer) {
+          const bool head = canon.find("word_embeddings_for_head") != std::string::npos ||
+                            (model_.tied && canon.ends_with("output_layer.weight"));
+          if (head) {
+            g.place = Global::kHead;
+          } else if (src_.pp > 1) {
+            if (pp == 0) g.place = Global::kPre;
+            else if (pp == src_.pp - 1) g.place = Global::kPost;
+            else return Invalid("'model." + canon + "' on a middle pipeline stage is not a layer");
+          } else {
+            g.place = canon.find("embedding") != std::string::npos ? Global::kPre : Global::kPost;
+          }
+        }
+        globals_.push_back(std::move(g));
+      }
+    }
+  }
+  for (const Global& g : globals_) {
+    if (g.entry.size() != src_.tp) {
+      return Invalid("'model." + Join(g.path) + "' is missing on a tensor-parallel rank");
+    }
+  }
+  // A head copy for P > 1 with tied embeddings, made from the word embeddings when the source
+  // (one stage) has none.
+  bool have_head = false;
+  const Global* emb = nullptr;
+  for (const Global& g : globals_) {
+    if (g.place == Global::kHead) have_head = true;
+    if (g.place == Global::kPre && Join(g.path).ends_with("word_embeddings.weight")) emb = &g;
+  }
+  if (model_.tied && P_ > 1 && !have_head) {
+    if (emb == nullptr) return Invalid("tied embeddings but no word_embeddings.weight found");
+    Global h = *emb;
+    h.place = Global::kHead;
+    h.from_embedding = true;
+    h.rule = Rule::kVocab;
+    if (legacy_) {
+      h.path = {"word_embeddings_for_head", "weight"};
+      globals_.push_back(std::move(h));
+    } else {
+      h.path = {"output_layer.weight"};
+      size_t at = globals_.size();
+      for (size_t i = 0; i < globals_.size(); ++i) {
+        if (Join(globals_[i].path) == "output_layer._extra_state") at = i;
+      }
+      globals_.insert(globals_.begin() + static_cast<std::ptrdiff_t>(at), std::move(h));
+    }
+  }
+  return Status::Ok();
+}
+
+ValuePtr Planner::NewTensor(Out* out, const Value& like, std::vector<Gather> gathers,
+                            const std::vector<int64_t>& shape, const std::vector<int64_t>& stride,
+                            uint64_t nbytes) {
+  // like: the source's rebuild call; a Parameter wraps the tensor call in its first argument.
+  const bool param = like.IsCallOf("torch._utils", "_rebuild_parameter") ||
+                     like.IsCallOf("torch._utils", "_rebuild_parameter_with_state");
+  const Value& call = param ? *like.args->items[0] : like;
+  auto tuple = [](const std::vector<int64_t>& xs) {
+    std::vector<ValuePtr> items;
+    for (int64_t x : xs) items.push_back(pickle::MakeInt(x));
+    return pickle::MakeTuple(std::move(items));
+  };
+  const Value& pid = *call.args->items[0]->pid;
+  std::string dtype;
+  uint32_t itemsize = 1;
+  if (!StorageType(pid.items[1]->name, &dtype, &itemsize)) itemsize = 1;
+  const std::string key = std::to_string(out->storages.size());
+  out->storages.push_back(std::move(gathers));
+  auto new_pid = pickle::MakeTuple({pid.items[0], pid.items[1], pickle::MakeStr(key), pid.items[3],
+                                    pickle::MakeInt(static_cast<int64_t>(nbytes / itemsize))});
+  std::vector<ValuePtr> args = call.args->items;
+  args[0] = pickle::MakePersId(new_pid);
+  args[1] = pickle::MakeInt(0);
+  args[2] = tuple(shape);
+  args[3] = tuple(stride);
+  auto inner = std::make_shared<Value>(call);
+  inner->args = pickle::MakeTuple(std::move(args));
+  if (!param) return inner;
+  auto outer = std::make_shared<Value>(like);
+  std::vector<ValuePtr> oargs = like.args->items;
+  oargs[0] = inner;
+  outer->args = pickle::MakeTuple(std::move(oargs));
+  return outer;
+}
+
+// A deep copy of a value passed through from file d: every tensor in it gets a storage of its
+// own holding the bytes it spans in d.
+Result<ValuePtr> Planner::Copy(Out* out, const Decoded& d, const ValuePtr& v) {
+  if (!v) return v;
+  if (auto it = out->memo.find(v.get()); it != out->memo.end()) return it->second;
+  if (auto t = d.tensors.find(v.get()); t != d.tensors.end()) {
+    const TorchTensor& tt = *t->second;
+    std::vector<Gather> g;
+    if (tt.length) g.push_back(Gather{1, {Part{d.rank->source, tt.offset, tt.length, tt.length}}});
+    ValuePtr n = NewTensor(out, *v, std::move(g), tt.shape, tt.stride, tt.length);
+    out->memo.emplace(v.get(), n);
+    return n;
+  }
+  const bool leaf = v->items.empty() && v->pairs.empty() && !v->args && !v->state &&
+                    v->list_items.empty() && v->dict_items.empty() && !v->kwargs && !v->callable;
+  if (leaf) return v;  // scalars, strings, globals, persistent ids are shared as they are
+  auto c = std::make_shared<Value>(*v);
+  out->memo.emplace(v.get(), c);
+  std::vector<ValuePtr*> slots;
+  for (auto& x : c->items) slots.push_back(&x);
+  for (auto& kv : c->pairs) slots.push_back(&kv.second);
+  for (auto& x : c->list_items) slots.push_back(&x);
+  for (auto& kv : c->dict_items) slots.push_back(&kv.second);
+  for (ValuePtr* x : {&c->args, &c->kwargs, &c->state}) slots.push_back(x);
+  for (ValuePtr* x : slots) {
+    if (*x) {
+      ASSIGN_OR_RETURN(*x, Copy(out, d, *x));
+    }
+  }
+  return ValuePtr(c);
+}
+
+Result<ValuePtr> Planner::Rebuild(Out* out, const Decoded& d, const ValuePtr& m,
+                                  const std::map<std::string, ValuePtr>& replace) {
+  ValuePtr c = EmptyLike(m);
+  for (const auto& [k, v] : PairsOf(*m)) {
+    auto it = replace.find(KeyName(k));
+    if (it != replace.end()) {
+      Put(c, k, it->second);
+    } else {
+      ASSIGN_OR_RETURN(ValuePtr nv, Copy(out, d, v));
+      Put(c, k, nv);
+    }
+  }
+  return c;
+}
+
+Result<ValuePtr> Planner::ReshardTensor(
+    Out* out, const Global& g, uint32_t t,
+    const std::function<Result<const TorchTensor*>(const Decoded&, size_t)>& pick,
+    const std::string& what) {
+  std::vector<Shard> shards;
+  const TorchTensor* first = nullptr;
+  for (uint32_t k = 0; k < src_.tp; ++k) {
+    const Decoded& d = files_[g.stage * src_.tp + k];
+    ASSIGN_OR_RETURN(const TorchTensor* tt, pick(d, g.entry[k]));
+    if (!first) first = tt;
+    if (tt->dtype != first->dtype) return Invalid("'" + what + "' has shards of different dtypes");
+    ASSIGN_OR_RETURN(Shard s, ShardOf(d, *tt, what));
+    shards.push_back(std::move(s));
+  }
+  const uint32_t itemsize = DtypeSize(first->dtype);
+  if (itemsize == 0) return Invalid("'" + what + "' has an unknown dtype " + first->dtype);
+  std::vector<Gather> gathers;
+  std::vector<int64_t> shape;
+  RETURN_IF_ERROR(PlanShard(what, g.rule, shards, itemsize, t, T_, vocab_, &gathers, &shape));
+  uint64_t nbytes = itemsize;
+  for (int64_t x : shape) nbytes *= static_cast<uint64_t>(x);
+  return NewTensor(out, *first->node, std::move(gathers), shape, ContiguousStride(shape), nbytes);
+}
+
+Result<ViewFile> Planner::PlanFile(uint32_t t, uint32_t p) {
+  const uint32_t ptp = static_cast<uint32_t>(uint64_t{t} * src_.tp / T_);
+  const uint32_t ppp = static_cast<uint32_t>(uint64_t{p} * src_.pp / P_);
+  const Decoded& primary = File(ptp, ppp);
+  const int64_t per_stage = model_.num_layers / P_;
+  Out out;
+
+  // The model entries of this stage, in global order.
+  std::vector<const Global*> mine;
+  for (const Global& g : globals_) {
+    bool in = false;
+    switch (g.place) {
+      case Global::kPre: in = p == 0; break;
+      case Global::kPost: in = p == P_ - 1; break;
+      case Global::kHead: in = p == P_ - 1 && P_ > 1; break;
+      case Global::kLayer: in = g.layer->number / per_stage == p; break;
+    }
+    if (in) mine.push_back(&g);
+  }
+
+  // The model tree, containers shaped like the source's.
+  ValuePtr model = EmptyLike(primary.model);
+  std::map<std::string, ValuePtr> made{{"", model}};
+  std::vector<std::pair<const Global*, ValuePtr>> params;  // (entry, target tensor) in order
+  for (const Global* g : mine) {
+    std::vector<std::string> path = g->path;
+    if (g->layer) path = WithLayer(path, *g->layer, g->layer->number - p * per_stage);
+    ValuePtr parent = model;
+    std::string prefix;
+    for (size_t i = 0; i + 1 < path.size(); ++i) {
+      prefix += (prefix.empty() ? "" : ".") + path[i];
+      auto it = made.find(prefix);
+      if (it == made.end()) {
+        const Decoded& from = files_[g->stage * src_.tp];
+        auto tmpl = from.containers.find(prefix);
+        ValuePtr c = tmpl != from.containers.end() ? EmptyLike(tmpl->second)
+                                                   : pickle::MakeDict({});
+        if (g->from_embedding && tmpl == from.containers.end()) {
+          c = std::make_shared<Value>();
+          c->kind = Kind::kObject;
+          c->callable = pickle::MakeGlobal("collections", "OrderedDict");
+          c->args = pickle::MakeTuple({});
+        }
+        Put(parent, pickle::MakeStr(path[i]), c);
+        it = made.emplace(prefix, c).first;
+      }
+      parent = it->second;
+    }
+    const std::string name = "model." + Join(path);
+    ValuePtr leaf;
+    const size_t src_tp = std::min<uint32_t>(ptp, src_.tp - 1);
+    const Decoded& holder = files_[g->stage * src_.tp + src_tp];
+    const ModelEntry& e = holder.entries[g->entry[src_tp]];
+    if (g->rule == Rule::kExtraState || !e.tensor) {
+      ASSIGN_OR_RETURN(leaf, Copy(&out, holder, e.leaf));
+    } else {
+      ASSIGN_OR_RETURN(leaf, ReshardTensor(&out, *g, t,
+                                           [](const Decoded& d, size_t i) -> Result<const TorchTensor*> {
+                                             return d.entries[i].tensor;
+                                           },
+                                           name));
+      params.emplace_back(g, leaf);
+    }
+    Put(parent, pickle::MakeStr(path.back()), leaf);
+  }
+
+  // The optimizer.
+  ValuePtr optimizer;
+  if (primary.optim_inner) {
+    // Target groups: by class, ordered by first appearance (megatron.core) or as the source.
+    const bool by_appearance = [&] {
+      for (const ValuePtr& g : primary.groups) {
+        if (Get(g, "wd_mult")) return true;
+      }
+      return false;
+    }();
+    // A group template per class, from the primary file (or any file that has one).
+    ValuePtr tmpl[2] = {nullptr, nullptr};
+    std::vector<int> order;
+    for (const Decoded& d : files_) {
+      for (size_t i = 0; i < d.entries.size(); ++i) {
+        if (d.opt_group[i] < 0) continue;
+        const int c = NoWeightDecay(d.entries[i]) ? 1 : 0;
+        if (!tmpl[c] || (&d == &primary && tmpl[c] != d.groups[d.opt_group[i]])) {
+          if (!tmpl[c] || &d == &primary) tmpl[c] = d.groups[d.opt_group[i]];
+        }
+      }
+    }
+    std::vector<std::vector<size_t>> members(2);  // class -> indices into params
+    for (size_t i = 0; i < params.size(); ++i) {
+      const Global& g = *params[i].first;
+      const Decoded& d0 = files_[g.stage * src_.tp];
+      const ModelEntry& e = d0.entries[g.entry[0]];
+      const int c = NoWeightDecay(e) ? 1 : 0;
+      if (d0.opt_index[g.entry[0]] < 0) {
+        return Invalid("parameter 'model." + Join(g.path) + "' has no optimizer state");
+      }
+      if (members[c].empty()) order.push_back(c);
+      members[c].push_back(i);
+    }
+    if (!by_appearance) {
+      order.clear();
+      for (const ValuePtr& g : primary.groups) {
+        const int c = g == tmpl[1] ? 1 : 0;
+        if (!members[c].empty()) order.push_back(c);
+      }
+      for (int c = 0; c < 2; ++c) {
+        if (!members[c].empty() && std::find(order.begin(), order.end(), c) == order.end())
+          order.push_back(c);
+      }
+    }
+    std::vector<ValuePtr> groups, fp32_groups;
+    ValuePtr state = pickle::MakeDict({});
+    int64_t next = 0;
+    for (int c : order) {
+      std::vector<ValuePtr> ids, fp32s;
+      for (size_t i : members[c]) {
+        const Global& g = *params[i].first;
+        const std::string name = "model." + Join(g.path);
+        const int64_t idx = next++;
+        ids.push_back(pickle::MakeInt(idx));
+        // The per-parameter state of each source shard.
+        auto state_of = [&](const Decoded& d, size_t entry) -> ValuePtr {
+          ValuePtr st = Get(d.optim_inner, "state");
+          if (!IsMapping(st)) return nullptr;
+          for (const auto& [k, v] : PairsOf(*st)) {
+            if (k && k->kind == Kind::kInt && k->i == d.opt_index[entry]) return v;
+          }
+          return nullptr;
+        };
+        const Decoded& d0 = files_[g.stage * src_.tp];
+        ValuePtr s0 = state_of(d0, g.entry[0]);
+        if (IsMapping(s0)) {
+          ValuePtr ns = EmptyLike(s0);
+          const uint32_t first = FirstSourceRank(g.rule, src_.tp, t, T_, vocab_);
+          for (const auto& [k, v] : PairsOf(*s0)) {
+            const std::string key = KeyName(k);
+            auto tt = d0.tensors.find(v.get());
+            const TorchTensor* param_t = d0.entries[g.entry[0]].tensor;
+            if (tt != d0.tensors.end() && tt->second->shape == param_t->shape &&
+                tt->second->shape.size() > 0) {
+              ASSIGN_OR_RETURN(
+                  ValuePtr nt,
+                  ReshardTensor(&out, g,
+                                t,
+                                [&](const Decoded& d, size_t entry) -> Result<const TorchTensor*> {
+                                  ValuePtr sd = state_of(d, entry);
+                                  ValuePtr x = Get(sd, key);
+                                  auto f = x ? d.tensors.find(x.get()) : d.tensors.end();
+                                  if (f == d.tensors.end())
+                                    return Invalid("optimizer state '" + key + "' of '" + name +
+                                                   "' is missing on a tensor-parallel rank");
+                                  return f->second;
+                                },
+                                name + " optimizer state " + key));
+              Put(ns, k, nt);
+            } else if (tt != d0.tensors.end() && tt->second->shape.size() > 1) {
+              return Invalid("optimizer state '" + key + "' of '" + name +
+                             "' has a shape unlike its parameter's");
+            } else {
+              const Decoded& df = files_[g.stage * src_.tp + first];
+              ValuePtr x = Get(state_of(df, g.entry[first]), key);
+              ASSIGN_OR_RETURN(ValuePtr nx, Copy(&out, df, x ? x : v));
+              Put(ns, k, nx);
+            }
+          }
+          Put(state, pickle::MakeInt(idx), ns);
+        }
+        if (primary.fp32) {
+          ASSIGN_OR_RETURN(
+              ValuePtr m,
+              ReshardTensor(&out, g, t,
+                            [&](const Decoded& d, size_t entry) -> Result<const TorchTensor*> {
+                              const ValuePtr& f = d.fp32;
+                              const int64_t gi = d.opt_group[entry], pos = d.opt_pos[entry];
+                              if (!f || f->kind != Kind::kList ||
+                                  gi >= static_cast<int64_t>(f->items.size()) ||
+                                  f->items[gi]->kind != Kind::kList ||
+                                  pos >= static_cast<int64_t>(f->items[gi]->items.size())) {
+                                return Invalid("fp32_from_fp16_params does not match the model's "
+                                               "parameters at '" + name + "'");
+                              }
+                              auto x = d.tensors.find(f->items[gi]->items[pos].get());
+                              if (x == d.tensors.end() ||
+                                  x->second->shape != d.entries[entry].tensor->shape) {
+                                return Invalid("fp32 master of '" + name +
+                                               "' does not have the parameter's shape");
+                              }
+                              return x->second;
+                            },
+                            name + " fp32 master"));
+          fp32s.push_back(m);
+        }
+      }
+      ASSIGN_OR_RETURN(ValuePtr group, Rebuild(&out, primary, tmpl[c],
+                                               {{"params", pickle::MakeList(std::move(ids))}}));
+      groups.push_back(group);
+      fp32_groups.push_back(pickle::MakeList(std::move(fp32s)));
+    }
+    ASSIGN_OR_RETURN(ValuePtr inner,
+                     Rebuild(&out, primary, primary.optim_inner,
+                             {{"state", state}, {"param_groups", pickle::MakeList(groups)}}));
+    if (primary.optim_wrapper) {
+      ASSIGN_OR_RETURN(optimizer, Rebuild(&out, primary, primary.optim_wrapper,
+                                          {{"optimizer", inner},
+                                           {"fp32_from_fp16_params", pickle::MakeList(fp32_groups)}}));
+    } else {
+      optimizer = inner;
+    }
+  }
+
+  // The root, in the primary's key order.
+  ValuePtr root = EmptyLike(primary.root);
+  for (const auto& [k, v] : PairsOf(*primary.root)) {
+    const std::string key = KeyName(k);
+    if (key == "model") {
+      Put(root, k, model);
+    } else if (key == "optimizer" && optimizer) {
+      Put(root, k, optimizer);
+    } else if (key == "args") {
+      auto args = std::make_shared<Value>(*v);
+      ValuePtr dict = ArgsDict(v);
+      ValuePtr nd = EmptyLike(dict);
+      for (const auto& [ak, av] : PairsOf(*dict)) {
+        ASSIGN_OR_RETURN(ValuePtr nv, Copy(&out, primary, av));
+        Put(nd, ak, nv);
+      }
+      SetArg(nd, "tensor_model_parallel_size", pickle::MakeInt(T_));
+      SetArg(nd, "pipeline_model_parallel_size", pickle::MakeInt(P_));
+      SetArg(nd, "transformer_pipeline_model_parallel_size", pickle::MakeInt(P_));
+      SetArg(nd, "padded_vocab_size", pickle::MakeInt(vocab_.target_rows));
+      if (auto dp = IntArg(nd, "data_parallel_size"); dp && IntArg(nd, "world_size")) {
+        SetArg(nd, "world_size", pickle::MakeInt(int64_t{T_} * P_ * *dp));
+      }
+      if (args->kind == Kind::kObject) {
+        args->state = nd;
+      } else {
+        args = nd;
+      }
+      Put(root, k, args);
+    } else {
+      ASSIGN_OR_RETURN(ValuePtr nv, Copy(&out, primary, v));
+      Put(root, k, nv);
+    }
+  }
+
+  ASSIGN_OR_RETURN(std::string pkl, pickle::Write(root, 2));
+  TorchZipWriter zip(primary.rank->file->prefix);
+  zip.AddBytes("data.pkl", std::move(pkl));
+  for (size_t i = 0; i < out.storages.size(); ++i) {
+    zip.AddGathers("data/" + std::to_string(i), out.storages[i]);
+  }
+  for (const auto& [name, bytes] : primary.rank->extra_records) zip.AddBytes(name, bytes);
+  return zip.Finish();
+}
+
+Result<std::vector<ViewFile>> Planner::Run() {
+  if (src_.ranks.empty()) return Invalid("no rank files");
+  ASSIGN_OR_RETURN(model_, ReadMegatronModel(*src_.ranks[0].file));
+  RETURN_IF_ERROR(CheckMegatronTarget(model_, T_, P_));
+  if (model_.num_layers % src_.pp != 0) return Invalid("the source's PP does not divide num_layers");
+  vocab_.source_rows = model_.padded_vocab_size;
+  vocab_.target_rows = PaddedVocab(model_, T_);
+  RETURN_IF_ERROR(DecodeAll());
+  // The source's vocabulary rows come from its shards when args lack padded_vocab_size.
+  for (const Decoded& d : files_) {
+    for (const ModelEntry& e : d.entries) {
+      if (e.tensor && !e.tensor->shape.empty() &&
+          Join(e.path).ends_with("word_embeddings.weight") && vocab_.source_rows == 0) {
+        vocab_.source_rows = e.tensor->shape[0] * src_.tp;
+        if (model_.vocab_size == 0) {
+          model_.padded_vocab_size = vocab_.source_rows;
+          vocab_.target_rows = PaddedVocab(model_, T_);
+        }
+      }
+    }
+  }
+  RETURN_IF_ERROR(BuildGlobals());
+  std::vector<ViewFile> out;
+  for (uint32_t p = 0; p < P_; ++p) {
+    for (uint32_t t = 0; t < T_; ++t) {
+      ASSIGN_OR_RETURN(ViewFile f, PlanFile(t, p));
+      out.push_back(std::move(f));
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<MegatronModel> ReadMegatronModel(const TorchFile& f) {
+  ValuePtr d = ArgsDict(Get(f.root, "args"));
+  if (!d) return Invalid("the checkpoint has no 'args' (an argparse.Namespace)");
+  MegatronModel m;
+  auto need = [&](std::string_view key, int64_t* out) -> Status {
+    auto v = IntArg(d, key);
+    if (!v || *v <= 0) return Invalid("args." + std::string(key) + " is missing");
+    *out = *v;
+    return Status::Ok();
+  };
+  RETURN_IF_ERROR(need("num_layers", &m.num_layers));
+  RETURN_IF_ERROR(need("hidden_size", &m.hidden_size));
+  RETURN_IF_ERROR(need("num_attention_heads", &m.heads));
+  m.gqa = BoolArg(d, "group_query_attention");
+  m.query_groups = m.heads;
+  if (m.gqa) RETURN_IF_ERROR(need("num_query_groups", &m.query_groups));
+  m.ffn_hidden_size = IntArg(d, "ffn_hidden_size").value_or(4 * m.hidden_size);
+  m.swiglu = BoolArg(d, "swiglu");
+  m.tied = !BoolArg(d, "untie_embeddings_and_output_weights");
+  m.vocab_size = IntArg(d, "vocab_size").value_or(0);
+  m.divisible_by = IntArg(d, "make_vocab_size_divisible_by").value_or(128);
+  if (m.divisible_by <= 0) return Invalid("args.make_vocab_size_divisible_by is not positive");
+  m.padded_vocab_size = IntArg(d, "padded_vocab_size").value_or(0);
+  if (m.vocab_size == 0) m.vocab_size = m.padded_vocab_size;
+  if (BoolArg(d, "use_distributed_optimizer")) {
+    return Invalid("the distributed optimizer's checkpoints (distrib_optim.pt) are not supported");
+  }
+  for (const char* uneven : {"decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
+                             "num_layers_per_virtual_pipeline_stage"}) {
+    if (IntArg(d, uneven)) return Invalid(std::string("args.") + uneven + " is not supported");
+  }
+  if (BoolArg(d, "account_for_embedding_in_pipeline_split") ||
+      BoolArg(d, "account_for_loss_in_pipeline_split")) {
+    return Invalid("uneven pipeline splits are not supported");
+  }
+  if (IntArg(d, "num_experts").value_or(0) > 1) return Invalid("mixture-of-experts models are not supported");
+  return m;
+}
+
+Status CheckMegatronTarget(const MegatronModel& m, uint32_t T, uint32_t P) {
+  if (T == 0 || P == 0) return Invalid("TP and PP must be at least 1");
+  auto why = [&](const std::string& what, int64_t n, const char* axis, uint32_t x) {
+    return Invalid(std::string(axis) + " " + std::to_string(x) + " does not divide " + what + " " +
+                   std::to_string(n));
+  };
+  if (m.heads % T) return why("num_attention_heads", m.heads, "TP", T);
+  if (m.query_groups % T) return why(m.gqa ? "num_query_groups" : "the heads", m.query_groups, "TP", T);
+  if (m.ffn_hidden_size % T) return why("ffn_hidden_size", m.ffn_hidden_size, "TP", T);
+  if (m.num_layers % P) return why("num_layers", m.num_layers, "PP", P);
+  return Status::Ok();
+}
+
+int64_t PaddedVocab(const MegatronModel& m, uint32_t T) {
+  const int64_t v = m.vocab_size ? m.vocab_size : m.padded_vocab_size;
+  const int64_t mult = m.divisible_by * T;
+  return (v + mult - 1) / mult * mult;
+}
+
+std::string MegatronRankDir(uint32_t t, uint32_t p, uint32_t P) {
+  char buf[32];
+  if (P == 1) {
+    std::snprintf(buf, sizeof buf, "mp_rank_%02u", t);
+  } else {
+    std::snprintf(buf, sizeof buf, "mp_rank_%02u_%03u", t, p);
+  }
+  return buf;
+}
+
+Result<std::vector<ViewFile>> PlanMegatron(const MegatronSource& src, uint32_t T, uint32_t P,
+                                           const Rules& rules) {
+  return Planner(src, T, P, rules).Run();
+}
+
+}  // namespace ckptfs::reshard

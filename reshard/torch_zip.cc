@@ -1,0 +1,210 @@
+#include <zlib.h>
+
+#include <algorithm>
+
+#include "reshard/view_file.h"
+
+namespace ckptfs::reshard {
+namespace {
+
+constexpr uint64_t kAlign = 64;       // torch aligns every record's data to 64 bytes
+constexpr uint32_t k32Max = 0xffffffffu;
+constexpr uint16_t kDosDate = 0x21;  // 1980-01-01: fixed, so views are byte-identical everywhere
+
+void Put16(std::string* s, uint16_t v) {
+  s->push_back(static_cast<char>(v & 0xff));
+  s->push_back(static_cast<char>(v >> 8));
+}
+void Put32(std::string* s, uint32_t v) {
+  for (int i = 0; i < 4; ++i) s->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+void Put64(std::string* s, uint64_t v) {
+  for (int i = 0; i < 8; ++i) s->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+
+uint32_t Crc(const std::string& b) {
+  uLong c = crc32(0L, Z_NULL, 0);
+  return static_cast<uint32_t>(
+      crc32_z(c, reinterpret_cast<const Bytef*>(b.data()), static_cast<z_size_t>(b.size())));
+}
+
+}  // namespace
+
+void TorchZipWriter::AddHeader(Record* r) {
+  const std::string name = prefix_ + "/" + r->name;
+  r->header_offset = file_.recipe.size();
+  const bool zip64 = r->size >= k32Max;
+  std::string h;
+  Put32(&h, 0x04034b50);
+  Put16(&h, zip64 ? 45 : 20);
+  Put16(&h, 0);  // flags: sizes and CRC are in this header
+  Put16(&h, 0);  // stored
+  Put16(&h, 0);
+  Put16(&h, kDosDate);
+  Put32(&h, r->crc);
+  Put32(&h, zip64 ? k32Max : static_cast<uint32_t>(r->size));
+  Put32(&h, zip64 ? k32Max : static_cast<uint32_t>(r->size));
+  Put16(&h, static_cast<uint16_t>(name.size()));
+  const size_t extra_len_pos = h.size();
+  Put16(&h, 0);
+  h += name;
+  std::string extra;
+  if (zip64) {
+    Put16(&extra, 1);
+    Put16(&extra, 16);
+    Put64(&extra, r->size);
+    Put64(&extra, r->size);
+  }
+  // Pad with an "FB" extra field so the data starts on a 64-byte boundary, as torch does.
+  const uint64_t end = r->header_offset + h.size() + extra.size();
+  uint64_t pad = (kAlign - end % kAlign) % kAlign;
+  if (pad != 0 && pad < 4) pad += kAlign;
+  if (pad != 0) {
+    Put16(&extra, 0x4246);
+    Put16(&extra, static_cast<uint16_t>(pad - 4));
+    extra.append(pad - 4, 'Z');
+  }
+  h[extra_len_pos] = static_cast<char>(extra.size() & 0xff);
+  h[extra_len_pos + 1] = static_cast<char>(extra.size() >> 8);
+  h += extra;
+  r->header_literal = file_.recipe.next_literal();
+  file_.recipe.AddLiteral(std::move(h));
+}
+
+void TorchZipWriter::AddBytes(const std::string& name, std::string bytes) {
+  Record r;
+  r.name = name;
+  r.size = bytes.size();
+  r.crc = Crc(bytes);
+  AddHeader(&r);
+  file_.recipe.AddLiteral(std::move(bytes));
+  records_.push_back(std::move(r));
+}
+
+void TorchZipWriter::AddGathers(const std::string& name, const std::vector<Gather>& gathers) {
+  Record r;
+  r.name = name;
+  for (const Gather& g : gathers) {
+    for (const Part& p : g.parts) r.size += g.rows * p.len;
+  }
+  AddHeader(&r);
+  CrcTask task;
+  task.first_segment = file_.recipe.segment_count();
+  for (const Gather& g : gathers) file_.recipe.AddGather(g.rows, g.parts);
+  task.last_segment = file_.recipe.segment_count();
+  task.slots.push_back({r.header_literal, 14});
+  if (r.size == 0) {
+    r.crc = 0;
+  } else {
+    r.pending = true;
+    r.pending_index = file_.crc_tasks.size();
+    file_.crc_tasks.push_back(std::move(task));
+  }
+  records_.push_back(std::move(r));
+}
+
+ViewFile TorchZipWriter::Finish() {
+  const uint64_t cd_offset = file_.recipe.size();
+  const size_t cd_literal = file_.recipe.next_literal();
+  std::string cd;
+  for (const Record& r : records_) {
+    const std::string name = prefix_ + "/" + r.name;
+    const bool big = r.size >= k32Max;
+    const bool far = r.header_offset >= k32Max;
+    std::string extra;
+    if (big || far) {
+      Put16(&extra, 1);
+      Put16(&extra, static_cast<uint16_t>((big ? 16 : 0) + (far ? 8 : 0)));
+      if (big) {
+        Put64(&extra, r.size);
+        Put64(&extra, r.size);
+      }
+      if (far) Put64(&extra, r.header_offset);
+    }
+    if (r.pending) file_.crc_tasks[r.pending_index].slots.push_back({cd_literal, cd.size() + 16});
+    Put32(&cd, 0x02014b50);
+    Put16(&cd, (big || far) ? 45 : 20);  // made by: MS-DOS, spec version
+    Put16(&cd, (big || far) ? 45 : 20);
+    Put16(&cd, 0);
+    Put16(&cd, 0);
+    Put16(&cd, 0);
+    Put16(&cd, kDosDate);
+    Put32(&cd, r.crc);
+    Put32(&cd, big ? k32Max : static_cast<uint32_t>(r.size));
+    Put32(&cd, big ? k32Max : static_cast<uint32_t>(r.size));
+    Put16(&cd, static_cast<uint16_t>(name.size()));
+    Put16(&cd, static_cast<uint16_t>(extra.size()));
+    Put16(&cd, 0);  // comment
+    Put16(&cd, 0);  // disk
+    Put16(&cd, 0);  // internal attributes
+    Put32(&cd, 0);  // external attributes
+    Put32(&cd, far ? k32Max : static_cast<uint32_t>(r.header_offset));
+    cd += name;
+    cd += extra;
+  }
+  const uint64_t cd_size = cd.size();
+  const uint64_t n = records_.size();
+  const bool zip64 = n >= 0xffff || cd_offset >= k32Max || cd_size >= k32Max;
+  if (zip64) {
+    const uint64_t eocd64_offset = cd_offset + cd_size;
+    Put32(&cd, 0x06064b50);
+    Put64(&cd, 44);
+    Put16(&cd, 45);
+    Put16(&cd, 45);
+    Put32(&cd, 0);
+    Put32(&cd, 0);
+    Put64(&cd, n);
+    Put64(&cd, n);
+    Put64(&cd, cd_size);
+    Put64(&cd, cd_offset);
+    Put32(&cd, 0x07064b50);
+    Put32(&cd, 0);
+    Put64(&cd, eocd64_offset);
+    Put32(&cd, 1);
+  }
+  Put32(&cd, 0x06054b50);
+  Put16(&cd, 0);
+  Put16(&cd, 0);
+  Put16(&cd, zip64 ? 0xffff : static_cast<uint16_t>(n));
+  Put16(&cd, zip64 ? 0xffff : static_cast<uint16_t>(n));
+  Put32(&cd, zip64 ? k32Max : static_cast<uint32_t>(cd_size));
+  Put32(&cd, zip64 ? k32Max : static_cast<uint32_t>(cd_offset));
+  Put16(&cd, 0);
+  file_.recipe.AddLiteral(std::move(cd));
+  return std::move(file_);
+}
+
+Status ComputeCrcs(ViewFile* f, const SourceReadFn& read, const KnownCrcFn& known) {
+  std::vector<uint32_t> crcs;
+  crcs.reserve(f->crc_tasks.size());
+  for (const CrcTask& t : f->crc_tasks) {
+    uLong crc = crc32(0L, Z_NULL, 0);
+    for (size_t i = t.first_segment; i < t.last_segment; ++i) {
+      const Segment& s = f->recipe.segments()[i];
+      if (known && s.rows == 1 && s.parts.size() == 1) {
+        const Part& p = s.parts[0];
+        if (auto k = known(p.source, p.offset, p.len)) {
+          crc = crc32_combine(crc, *k, static_cast<z_off_t>(p.len));
+          continue;
+        }
+      }
+      RETURN_IF_ERROR(f->recipe.WalkSegments(i, i + 1, [&](const Piece& pc) -> Status {
+        if (pc.literal) {
+          crc = crc32_z(crc, pc.literal, pc.len);
+          return Status::Ok();
+        }
+        return read(pc.source, pc.offset, pc.len, [&](const uint8_t* b, size_t n) {
+          crc = crc32_z(crc, b, n);
+        });
+      }));
+    }
+    crcs.push_back(static_cast<uint32_t>(crc));
+  }
+  for (size_t i = 0; i < crcs.size(); ++i) {
+    for (auto [lit, pos] : f->crc_tasks[i].slots) f->recipe.PatchLiteral(lit, pos, crcs[i]);
+  }
+  f->crc_tasks.clear();
+  return Status::Ok();
+}
+
+}  // namespace ckptfs::reshard

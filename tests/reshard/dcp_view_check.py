@@ -1,0 +1,56 @@
+"""Checks a materialized model.pt of the DCP consolidated view with Debian's torch (1.13).
+
+Run by dcp_view_test with /usr/bin/python3:
+    dcp_view_check.py MODEL_PT DATA_DIR
+DATA_DIR is tests/formats/data: the state dict every DCP fixture holds is make_dcp_fixtures'
+state_dict(), whose flattened names are also the fixtures' planner_data paths joined with '.'.
+Prints "ok" and exits 0 when the file is a sound zip that torch.load reads to exactly that state
+dict (every tensor contiguous, of the same dtype and shape and equal values).
+"""
+import sys
+import zipfile
+
+import torch
+
+
+def main():
+    path, data_dir = sys.argv[1], sys.argv[2]
+    sys.path.insert(0, data_dir)
+    from make_dcp_fixtures import state_dict
+
+    with zipfile.ZipFile(path) as z:
+        assert z.testzip() is None, "a record's CRC-32 is wrong"
+        names = z.namelist()
+        assert names[0] == "model/data.pkl" and names[-1] == "model/version", names
+        assert z.read("model/version") == b"3\n"
+
+    got = torch.load(path)
+    want = state_dict()
+    leaves = []
+
+    def walk(v, prefix):
+        if isinstance(v, dict):
+            for k, x in v.items():
+                assert isinstance(k, str), (prefix, k)
+                walk(x, f"{prefix}.{k}" if prefix else k)
+        else:
+            leaves.append(prefix)
+
+    walk(got, "")
+    assert sorted(leaves) == sorted(want), (leaves, list(want))
+    for fqn, w in want.items():
+        v = got
+        for k in fqn.split("."):
+            v = v[k]
+        if isinstance(w, torch.Tensor):
+            assert isinstance(v, torch.Tensor), fqn
+            assert v.dtype == w.dtype and v.shape == w.shape, (fqn, v.dtype, v.shape)
+            assert v.is_contiguous() and not v.requires_grad, fqn
+            assert torch.equal(v, w), (fqn, v, w)
+        else:
+            assert v == w and type(v) is type(w), (fqn, v, w)
+    print("ok")
+
+
+if __name__ == "__main__":
+    main()

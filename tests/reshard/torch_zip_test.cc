@@ -1,0 +1,334 @@
+// TorchZipWriter and ComputeCrcs: a view file materialized from in-memory sources is a zip that
+// formats/zip.h reads back record for record, with data aligned to 64 bytes and CRC-32s that zlib
+// agrees with, whether they came from reading the sources or from known whole-record CRCs.
+#include <gtest/gtest.h>
+#include <zlib.h>
+
+#include <map>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "formats/zip.h"
+#include "reshard/view_file.h"
+#include "tests/test_util.h"
+
+namespace ckptfs::reshard {
+namespace {
+
+std::string Source(size_t n, uint64_t seed) {
+  auto b = test::RandomBytes(n, seed);
+  return std::string(b.begin(), b.end());
+}
+
+uint32_t Crc(const std::string& b) {
+  return static_cast<uint32_t>(
+      crc32_z(crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(b.data()), b.size()));
+}
+
+// The bytes gathers make, by the definition in recipe.h.
+std::string Expand(const std::vector<std::string>& src, const std::vector<Gather>& gathers) {
+  std::string out;
+  for (const Gather& g : gathers) {
+    for (uint64_t r = 0; r < g.rows; ++r) {
+      for (const Part& p : g.parts) out += src[p.source].substr(p.offset + r * p.stride, p.len);
+    }
+  }
+  return out;
+}
+
+// In-memory sources that count their reads; the sink gets the bytes in small pieces, as a
+// chunked reader would hand them over.
+struct MemSources {
+  std::vector<std::string> data;
+  std::vector<std::tuple<uint32_t, uint64_t, uint64_t>> reads;
+  std::optional<size_t> fail_at;  // the read (0-based) that fails
+
+  SourceReadFn Fn() {
+    return [this](uint32_t source, uint64_t offset, uint64_t len,
+                  const std::function<void(const uint8_t*, size_t)>& sink) -> Status {
+      if (fail_at && reads.size() == *fail_at) return IoError("source read failed");
+      reads.emplace_back(source, offset, len);
+      EXPECT_LE(offset + len, data[source].size());
+      const auto* p = reinterpret_cast<const uint8_t*>(data[source].data()) + offset;
+      for (uint64_t done = 0; done < len; done += 7)
+        sink(p + done, std::min<uint64_t>(7, len - done));
+      return Status::Ok();
+    };
+  }
+};
+
+// Reads bytes [offset, offset + len) of a view file through its recipe.
+std::string ReadView(const Recipe& r, const std::vector<std::string>& src, uint64_t offset,
+                     uint64_t len) {
+  std::string out;
+  Status st = r.Walk(offset, len, [&](const Piece& p) {
+    if (p.literal) {
+      out.append(reinterpret_cast<const char*>(p.literal), p.len);
+    } else {
+      out += src[p.source].substr(p.offset, p.len);
+    }
+    return Status::Ok();
+  });
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  return out;
+}
+
+zip::ReadAtFn ReadAtOf(const Recipe& r, const std::vector<std::string>& src) {
+  return [&r, &src](uint64_t offset, size_t len) -> Result<std::string> {
+    if (offset > r.size() || len > r.size() - offset) return IoError("read past the end");
+    return ReadView(r, src, offset, len);
+  };
+}
+
+// One record as the test means it: name (after the prefix) and content.
+struct Want {
+  std::string name, bytes;
+};
+
+// Checks that `file` is a zip holding exactly `want`, in order, each record stored, aligned,
+// contiguous, with the right CRC in both headers.
+void ExpectArchive(const std::string& file, const std::string& prefix,
+                   const std::vector<Want>& want) {
+  auto read_at = [&](uint64_t offset, size_t len) -> Result<std::string> {
+    if (offset > file.size() || len > file.size() - offset) return IoError("read past the end");
+    return file.substr(offset, len);
+  };
+  auto dir = zip::ReadDirectory(file.size(), read_at);
+  ASSERT_TRUE(dir.ok()) << dir.status().ToString();
+  EXPECT_EQ(dir->archive_start, 0u);
+  EXPECT_EQ(dir->archive_end, file.size());
+  ASSERT_EQ(dir->entries.size(), want.size());
+  uint64_t next_header = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const zip::Entry& e = dir->entries[i];
+    SCOPED_TRACE(e.name);
+    EXPECT_EQ(e.name, prefix + "/" + want[i].name);
+    EXPECT_EQ(e.method, 0);
+    EXPECT_EQ(e.size, want[i].bytes.size());
+    EXPECT_EQ(e.compressed_size, want[i].bytes.size());
+    EXPECT_EQ(e.header_offset, next_header) << "records are back to back";
+    EXPECT_EQ(e.data_offset % 64, 0u);
+    EXPECT_EQ(file.substr(e.data_offset, e.size), want[i].bytes);
+    EXPECT_EQ(e.crc32, Crc(want[i].bytes)) << "central directory CRC";
+    size_t need = 0;
+    auto lh = zip::ParseLocalHeader(reinterpret_cast<const uint8_t*>(file.data()) + e.header_offset,
+                                    file.size() - e.header_offset, &need);
+    ASSERT_TRUE(lh.ok()) << lh.status().ToString();
+    ASSERT_TRUE(lh->has_value());
+    const zip::LocalHeader& h = **lh;
+    EXPECT_EQ(h.name, e.name);
+    EXPECT_FALSE(h.has_descriptor());
+    EXPECT_EQ(h.method, 0);
+    EXPECT_EQ(h.crc32, Crc(want[i].bytes)) << "local header CRC";
+    EXPECT_EQ(h.known_size(), std::optional<uint64_t>(want[i].bytes.size()));
+    EXPECT_EQ(e.header_offset + h.header_len, e.data_offset);
+    next_header = e.data_offset + e.size;
+  }
+}
+
+// A writer fed with literal and gather records of several shapes, and what each record holds.
+struct Sample {
+  std::vector<std::string> src{Source(1000, 1), Source(500, 2)};
+  std::vector<Want> want;
+
+  ViewFile Build() {
+    want.clear();
+    TorchZipWriter w("archive");
+    auto bytes = [&](const std::string& name, const std::string& b) {
+      w.AddBytes(name, b);
+      want.push_back({name, b});
+    };
+    auto gathers = [&](const std::string& name, const std::vector<Gather>& g) {
+      w.AddGathers(name, g);
+      want.push_back({name, Expand(src, g)});
+    };
+    bytes("data.pkl", "\x80\x02}q.");
+    // A dim-1 slice with a stride-0 column, then a plain range.
+    gathers("data/0",
+            {Gather{4, {Part{0, 10, 8, 32}, Part{1, 0, 4, 0}}}, Gather{1, {Part{1, 100, 50, 50}}}});
+    gathers("data/1", {Gather{1, {Part{0, 0, 1000, 1000}}}});  // a whole source
+    gathers("data/2", {});                                     // an empty tensor
+    gathers("data/3", {Gather{3, {Part{0, 999, 1, 0}}}});      // a padding repeat
+    bytes("version", "3\n");
+    bytes(".data/serialization_id", "0123456789012345678901234567890123456789");
+    return w.Finish();
+  }
+};
+
+TEST(TorchZip, MaterializedFileReadsBack) {
+  Sample s;
+  ViewFile f = s.Build();
+  EXPECT_EQ(f.crc_tasks.size(), 3u);  // data/0, data/1, data/3: data/2 is empty
+  MemSources mem{s.src};
+  ASSERT_TRUE(ComputeCrcs(&f, mem.Fn(), nullptr).ok());
+  EXPECT_TRUE(f.crc_tasks.empty());
+  const std::string file = ReadView(f.recipe, s.src, 0, f.recipe.size());
+  ASSERT_EQ(file.size(), f.recipe.size());
+  ExpectArchive(file, "archive", s.want);
+}
+
+TEST(TorchZip, DirectoryReadsThroughTheRecipe) {
+  Sample s;
+  ViewFile f = s.Build();
+  MemSources mem{s.src};
+  ASSERT_TRUE(ComputeCrcs(&f, mem.Fn(), nullptr).ok());
+  auto dir = zip::ReadDirectory(f.recipe.size(), ReadAtOf(f.recipe, s.src));
+  ASSERT_TRUE(dir.ok()) << dir.status().ToString();
+  const zip::Entry* e = dir->Find("archive/data/1");
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(ReadView(f.recipe, s.src, e->data_offset, e->size), s.src[0]);
+}
+
+TEST(TorchZip, SameInputsSameBytes) {
+  Sample a, b;
+  ViewFile fa = a.Build(), fb = b.Build();
+  MemSources ma{a.src}, mb{b.src};
+  ASSERT_TRUE(ComputeCrcs(&fa, ma.Fn(), nullptr).ok());
+  ASSERT_TRUE(ComputeCrcs(&fb, mb.Fn(), nullptr).ok());
+  EXPECT_EQ(ReadView(fa.recipe, a.src, 0, fa.recipe.size()),
+            ReadView(fb.recipe, b.src, 0, fb.recipe.size()));
+}
+
+TEST(TorchZip, EveryNameLengthAligns) {
+  // Header lengths of every residue mod 64 (the alignment padding's short cases included).
+  std::vector<std::string> src{Source(300, 3)};
+  TorchZipWriter w("m");
+  std::vector<Want> want;
+  for (size_t n = 1; n <= 140; ++n) {
+    const std::string name = "r" + std::string(n - 1, 'a' + static_cast<char>(n % 26));
+    if (n % 2) {
+      const std::string b = src[0].substr(n, (n * 7) % 13);
+      w.AddBytes(name, b);
+      want.push_back({name, b});
+    } else {
+      const std::vector<Gather> g{Gather{1, {Part{0, n, n % 17 + 1, n % 17 + 1}}}};
+      w.AddGathers(name, g);
+      want.push_back({name, Expand(src, g)});
+    }
+  }
+  ViewFile f = w.Finish();
+  MemSources mem{src};
+  ASSERT_TRUE(ComputeCrcs(&f, mem.Fn(), nullptr).ok());
+  ExpectArchive(ReadView(f.recipe, src, 0, f.recipe.size()), "m", want);
+}
+
+TEST(TorchZip, KnownCrcsSkipReadsAndAgreeWithReading) {
+  // The sources' "records": src0 whole, src1 [1000, 3000).
+  std::vector<std::string> src{Source(4096, 4), Source(3000, 5)};
+  auto build = [&] {
+    TorchZipWriter w("model_optim_rng");
+    w.AddBytes("data.pkl", "pkl");
+    w.AddGathers("data/0", {Gather{1, {Part{0, 0, 4096, 4096}}}});
+    // Two known records concatenated: the CRC is combined, nothing is read.
+    w.AddGathers("data/1",
+                 {Gather{1, {Part{1, 1000, 2000, 2000}}}, Gather{1, {Part{0, 0, 4096, 4096}}}});
+    w.AddGathers("data/2", {Gather{1, {Part{1, 0, 100, 100}}}});  // part of a record: read
+    w.AddGathers("data/3", {Gather{4, {Part{0, 8, 16, 0}}}});     // rows: read
+    // A known record then an unknown range of another source: one known, one read.
+    w.AddGathers("data/4", {Gather{1, {Part{1, 1000, 2000, 2000}}}, Gather{1, {Part{0, 5, 3, 3}}}});
+    return w.Finish();
+  };
+  int known_calls = 0;
+  KnownCrcFn known = [&](uint32_t source, uint64_t offset,
+                         uint64_t len) -> std::optional<uint32_t> {
+    ++known_calls;
+    if (source == 0 && offset == 0 && len == 4096) return Crc(src[0]);
+    if (source == 1 && offset == 1000 && len == 2000) return Crc(src[1].substr(1000, 2000));
+    return std::nullopt;
+  };
+
+  ViewFile slow = build();
+  MemSources slow_mem{src};
+  ASSERT_TRUE(ComputeCrcs(&slow, slow_mem.Fn(), nullptr).ok());
+
+  ViewFile fast = build();
+  MemSources fast_mem{src};
+  ASSERT_TRUE(ComputeCrcs(&fast, fast_mem.Fn(), known).ok());
+  using R = std::tuple<uint32_t, uint64_t, uint64_t>;
+  const std::vector<R> want_reads{R{1, 0, 100}, R{0, 8, 16}, R{0, 8, 16},
+                                  R{0, 8, 16},  R{0, 8, 16}, R{0, 5, 3}};
+  EXPECT_EQ(fast_mem.reads, want_reads);
+  EXPECT_GT(known_calls, 0);
+  EXPECT_GT(slow_mem.reads.size(), want_reads.size());
+
+  const std::string fast_bytes = ReadView(fast.recipe, src, 0, fast.recipe.size());
+  EXPECT_EQ(fast_bytes, ReadView(slow.recipe, src, 0, slow.recipe.size()));
+  const std::string a = src[0], b = src[1].substr(1000, 2000);
+  ExpectArchive(fast_bytes, "model_optim_rng",
+                {{"data.pkl", "pkl"},
+                 {"data/0", a},
+                 {"data/1", b + a},
+                 {"data/2", src[1].substr(0, 100)},
+                 {"data/3", std::string(src[0].substr(8, 16)) + src[0].substr(8, 16) +
+                                src[0].substr(8, 16) + src[0].substr(8, 16)},
+                 {"data/4", b + src[0].substr(5, 3)}});
+}
+
+TEST(TorchZip, ReadErrorLeavesTheFileUnchanged) {
+  Sample s;
+  ViewFile f = s.Build();
+  const std::string before = ReadView(f.recipe, s.src, 0, f.recipe.size());
+  const size_t tasks = f.crc_tasks.size();
+  MemSources mem{s.src};
+  mem.fail_at = 10;  // the first read of the third pending record (data/3)
+  Status st = ComputeCrcs(&f, mem.Fn(), nullptr);
+  EXPECT_EQ(st.code(), Code::kIo);
+  EXPECT_EQ(f.crc_tasks.size(), tasks);
+  EXPECT_EQ(ReadView(f.recipe, s.src, 0, f.recipe.size()), before);
+  // A later try that succeeds fills everything in.
+  MemSources ok{s.src};
+  ASSERT_TRUE(ComputeCrcs(&f, ok.Fn(), nullptr).ok());
+  ExpectArchive(ReadView(f.recipe, s.src, 0, f.recipe.size()), "archive", s.want);
+}
+
+// A record of 4.1 GiB (a stride-0 repeat of one 4 KiB source row) is never materialized: only
+// the headers and the directory are read, through the recipe.
+TEST(TorchZip, Zip64WhenARecordPassesFourGiB) {
+  const std::vector<std::string> src{Source(4096, 6)};
+  const uint64_t rows = (uint64_t{41} << 30) / 10 / 4096 + 1;
+  const uint64_t big = rows * 4096;
+  ASSERT_GE(big, uint64_t{1} << 32);
+  TorchZipWriter w("archive");
+  w.AddBytes("data.pkl", "pkl");
+  w.AddGathers("data/0", {Gather{rows, {Part{0, 0, 4096, 0}}}});
+  w.AddGathers("data/1", {Gather{1, {Part{0, 100, 64, 64}}}});
+  w.AddBytes("version", "3\n");
+  ViewFile f = w.Finish();
+  ASSERT_GT(f.recipe.size(), big);
+
+  auto dir = zip::ReadDirectory(f.recipe.size(), ReadAtOf(f.recipe, src));
+  ASSERT_TRUE(dir.ok()) << dir.status().ToString();
+  ASSERT_EQ(dir->entries.size(), 4u);
+  const auto& e = dir->entries;
+  EXPECT_EQ(e[1].name, "archive/data/0");
+  EXPECT_EQ(e[1].size, big);
+  EXPECT_EQ(e[1].compressed_size, big);
+  EXPECT_EQ(e[1].data_offset % 64, 0u);
+  EXPECT_EQ(e[2].name, "archive/data/1");
+  EXPECT_EQ(e[2].header_offset, e[1].data_offset + big);
+  EXPECT_GT(e[2].header_offset, uint64_t{1} << 32);  // needs the zip64 offset field
+  EXPECT_EQ(e[2].size, 64u);
+  EXPECT_EQ(e[2].data_offset % 64, 0u);
+  EXPECT_EQ(ReadView(f.recipe, src, e[2].data_offset, 64), src[0].substr(100, 64));
+  EXPECT_EQ(e[3].name, "archive/version");
+  EXPECT_EQ(ReadView(f.recipe, src, e[3].data_offset, e[3].size), "3\n");
+  EXPECT_EQ(e[3].crc32, Crc("3\n"));
+  // The big record's local header carries its sizes in a zip64 extra field.
+  const std::string lh_bytes = ReadView(f.recipe, src, e[1].header_offset, 256);
+  size_t need = 0;
+  auto lh = zip::ParseLocalHeader(reinterpret_cast<const uint8_t*>(lh_bytes.data()),
+                                  lh_bytes.size(), &need);
+  ASSERT_TRUE(lh.ok()) << lh.status().ToString();
+  ASSERT_TRUE(lh->has_value());
+  EXPECT_TRUE((*lh)->zip64);
+  EXPECT_EQ((*lh)->known_size(), std::optional<uint64_t>(big));
+  EXPECT_EQ(e[1].header_offset + (*lh)->header_len, e[1].data_offset);
+  // Its data near the end is the repeated row.
+  EXPECT_EQ(ReadView(f.recipe, src, e[1].data_offset + big - 4096 - 10, 20),
+            src[0].substr(4086, 10) + src[0].substr(0, 10));
+}
+
+}  // namespace
+}  // namespace ckptfs::reshard
