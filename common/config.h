@@ -78,6 +78,10 @@ struct Config {
   // Seconds between two looks at what other nodes published to the backend (0: never).
   double sync_interval_s = 1.0;
 
+  // Resharded views (docs/views.md): a file of parameter rules ("REGEX RULE" per line) checked
+  // before the built-in ones; empty: the built-in rules only.
+  std::string view_rules;
+
   // Options handed to libfuse as given (-o allow_other, ...).
   std::vector<std::string> fuse_options;
 

@@ -9,6 +9,7 @@
 
 #include "common/config.h"
 #include "common/log.h"
+#include "fs/views.h"
 #include "store/store.h"
 
 namespace ckptfs::fs {
@@ -20,6 +21,7 @@ struct Context {
   Config cfg;
   Logger log;
   std::shared_ptr<FileInfoCache> info;  // descriptions of checkpoint files (file_info.cc)
+  std::shared_ptr<ViewTree> views;      // the virtual .views directories (views.h)
 };
 
 inline Context& Ctx(fuse_req_t req) { return *static_cast<Context*>(fuse_req_userdata(req)); }
@@ -33,6 +35,15 @@ void ReplyError(fuse_req_t req, const Status& st, const char* op, fuse_ino_t ino
 void FillStat(const InodeRecord& rec, struct stat* st);
 fuse_entry_param EntryOf(fuse_req_t req, const InodeRecord& rec);
 void ReplyEntry(fuse_req_t req, const InodeRecord& rec);
+// Views are read-only: replies EROFS and returns true when ino is a view inode.
+inline bool RefuseView(fuse_req_t req, fuse_ino_t ino) {
+  if (!IsViewIno(ino)) return false;
+  fuse_reply_err(req, EROFS);
+  return true;
+}
+// The readdir offset of the `.views` entry a checkpoint directory's listing ends with; the
+// store's offsets stay far below it.
+inline constexpr uint64_t kViewsDirOffset = uint64_t{1} << 62;
 
 // The attributes ckptfs computes (user.ckptfs.format, .tensors, .tensors.pages, .tensors.N,
 // .chunks, .state, .cached, .prefetch); kNoData for any other name, which the caller then looks

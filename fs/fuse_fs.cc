@@ -44,7 +44,9 @@ std::string EscapeCommas(const std::string& s) {
 }  // namespace
 
 Status ServeMount(Store* store, const Config& cfg, const std::function<void()>& on_mounted) {
-  fs::Context ctx{store, cfg, GetLogger("fs"), fs::NewFileInfoCache()};
+  auto views = fs::ViewTree::Make(store, GetLogger("views"), cfg.view_rules);
+  if (!views.ok()) return views.status();
+  fs::Context ctx{store, cfg, GetLogger("fs"), fs::NewFileInfoCache(), *views};
   fuse_lowlevel_ops ops{};
   ops.init = Init;
   fs::AddEntryOps(&ops);

@@ -12,8 +12,31 @@ timespec ToTimespec(int64_t ns) {
   return timespec{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
 }
 
+// View entries change when their checkpoint does: the kernel keeps them only briefly.
+void ReplyViewEntry(fuse_req_t req, const InodeRecord& rec) {
+  fuse_entry_param e = EntryOf(req, rec);
+  e.attr_timeout = e.entry_timeout = 1.0;
+  fuse_reply_entry(req, &e);
+}
+
 void Lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
-  auto rec = Ctx(req).store->Lookup(parent, name);
+  Context& ctx = Ctx(req);
+  if (IsViewIno(parent)) {
+    auto rec = ctx.views->Lookup(parent, name);
+    if (rec.status().code() == Code::kInvalid) {  // an impossible view: logged by the ViewTree
+      return static_cast<void>(fuse_reply_err(req, EINVAL));
+    }
+    if (!rec.ok()) return ReplyError(req, rec.status(), "lookup", parent);
+    return ReplyViewEntry(req, *rec);
+  }
+  auto rec = ctx.store->Lookup(parent, name);
+  if (rec.status().code() == Code::kNotFound && name == kViewsName) {
+    auto views = ctx.views->LookupViews(parent);
+    if (views.ok()) return ReplyViewEntry(req, *views);
+    fuse_entry_param e{};  // not cached: the directory may become a checkpoint
+    fuse_reply_entry(req, &e);
+    return;
+  }
   if (rec.status().code() == Code::kNotFound) {
     // A negative entry, cached like a positive one: every create passes through this mount.
     fuse_entry_param e{};
@@ -29,6 +52,13 @@ void Forget(fuse_req_t req, fuse_ino_t, uint64_t) { fuse_reply_none(req); }
 void ForgetMulti(fuse_req_t req, size_t, fuse_forget_data*) { fuse_reply_none(req); }
 
 void GetAttr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
+  if (IsViewIno(ino)) {
+    auto rec = Ctx(req).views->GetAttr(ino);
+    if (!rec.ok()) return ReplyError(req, rec.status(), "getattr", ino);
+    struct stat st;
+    FillStat(*rec, &st);
+    return static_cast<void>(fuse_reply_attr(req, &st, 1.0));
+  }
   auto rec = Ctx(req).store->GetAttr(ino);
   if (!rec.ok()) return ReplyError(req, rec.status(), "getattr", ino);
   struct stat st;
@@ -37,6 +67,7 @@ void GetAttr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
 }
 
 void SetAttr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, fuse_file_info* fi) {
+  if (RefuseView(req, ino)) return;
   SetAttrRequest r;
   if (to_set & FUSE_SET_ATTR_MODE) r.mode = attr->st_mode;
   if (to_set & FUSE_SET_ATTR_UID) r.uid = attr->st_uid;
@@ -61,36 +92,42 @@ void SetAttr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, fuse
 }
 
 void ReadLink(fuse_req_t req, fuse_ino_t ino) {
+  if (IsViewIno(ino)) return static_cast<void>(fuse_reply_err(req, EINVAL));
   auto target = Ctx(req).store->ReadLink(ino);
   if (!target.ok()) return ReplyError(req, target.status(), "readlink", ino);
   fuse_reply_readlink(req, target->c_str());
 }
 
 void MakeNode(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, dev_t rdev) {
+  if (RefuseView(req, parent)) return;
   auto rec = Ctx(req).store->MakeNode(parent, name, mode, rdev, CallerOf(req));
   if (!rec.ok()) return ReplyError(req, rec.status(), "mknod", parent);
   ReplyEntry(req, *rec);
 }
 
 void MakeDir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
+  if (RefuseView(req, parent)) return;
   auto rec = Ctx(req).store->MakeNode(parent, name, S_IFDIR | (mode & 07777), 0, CallerOf(req));
   if (!rec.ok()) return ReplyError(req, rec.status(), "mkdir", parent);
   ReplyEntry(req, *rec);
 }
 
 void Unlink(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  if (RefuseView(req, parent)) return;
   Status st = Ctx(req).store->Unlink(parent, name);
   if (!st.ok()) return ReplyError(req, st, "unlink", parent);
   fuse_reply_err(req, 0);
 }
 
 void RemoveDir(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  if (RefuseView(req, parent)) return;
   Status st = Ctx(req).store->Rmdir(parent, name);
   if (!st.ok()) return ReplyError(req, st, "rmdir", parent);
   fuse_reply_err(req, 0);
 }
 
 void Symlink(fuse_req_t req, const char* target, fuse_ino_t parent, const char* name) {
+  if (RefuseView(req, parent)) return;
   auto rec = Ctx(req).store->Symlink(parent, name, target, CallerOf(req));
   if (!rec.ok()) return ReplyError(req, rec.status(), "symlink", parent);
   ReplyEntry(req, *rec);
@@ -98,12 +135,14 @@ void Symlink(fuse_req_t req, const char* target, fuse_ino_t parent, const char* 
 
 void Rename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t new_parent,
             const char* new_name, unsigned flags) {
+  if (RefuseView(req, parent) || RefuseView(req, new_parent)) return;
   Status st = Ctx(req).store->Rename(parent, name, new_parent, new_name, flags);
   if (!st.ok()) return ReplyError(req, st, "rename", parent);
   fuse_reply_err(req, 0);
 }
 
 void Link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t new_parent, const char* new_name) {
+  if (RefuseView(req, ino) || RefuseView(req, new_parent)) return;
   auto rec = Ctx(req).store->Link(ino, new_parent, new_name);
   if (!rec.ok()) return ReplyError(req, rec.status(), "link", ino);
   ReplyEntry(req, *rec);

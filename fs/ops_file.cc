@@ -20,6 +20,15 @@ void SetOpenFlags(fuse_file_info* fi, uint64_t fh, bool keep_cache) {
 }
 
 void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  if (IsViewIno(ino)) {
+    if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC)) {
+      return static_cast<void>(fuse_reply_err(req, EROFS));
+    }
+    Status st = Ctx(req).views->Open(ino);
+    if (!st.ok()) return ReplyError(req, st, "open", ino);
+    SetOpenFlags(fi, 0, false);  // small view files (the tracker) follow their source
+    return static_cast<void>(fuse_reply_open(req, fi));
+  }
   // The kernel hands O_TRUNC to open (FUSE_CAP_ATOMIC_O_TRUNC, on by default) instead of
   // truncating first: the store must drop the old bytes.
   uint64_t fh = 0;
@@ -37,6 +46,7 @@ void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
 }
 
 void Create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, fuse_file_info* fi) {
+  if (RefuseView(req, parent)) return;
   Store* store = Ctx(req).store;
   auto rec = store->MakeNode(parent, name, S_IFREG | (mode & 07777), 0, CallerOf(req));
   if (!rec.ok()) return ReplyError(req, rec.status(), "create", parent);
@@ -50,6 +60,12 @@ void Create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, fu
 }
 
 void Read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
+  if (IsViewIno(ino)) {
+    std::string buf;
+    Status st = Ctx(req).views->Read(ino, static_cast<uint64_t>(off), size, &buf);
+    if (!st.ok()) return ReplyError(req, st, "read", ino);
+    return static_cast<void>(fuse_reply_buf(req, buf.data(), buf.size()));
+  }
   std::vector<ReadSlice> slices;
   Status st = Ctx(req).store->Read(ino, static_cast<uint64_t>(off), size, &slices);
   if (!st.ok()) return ReplyError(req, st, "read", ino);
@@ -63,6 +79,7 @@ void Read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info
 
 void Write(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_t off,
            fuse_file_info* fi) {
+  if (RefuseView(req, ino)) return;
   Status st = Ctx(req).store->Write(ino, static_cast<uint64_t>(off),
                                     reinterpret_cast<const uint8_t*>(buf), size, fi->fh);
   if (!st.ok()) return ReplyError(req, st, "write", ino);
@@ -70,18 +87,21 @@ void Write(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_t o
 }
 
 void Flush(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  if (IsViewIno(ino)) return static_cast<void>(fuse_reply_err(req, 0));
   Status st = Ctx(req).store->Flush(ino, fi->fh);
   if (!st.ok()) return ReplyError(req, st, "flush", ino);
   fuse_reply_err(req, 0);
 }
 
 void Release(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  if (IsViewIno(ino)) return static_cast<void>(fuse_reply_err(req, 0));
   Status st = Ctx(req).store->Release(ino, fi->fh);
   if (!st.ok()) return ReplyError(req, st, "release", ino);
   fuse_reply_err(req, 0);
 }
 
 void Fsync(fuse_req_t req, fuse_ino_t ino, int, fuse_file_info* fi) {
+  if (IsViewIno(ino)) return static_cast<void>(fuse_reply_err(req, 0));
   Status st = Ctx(req).store->Fsync(ino, fi->fh);
   if (!st.ok()) return ReplyError(req, st, "fsync", ino);
   fuse_reply_err(req, 0);
@@ -91,6 +111,7 @@ void Fsync(fuse_req_t req, fuse_ino_t ino, int, fuse_file_info* fi) {
 // chunks are allocated when written.
 void Fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t len,
                fuse_file_info* fi) {
+  if (RefuseView(req, ino)) return;
   if (mode != 0) {
     fuse_reply_err(req, EOPNOTSUPP);
     return;

@@ -36,6 +36,7 @@ void SetHint(fuse_req_t req, fuse_ino_t ino, std::string_view name, std::string_
 
 void SetXattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char* value, size_t size,
               int flags) {
+  if (RefuseView(req, ino)) return;
   if (name == kPrefetchXattr || name == Store::kPinXattr) {
     return SetHint(req, ino, name, std::string_view(value, size));
   }
@@ -46,6 +47,15 @@ void SetXattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char* valu
 }
 
 void GetXattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
+  if (IsViewIno(ino)) {
+    // user.ckptfs.view_errors on a .views directory: why the specs looked up there failed.
+    if (std::string_view(name) != "user.ckptfs.view_errors") {
+      return static_cast<void>(fuse_reply_err(req, ENODATA));
+    }
+    auto v = Ctx(req).views->ViewErrors(ino);
+    if (!v.ok()) return ReplyError(req, v.status(), "getxattr", ino);
+    return ReplySized(req, *v, size);
+  }
   if (IsComputedXattr(name)) {
     auto v = ComputedXattr(Ctx(req), ino, name);
     if (!v.ok()) return ReplyError(req, v.status(), "getxattr", ino);
@@ -57,6 +67,7 @@ void GetXattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
 }
 
 void ListXattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
+  if (IsViewIno(ino)) return ReplySized(req, "", size);
   auto names = Ctx(req).store->ListXattrs(ino);
   if (!names.ok()) return ReplyError(req, names.status(), "listxattr", ino);
   std::string all;
@@ -68,6 +79,7 @@ void ListXattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
 }
 
 void RemoveXattr(fuse_req_t req, fuse_ino_t ino, const char* name) {
+  if (RefuseView(req, ino)) return;
   if (name == kPrefetchXattr) {
     Ctx(req).store->CancelPrefetch(ino);
     return static_cast<void>(fuse_reply_err(req, 0));

@@ -197,14 +197,50 @@ int InspectDir(const std::string& path, bool as_json) {
   return 0;
 }
 
+// `inspect ROOT --view SPEC`: the view's files and sizes, or why the daemon refused it.
+int InspectView(const std::string& root, const std::string& spec) {
+  const std::string views = root + "/.views";
+  const std::string dir = views + "/" + spec;
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) {
+    const int err = errno;
+    auto why = Attr(views, "user.ckptfs.view_errors");
+    if (why.ok()) {
+      std::istringstream lines(*why);
+      for (std::string line; std::getline(lines, line);) {
+        if (line.rfind(spec + ": ", 0) == 0) return Fail("view " + line);
+      }
+    }
+    return Fail(dir + ": " + std::strerror(err));
+  }
+  std::error_code ec;
+  uint64_t files = 0, bytes = 0;
+  for (auto it = std::filesystem::recursive_directory_iterator(dir, ec);
+       !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
+    if (!it->is_regular_file()) continue;
+    const uint64_t size = it->file_size();
+    std::printf("%12llu  %s\n", static_cast<unsigned long long>(size),
+                it->path().lexically_relative(dir).c_str());
+    ++files;
+    bytes += size;
+  }
+  if (ec) return Fail(dir + ": " + ec.message());
+  std::printf("view %s: %llu files, %llu bytes\n", spec.c_str(),
+              static_cast<unsigned long long>(files), static_cast<unsigned long long>(bytes));
+  return 0;
+}
+
 }  // namespace
 
 int Inspect(const std::vector<std::string>& args) {
   bool as_json = false;
-  std::string path;
-  for (const std::string& a : args) {
+  std::string path, view;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
     if (a == "--json") {
       as_json = true;
+    } else if (a == "--view" && i + 1 < args.size()) {
+      view = args[++i];
     } else if (path.empty()) {
       path = a;
     } else {
@@ -212,6 +248,7 @@ int Inspect(const std::vector<std::string>& args) {
     }
   }
   if (path.empty()) return Fail("inspect takes one path: ckptfs inspect [--json] FILE|DIR");
+  if (!view.empty()) return InspectView(path, view);
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return Fail(path + ": " + std::strerror(errno));
   if (S_ISDIR(st.st_mode)) return InspectDir(path, as_json);

@@ -36,6 +36,7 @@ constexpr const char* kUsage = R"(usage:
   ckptfs umount MOUNTPOINT [--lazy]
   ckptfs stats [MOUNTPOINT|PATH|CACHE_DIR]
   ckptfs inspect [--json] FILE|DIR
+  ckptfs inspect ROOT --view SPEC
   ckptfs prefetch PATH [--wait]
 
 mount options (-o): ram_cache=SIZE, write_queue=SIZE, write_threads=N, reorder_buffer=SIZE,
@@ -43,7 +44,7 @@ mount options (-o): ram_cache=SIZE, write_queue=SIZE, write_threads=N, reorder_b
   writeback_cache[=0|1], max_threads=N, max_background=N, max_readahead=SIZE,
   attr_timeout=SECONDS, entry_timeout=SECONDS, chunk_min=SIZE, chunk_avg=SIZE, chunk_max=SIZE,
   tensor_chunking[=0|1], tensor_piece=SIZE, durability=local|remote, cache_size=SIZE,
-  upload_threads=N, remote_timeout=SECONDS, sync_interval=SECONDS;
+  upload_threads=N, remote_timeout=SECONDS, sync_interval=SECONDS, view_rules=FILE;
   any other option goes to FUSE (e.g. ro, allow_other).
 --backend-faults SPEC (tests) injects backend faults, e.g. fail=0.1,seed=7,ops=put+get.
 --backend: file:///PATH or s3://BUCKET[/PREFIX] (endpoint: --s3-endpoint or AWS_ENDPOINT_URL;
@@ -79,6 +80,7 @@ Status ApplyOption(const std::string& opt, Config& cfg) {
     if (key == "tensor_piece") return size(cfg.chunking.piece_bytes);
     if (key == "tensor_chunking") return (cfg.chunking.tensor_boundaries = val != "0"), Status::Ok();
     if (key == "io_engine") return (cfg.io_engine = val), Status::Ok();
+    if (key == "view_rules") return (cfg.view_rules = val), Status::Ok();
     if (key == "durability") return (cfg.durability = val), Status::Ok();
     if (key == "cache_size") return size(cfg.cache_bytes);
     if (key == "upload_threads") return (cfg.upload_threads = std::stoul(val)), Status::Ok();

@@ -1,0 +1,612 @@
+#include "fs/views.h"
+
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "formats/dcp.h"
+#include "formats/torch_file.h"
+#include "reshard/dcp_view.h"
+#include "reshard/megatron.h"
+
+namespace ckptfs::fs {
+
+namespace {
+constexpr std::string_view kTracker = "latest_checkpointed_iteration.txt";
+constexpr std::string_view kDcpMetadata = ".metadata";
+constexpr std::string_view kRankFile = "model_optim_rng.pt";
+constexpr uint64_t kMaxSmallFile = 64 << 20;  // tracker, .metadata, extra zip records
+enum Type { kViewsDir, kSpecDir, kIterDir, kRankDir, kFile };
+enum class Kind { kMegatron, kDcp };
+// Random access to a committed file through the store.
+zip::ReadAtFn ReadAtOf(Store* store, std::shared_ptr<const Manifest> m) {
+  return [store, m](uint64_t off, size_t len) -> Result<std::string> {
+    std::vector<ReadSlice> slices;
+    RETURN_IF_ERROR(store->ReadCommitted(*m, off, len, &slices));
+    std::string out;
+    for (const ReadSlice& s : slices) out.append(reinterpret_cast<const char*>(s.data), s.len);
+    if (out.size() != len) return Corrupt("short read");
+    return out;
+  };
+}
+
+// The iteration directory a tracker file's bytes name ("iter_0000100" or "release").
+Result<std::string> TrackedIteration(std::string tracker) {
+  while (!tracker.empty() && std::isspace(static_cast<unsigned char>(tracker.back()))) {
+    tracker.pop_back();
+  }
+  if (tracker == "release") return tracker;
+  try {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "iter_%07lld", std::stoll(tracker));
+    return std::string(buf);
+  } catch (const std::exception&) {
+    return Invalid("the tracker file holds '" + tracker + "', not an iteration");
+  }
+}
+
+}  // namespace
+
+// The stored files a plan reads: their inodes and the manifests it was planned against.
+struct Sources {
+  std::vector<uint64_t> inos;
+  std::vector<std::shared_ptr<const Manifest>> manifests;
+  // Per source: data offset -> (length, CRC-32) of each zip record, for KnownCrcFn.
+  std::vector<std::map<uint64_t, std::pair<uint64_t, uint32_t>>> records;
+  uint32_t Add(uint64_t ino, std::shared_ptr<const Manifest> m) {
+    inos.push_back(ino);
+    manifests.push_back(std::move(m));
+    records.emplace_back();
+    return static_cast<uint32_t>(inos.size() - 1);
+  }
+};
+
+struct ViewTree::Body {
+  std::mutex mu;
+  bool ready = false;  // CRCs computed; guarded by mu, then read-only
+  reshard::ViewFile file;
+  std::shared_ptr<Sources> sources;  // null for a literal-only file
+};
+
+struct ViewTree::Node {
+  uint64_t ino = 0, parent = 0;
+  int type = kViewsDir;
+  Kind kind = Kind::kMegatron;
+  uint64_t root = 0;  // the real checkpoint directory
+  std::string name, spec;
+  uint32_t T = 0, P = 0;
+  std::map<std::string, uint64_t> children;  // looked up so far
+  bool planned = false;
+  std::vector<std::shared_ptr<Body>> plan;  // kIterDir: per target rank (p * T + t)
+  std::shared_ptr<Body> body;               // kFile
+  uint32_t t = 0, p = 0;                    // kRankDir
+  std::map<std::string, std::string> errors;  // kViewsDir: spec -> why it failed
+};
+
+Result<std::shared_ptr<ViewTree>> ViewTree::Make(Store* store, Logger log,
+                                                 const std::string& rules_file) {
+  std::shared_ptr<const reshard::Rules> rules = reshard::Rules::BuiltIn();
+  if (!rules_file.empty()) {
+    std::ifstream in(rules_file);
+    if (!in) return Invalid("cannot read the view rules file " + rules_file);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    ASSIGN_OR_RETURN(rules, reshard::Rules::Parse(ss.str()));
+  }
+  return std::shared_ptr<ViewTree>(new ViewTree(store, std::move(log), std::move(rules)));
+}
+
+ViewTree::ViewTree(Store* store, Logger log, std::shared_ptr<const reshard::Rules> rules)
+    : store_(store), log_(std::move(log)), rules_(std::move(rules)) {}
+ViewTree::~ViewTree() = default;
+
+ViewTree::Node* ViewTree::Get(uint64_t ino) {
+  const uint64_t i = ino & ~kViewInoBit;
+  if (!IsViewIno(ino) || i >= nodes_.size()) return nullptr;
+  return nodes_[i].get();
+}
+
+ViewTree::Node* ViewTree::AddChild(Node* parent, std::string name, int type) {
+  auto n = std::make_unique<Node>();
+  n->ino = kViewInoBit | nodes_.size();
+  n->type = type;
+  n->name = name;
+  if (parent) {
+    n->parent = parent->ino;
+    n->kind = parent->kind;
+    n->root = parent->root;
+    n->spec = parent->spec;
+    n->T = parent->T;
+    n->P = parent->P;
+    parent->children[name] = n->ino;
+  }
+  nodes_.push_back(std::move(n));
+  return nodes_.back().get();
+}
+
+Result<std::string> ViewTree::ReadReal(uint64_t ino, uint64_t max_len) {
+  ASSIGN_OR_RETURN(auto m, store_->CommittedManifest(ino));
+  if (m->size() > max_len) return Invalid("file too large to read whole");
+  std::vector<ReadSlice> slices;
+  RETURN_IF_ERROR(store_->ReadCommitted(*m, 0, m->size(), &slices));
+  std::string out;
+  for (const ReadSlice& s : slices) out.append(reinterpret_cast<const char*>(s.data), s.len);
+  return out;
+}
+
+bool ViewTree::HasViews(uint64_t dir) {
+  return store_->Lookup(dir, kTracker).ok() || store_->Lookup(dir, kDcpMetadata).ok();
+}
+
+Result<InodeRecord> ViewTree::LookupViews(uint64_t root) {
+  Kind kind;
+  if (store_->Lookup(root, kTracker).ok()) {
+    kind = Kind::kMegatron;
+  } else if (store_->Lookup(root, kDcpMetadata).ok()) {
+    kind = Kind::kDcp;
+  } else {
+    return NotFound(".views");
+  }
+  std::lock_guard lock(mu_);
+  auto it = views_of_.find(root);
+  Node* n;
+  if (it != views_of_.end()) {
+    n = Get(it->second);
+  } else {
+    n = AddChild(nullptr, std::string(kViewsName), kViewsDir);
+    n->parent = root;
+    n->root = root;
+    n->kind = kind;
+    views_of_[root] = n->ino;
+  }
+  return Attr(*n);
+}
+
+Result<InodeRecord> ViewTree::Attr(const Node& n) {
+  ASSIGN_OR_RETURN(InodeRecord root, store_->GetAttr(n.root));
+  InodeRecord r;
+  r.ino = n.ino;
+  r.uid = root.uid;
+  r.gid = root.gid;
+  r.atime_ns = r.mtime_ns = r.ctime_ns = root.mtime_ns;
+  if (n.type == kFile) {
+    r.mode = S_IFREG | 0444;
+    r.nlink = 1;
+    r.size = n.body->file.recipe.size();
+  } else {
+    r.mode = S_IFDIR | 0555;
+    r.nlink = 2;
+  }
+  return r;
+}
+
+namespace {
+
+// "tpT-ppP" -> (T, P).
+bool ParseMegatronSpec(std::string_view s, uint32_t* T, uint32_t* P) {
+  unsigned t = 0, p = 0;
+  char tail = 0;
+  const std::string str(s);
+  if (std::sscanf(str.c_str(), "tp%u-pp%u%c", &t, &p, &tail) != 2) return false;
+  if (t == 0 || p == 0 || t > 4096 || p > 4096) return false;
+  if (str != "tp" + std::to_string(t) + "-pp" + std::to_string(p)) return false;
+  *T = t;
+  *P = p;
+  return true;
+}
+
+bool IsIterationName(std::string_view n) {
+  if (n == "release") return true;
+  if (n.size() != 12 || !n.starts_with("iter_")) return false;
+  return n.substr(5).find_first_not_of("0123456789") == std::string_view::npos;
+}
+
+// "mp_rank_TT" or "mp_rank_TT_PPP".
+bool ParseRankDir(std::string_view n, uint32_t* tp, uint32_t* pp) {
+  unsigned a = 0, b = 0;
+  char tail = 0;
+  const std::string s(n);
+  if (s.size() == 10 && std::sscanf(s.c_str(), "mp_rank_%2u%c", &a, &tail) == 1) {
+    *tp = a;
+    *pp = 0;
+    return true;
+  }
+  if (s.size() == 14 && std::sscanf(s.c_str(), "mp_rank_%2u_%3u%c", &a, &b, &tail) == 2) {
+    *tp = a;
+    *pp = b;
+    return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+Status ViewTree::PlanMegatronIter(Node* iter) {
+  if (iter->planned) return Status::Ok();
+  ASSIGN_OR_RETURN(InodeRecord dir, store_->Lookup(iter->root, iter->name));
+  // The rank files, as the directory names them.
+  std::vector<std::pair<std::string, std::pair<uint32_t, uint32_t>>> ranks;
+  RETURN_IF_ERROR(store_->ReadDir(dir.ino, 0, [&](const DirItem& item) {
+    uint32_t tp, pp;
+    if (ParseRankDir(item.name, &tp, &pp)) ranks.push_back({std::string(item.name), {tp, pp}});
+    return true;
+  }));
+  if (ranks.empty()) return Invalid(iter->name + " holds no mp_rank_* directories");
+  reshard::MegatronSource src;
+  for (const auto& [name, tp_pp] : ranks) {
+    src.tp = std::max(src.tp, tp_pp.first + 1);
+    src.pp = std::max(src.pp, tp_pp.second + 1);
+  }
+  if (ranks.size() != size_t{src.tp} * src.pp) {
+    return Invalid(iter->name + " does not hold a complete " + std::to_string(src.tp) + "x" +
+                   std::to_string(src.pp) + " grid of rank directories");
+  }
+  auto sources = std::make_shared<Sources>();
+  for (const auto& [name, tp_pp] : ranks) {
+    ASSIGN_OR_RETURN(InodeRecord rd, store_->Lookup(dir.ino, name));
+    auto f = store_->Lookup(rd.ino, kRankFile);
+    if (!f.ok()) return Invalid(iter->name + "/" + name + " has no " + std::string(kRankFile));
+    ASSIGN_OR_RETURN(auto m, store_->CommittedManifest(f->ino));
+    const uint32_t index = sources->Add(f->ino, m);
+    const zip::ReadAtFn read_at = ReadAtOf(store_, m);
+    auto tf = ReadTorchFile(m->size(), read_at);
+    if (!tf.ok()) {
+      return Invalid(iter->name + "/" + name + "/" + std::string(kRankFile) + ": " +
+                     tf.status().message());
+    }
+    reshard::MegatronRankFile rf;
+    rf.tp = tp_pp.first;
+    rf.pp = tp_pp.second;
+    rf.source = index;
+    rf.file = std::make_shared<TorchFile>(std::move(*tf));
+    const std::string prefix = rf.file->prefix + "/";
+    for (const zip::Entry& e : rf.file->dir.entries) {
+      sources->records[index][e.data_offset] = {e.size, e.crc32};
+      const std::string rel = e.name.substr(std::min(prefix.size(), e.name.size()));
+      if (rel == "data.pkl" || rel.starts_with("data/")) continue;
+      if (e.size > kMaxSmallFile) return Invalid("record " + e.name + " is too large to copy");
+      ASSIGN_OR_RETURN(std::string bytes, read_at(e.data_offset, e.size));
+      rf.extra_records.emplace_back(rel, std::move(bytes));
+    }
+    src.ranks.push_back(std::move(rf));
+  }
+  ASSIGN_OR_RETURN(auto files, reshard::PlanMegatron(src, iter->T, iter->P, *rules_));
+  for (auto& f : files) {
+    auto b = std::make_shared<Body>();
+    b->file = std::move(f);
+    b->sources = sources;
+    iter->plan.push_back(std::move(b));
+  }
+  iter->planned = true;
+  return Status::Ok();
+}
+
+Status ViewTree::PlanDcp(Node* spec) {
+  if (spec->planned) return Status::Ok();
+  ASSIGN_OR_RETURN(InodeRecord meta_rec, store_->Lookup(spec->root, kDcpMetadata));
+  ASSIGN_OR_RETURN(std::string meta_bytes, ReadReal(meta_rec.ino, kMaxSmallFile));
+  ASSIGN_OR_RETURN(dcp::Metadata md, dcp::ParseMetadata(meta_bytes));
+  auto sources = std::make_shared<Sources>();
+  std::vector<reshard::DcpDataFile> files;
+  std::map<std::string, uint32_t> index_of;
+  for (const std::string& rel : md.Files()) {
+    // Data files sit beside .metadata (FileSystemWriter writes no subdirectories).
+    auto rec = store_->Lookup(spec->root, rel);
+    if (!rec.ok()) return Invalid("data file " + rel + " named by .metadata is missing");
+    ASSIGN_OR_RETURN(auto m, store_->CommittedManifest(rec->ino));
+    const uint32_t index = sources->Add(rec->ino, m);
+    index_of[rel] = index;
+    const zip::ReadAtFn read_at = ReadAtOf(store_, m);
+    ASSIGN_OR_RETURN(FileDescription desc, dcp::DescribeDataFile(md, rel, m->size(), read_at));
+    files.push_back(reshard::DcpDataFile{rel, index, std::move(desc)});
+  }
+  std::map<std::string, std::string> items;
+  for (const dcp::BytesEntry& b : md.bytes) {
+    if (b.storage.length > kMaxSmallFile) return Invalid("item " + b.fqn + " is too large");
+    const uint32_t index = index_of.at(b.storage.relative_path);
+    std::vector<ReadSlice> slices;
+    RETURN_IF_ERROR(store_->ReadCommitted(*sources->manifests[index], b.storage.offset,
+                                          b.storage.length, &slices));
+    std::string bytes;
+    for (const ReadSlice& s : slices) bytes.append(reinterpret_cast<const char*>(s.data), s.len);
+    items[b.fqn] = std::move(bytes);
+  }
+  ASSIGN_OR_RETURN(reshard::DcpView v, reshard::PlanDcpConsolidated(md, files, items));
+  for (auto [name, file] : {std::pair{"model.pt", &v.model_pt},
+                            std::pair{"model.safetensors", &v.model_safetensors}}) {
+    Node* f = AddChild(spec, name, kFile);
+    f->body = std::make_shared<Body>();
+    f->body->file = std::move(*file);
+    f->body->sources = sources;
+  }
+  spec->planned = true;
+  return Status::Ok();
+}
+
+Result<reshard::MegatronModel> ViewTree::ReadModel(uint64_t root) {
+  ASSIGN_OR_RETURN(InodeRecord tr, store_->Lookup(root, kTracker));
+  ASSIGN_OR_RETURN(std::string tracker, ReadReal(tr.ino, 4096));
+  ASSIGN_OR_RETURN(std::string iter_name, TrackedIteration(tracker));
+  ASSIGN_OR_RETURN(InodeRecord iter, store_->Lookup(root, iter_name));
+  std::string first;
+  RETURN_IF_ERROR(store_->ReadDir(iter.ino, 2, [&](const DirItem& item) {
+    uint32_t t, p;
+    if (ParseRankDir(item.name, &t, &p)) first = item.name;
+    return first.empty();
+  }));
+  if (first.empty()) return NotFound("no rank directory");
+  ASSIGN_OR_RETURN(InodeRecord rd, store_->Lookup(iter.ino, first));
+  ASSIGN_OR_RETURN(InodeRecord f, store_->Lookup(rd.ino, kRankFile));
+  ASSIGN_OR_RETURN(auto m, store_->CommittedManifest(f.ino));
+  ASSIGN_OR_RETURN(TorchFile tf, ReadTorchFile(m->size(), ReadAtOf(store_, m)));
+  return reshard::ReadMegatronModel(tf);
+}
+
+Status ViewTree::MakeSpec(Node* views, const std::string& spec, Node** out) {
+  if (views->kind == Kind::kDcp) {
+    if (spec != "consolidated") return NotFound(spec);
+    Node* n = AddChild(views, spec, kSpecDir);
+    n->spec = spec;
+    Status st = PlanDcp(n);
+    if (!st.ok()) {
+      views->children.erase(spec);  // the node stays unreachable; the next lookup tries again
+      return st;
+    }
+    *out = n;
+    return Status::Ok();
+  }
+  uint32_t T, P;
+  if (!ParseMegatronSpec(spec, &T, &P)) return NotFound(spec);
+  // Plan the iteration the tracker names now, so that an impossible spec fails here.
+  ASSIGN_OR_RETURN(InodeRecord tr, store_->Lookup(views->root, kTracker));
+  ASSIGN_OR_RETURN(std::string tracker, ReadReal(tr.ino, 4096));
+  ASSIGN_OR_RETURN(std::string iter_name, TrackedIteration(tracker));
+  Node* n = AddChild(views, spec, kSpecDir);
+  n->spec = spec;
+  n->T = T;
+  n->P = P;
+  Node* iter = AddChild(n, iter_name, kIterDir);
+  Status st = PlanMegatronIter(iter);
+  if (!st.ok()) {
+    views->children.erase(spec);
+    return st;
+  }
+  *out = n;
+  return Status::Ok();
+}
+
+Result<InodeRecord> ViewTree::Lookup(uint64_t parent, std::string_view name_view) {
+  std::lock_guard lock(mu_);
+  Node* dir = Get(parent);
+  if (!dir) return NotFound("no such view inode");
+  if (dir->type == kFile) return Status(Code::kNotDir, "a view file");
+  const std::string name(name_view);
+  if (auto it = dir->children.find(name); it != dir->children.end()) return Attr(*Get(it->second));
+  Node* made = nullptr;
+  switch (dir->type) {
+    case kViewsDir: {
+      Status st = MakeSpec(dir, name, &made);
+      if (!st.ok()) {
+        if (st.code() != Code::kNotFound) {
+          auto path = store_->ParentOf(dir->root);
+          log_->warn("view {} of directory inode {}{}: {}", name, dir->root,
+                     path.ok() ? " (" + path->second + ")" : "", st.message());
+          dir->errors[name] = st.message();
+          return Status(Code::kInvalid, st.message());
+        }
+        return st;
+      }
+      dir->errors.erase(name);
+      break;
+    }
+    case kSpecDir: {
+      if (dir->kind != Kind::kMegatron) return NotFound(name);
+      if (name == kTracker) {
+        ASSIGN_OR_RETURN(InodeRecord tr, store_->Lookup(dir->root, kTracker));
+        ASSIGN_OR_RETURN(std::string bytes, ReadReal(tr.ino, 4096));
+        made = AddChild(dir, name, kFile);
+        made->body = std::make_shared<Body>();
+        made->body->file.recipe.AddLiteral(std::move(bytes));
+        break;
+      }
+      if (!IsIterationName(name)) return NotFound(name);
+      auto real = store_->Lookup(dir->root, name);
+      if (!real.ok() || !S_ISDIR(real->mode)) return NotFound(name);
+      made = AddChild(dir, name, kIterDir);
+      Status st = PlanMegatronIter(made);
+      if (!st.ok()) {
+        dir->children.erase(name);
+        log_->warn("view {}/{}: {}", dir->spec, name, st.message());
+        return Status(Code::kInvalid, st.message());
+      }
+      break;
+    }
+    case kIterDir: {
+      for (uint32_t p = 0; p < dir->P && !made; ++p) {
+        for (uint32_t t = 0; t < dir->T; ++t) {
+          if (reshard::MegatronRankDir(t, p, dir->P) == name) {
+            made = AddChild(dir, name, kRankDir);
+            made->t = t;
+            made->p = p;
+            break;
+          }
+        }
+      }
+      if (!made) return NotFound(name);
+      break;
+    }
+    case kRankDir: {
+      if (name != kRankFile) return NotFound(name);
+      Node* iter = Get(dir->parent);
+      made = AddChild(dir, name, kFile);
+      made->body = iter->plan[size_t{dir->p} * dir->T + dir->t];
+      break;
+    }
+    default:
+      return NotFound(name);
+  }
+  return Attr(*made);
+}
+
+Result<InodeRecord> ViewTree::GetAttr(uint64_t ino) {
+  std::lock_guard lock(mu_);
+  Node* n = Get(ino);
+  if (!n) return NotFound("no such view inode");
+  return Attr(*n);
+}
+
+Status ViewTree::ReadDir(uint64_t ino, uint64_t offset,
+                         const std::function<bool(const DirItem&)>& fn) {
+  std::vector<std::pair<std::string, uint32_t>> names;  // (name, type bits)
+  uint64_t parent_ino;
+  {
+    std::lock_guard lock(mu_);
+    Node* n = Get(ino);
+    if (!n) return NotFound("no such view inode");
+    if (n->type == kFile) return Status(Code::kNotDir, "a view file");
+    parent_ino = n->parent;
+    switch (n->type) {
+      case kViewsDir:
+        if (n->kind == Kind::kDcp) {
+          names.push_back({"consolidated", S_IFDIR});
+        } else {
+          // The source's own shape and every valid shape up to 8 x 8.
+          for (uint32_t t : {1u, 2u, 4u, 8u}) {
+            for (uint32_t p : {1u, 2u, 4u, 8u}) {
+              names.push_back({"tp" + std::to_string(t) + "-pp" + std::to_string(p), S_IFDIR});
+            }
+          }
+          std::vector<std::pair<std::string, uint32_t>> valid;
+          auto model = ReadModel(n->root);
+          for (auto& [name, type] : names) {
+            uint32_t T, P;
+            ParseMegatronSpec(name, &T, &P);
+            if (model.ok() && reshard::CheckMegatronTarget(*model, T, P).ok()) {
+              valid.push_back({name, type});
+            }
+          }
+          names = std::move(valid);
+        }
+        break;
+      case kSpecDir:
+        if (n->kind == Kind::kDcp) {
+          names = {{"model.pt", S_IFREG}, {"model.safetensors", S_IFREG}};
+        } else {
+          names.push_back({std::string(kTracker), S_IFREG});
+          (void)store_->ReadDir(n->root, 2, [&](const DirItem& item) {
+            if (IsIterationName(item.name) && S_ISDIR(item.mode)) {
+              names.push_back({std::string(item.name), S_IFDIR});
+            }
+            return true;
+          });
+        }
+        break;
+      case kIterDir:
+        for (uint32_t p = 0; p < n->P; ++p) {
+          for (uint32_t t = 0; t < n->T; ++t) {
+            names.push_back({reshard::MegatronRankDir(t, p, n->P), S_IFDIR});
+          }
+        }
+        break;
+      case kRankDir:
+        names.push_back({std::string(kRankFile), S_IFREG});
+        break;
+    }
+  }
+  if (offset < 1 && !fn(DirItem{".", ino, S_IFDIR, 1})) return Status::Ok();
+  if (offset < 2 && !fn(DirItem{"..", parent_ino, S_IFDIR, 2})) return Status::Ok();
+  for (size_t i = offset > 2 ? offset - 2 : 0; i < names.size(); ++i) {
+    // The inode number of a name not looked up yet is not known; readdir's d_ino is a hint.
+    if (!fn(DirItem{names[i].first, kViewInoBit, names[i].second, i + 3})) break;
+  }
+  return Status::Ok();
+}
+
+Result<std::shared_ptr<ViewTree::Body>> ViewTree::BodyOf(uint64_t ino) {
+  std::lock_guard lock(mu_);
+  Node* n = Get(ino);
+  if (!n) return NotFound("no such view inode");
+  if (n->type != kFile) return Status(Code::kIsDir, "a view directory");
+  return n->body;
+}
+
+namespace {
+
+// Streams source bytes [off, off + len) of source s to sink, a few MiB at a time.
+Status ReadSource(Store* store, const Sources& src, uint32_t s, uint64_t off, uint64_t len,
+                  const std::function<void(const uint8_t*, size_t)>& sink) {
+  constexpr uint64_t kStep = 8 << 20;
+  for (uint64_t at = 0; at < len; at += kStep) {
+    std::vector<ReadSlice> slices;
+    const uint64_t n = std::min(kStep, len - at);
+    Status st = store->ReadCommitted(*src.manifests[s], off + at, n, &slices);
+    if (st.code() == Code::kNotFound) {
+      return IoError("a source file of the view changed since it was planned");
+    }
+    RETURN_IF_ERROR(st);
+    uint64_t got = 0;
+    for (const ReadSlice& sl : slices) {
+      sink(sl.data, sl.len);
+      got += sl.len;
+    }
+    if (got != n) return Corrupt("a source file of the view is shorter than planned");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status ViewTree::Open(uint64_t ino) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Body> body, BodyOf(ino));
+  std::lock_guard lock(body->mu);
+  if (body->ready) return Status::Ok();
+  if (!body->file.crc_tasks.empty()) {
+    const Sources& src = *body->sources;
+    auto read = [&](uint32_t s, uint64_t off, uint64_t len,
+                    const std::function<void(const uint8_t*, size_t)>& sink) {
+      return ReadSource(store_, src, s, off, len, sink);
+    };
+    auto known = [&](uint32_t s, uint64_t off, uint64_t len) -> std::optional<uint32_t> {
+      const auto& recs = src.records[s];
+      auto it = recs.find(off);
+      if (it != recs.end() && it->second.first == len) return it->second.second;
+      return std::nullopt;
+    };
+    RETURN_IF_ERROR(reshard::ComputeCrcs(&body->file, read, known));
+  }
+  body->ready = true;
+  return Status::Ok();
+}
+
+Status ViewTree::Read(uint64_t ino, uint64_t offset, size_t len, std::string* out) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Body> body, BodyOf(ino));
+  {
+    std::lock_guard lock(body->mu);
+    if (!body->ready) return Internal("view file read before open");
+  }
+  return body->file.recipe.Walk(offset, len, [&](const reshard::Piece& pc) -> Status {
+    if (pc.literal) {
+      out->append(reinterpret_cast<const char*>(pc.literal), pc.len);
+      return Status::Ok();
+    }
+    return ReadSource(store_, *body->sources, pc.source, pc.offset, pc.len,
+                      [&](const uint8_t* p, size_t n) {
+                        out->append(reinterpret_cast<const char*>(p), n);
+                      });
+  });
+}
+
+Result<std::string> ViewTree::ViewErrors(uint64_t ino) {
+  std::lock_guard lock(mu_);
+  Node* n = Get(ino);
+  if (!n) return NotFound("no such view inode");
+  if (n->type != kViewsDir || n->errors.empty()) return Status(Code::kNoData, "no view errors");
+  std::string s;
+  for (const auto& [spec, why] : n->errors) s += spec + ": " + why + "\n";
+  return s;
+}
+
+}  // namespace ckptfs::fs

@@ -1,0 +1,81 @@
+// The virtual `.views` directories (docs/views.md): a recognized checkpoint directory ROOT shows
+// ROOT/.views/SPEC/..., files resharded on read from ROOT's stored files.
+//
+// Virtual inodes carry kViewInoBit, so they never meet the store's inode numbers; a node, once
+// looked up, keeps its number for the life of the mount. Plans are built on lookup of a spec
+// (so an impossible one fails there, with the reason in the log) and cached; a view file's
+// CRC-32s are computed on its first open. Reads walk the file's recipe and read the source
+// byte ranges through the store: nothing is materialized.
+//
+// Thread-safe: one mutex guards the tree and planning; reads of a planned file take none.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+#include <mutex>
+
+#include "common/log.h"
+#include "reshard/megatron.h"
+#include "store/store.h"
+
+namespace ckptfs::fs {
+
+inline constexpr uint64_t kViewInoBit = uint64_t{1} << 62;
+inline bool IsViewIno(uint64_t ino) { return (ino & kViewInoBit) != 0; }
+inline constexpr std::string_view kViewsName = ".views";
+
+class ViewTree {
+ public:
+  // rules_file: a user rules file (Config::view_rules), "" for the built-in rules only.
+  // Errors: the rules file cannot be read or parsed.
+  static Result<std::shared_ptr<ViewTree>> Make(Store* store, Logger log,
+                                                const std::string& rules_file);
+  ~ViewTree();
+
+  // Whether real directory `dir` holds a checkpoint views are offered for (a name lookup or two).
+  bool HasViews(uint64_t dir);
+  // ROOT/.views for real directory `root`; kNotFound when it holds no such checkpoint.
+  Result<InodeRecord> LookupViews(uint64_t root);
+  // Under a virtual directory. An impossible spec is kInvalid, with the reason logged and kept
+  // for ViewErrors.
+  Result<InodeRecord> Lookup(uint64_t parent, std::string_view name);
+  Result<InodeRecord> GetAttr(uint64_t ino);
+  Status ReadDir(uint64_t dir, uint64_t offset, const std::function<bool(const DirItem&)>& fn);
+  // Readies a view file for reads (its CRCs, once). kIsDir for a directory.
+  Status Open(uint64_t ino);
+  // Appends bytes [offset, offset + len) of view file `ino` to *out. REQUIRES: Open succeeded.
+  Status Read(uint64_t ino, uint64_t offset, size_t len, std::string* out);
+  // The reasons the specs looked up under `.views` directory `ino` failed, one "SPEC: reason"
+  // line each (user.ckptfs.view_errors); kNoData when none failed.
+  Result<std::string> ViewErrors(uint64_t ino);
+
+  struct Node;
+  struct Body;
+
+ private:
+  ViewTree(Store* store, Logger log, std::shared_ptr<const reshard::Rules> rules);
+  Node* Get(uint64_t ino);  // REQUIRES: mu_ held
+  Result<std::shared_ptr<Body>> BodyOf(uint64_t ino);  // a view file's; takes mu_
+  Node* AddChild(Node* parent, std::string name, int type);  // REQUIRES: mu_ held
+  Result<InodeRecord> Attr(const Node& n);
+  Status MakeSpec(Node* views, const std::string& spec, Node** out);  // REQUIRES: mu_ held
+  Status PlanMegatronIter(Node* iter);  // REQUIRES: mu_ held
+  Status PlanDcp(Node* spec);           // REQUIRES: mu_ held
+  Result<std::string> ReadReal(uint64_t ino, uint64_t max_len);
+  // The model's shape, from a rank file of the iteration the tracker names.
+  Result<reshard::MegatronModel> ReadModel(uint64_t root);
+
+  Store* store_;
+  Logger log_;
+  std::shared_ptr<const reshard::Rules> rules_;
+  std::mutex mu_;
+  std::vector<std::unique_ptr<Node>> nodes_;          // guarded by mu_; index = ino & ~kViewInoBit
+  std::unordered_map<uint64_t, uint64_t> views_of_;   // guarded by mu_: real root -> .views ino
+};
+
+}  // namespace ckptfs::fs

@@ -1,0 +1,275 @@
+# Resharded views of Megatron-LM checkpoints (docs/views.md) through a real mount: a source
+# checkpoint written into the mount by tests/reshard/megatron_fixture.py (Megatron's own layout,
+# every structural fact traced there to Megatron-LM's source), its ROOT/.views/tpT-ppP files loaded
+# with torch.load and compared bit for bit with the reference that megatron_fixture computes in
+# Python from the source files (independent of the C++ view code). Runs in /usr/bin/python3.
+import argparse
+import errno
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import zipfile
+
+import pytest
+import torch
+
+from conftest import CKPTFS_BIN, REPO_ROOT, expect_errno, read_file, run
+
+sys.path.insert(0, str(REPO_ROOT / "tests" / "reshard"))
+import megatron_fixture as mf  # noqa: E402
+
+ITER = "iter_0000100"
+
+# Every case marks the rules (distinct Adam steps per source rank, replicated tensors that differ
+# per TP rank, a head copy that differs from the embeddings), so that taking a value from the
+# wrong source rank shows. vocab 1000, make_vocab_size_divisible_by 96: padded(1) = 1056,
+# padded(2) = padded(4) = 1152, so TP 1 -> 4 extends the table and 4 -> 1 cuts it.
+MARKS = dict(distinct_steps=True, skew_replicas=True, skew_head=True)
+GQA_SWIGLU = dict(num_query_groups=4, swiglu=True, normalization="RMSNorm",
+                  position_embedding_type="rope", bias=False)
+
+CASES = {
+    # TP only
+    "mcore-tied-tp4-to-tp2": (dict(era="mcore"), (4, 1), (2, 1)),
+    "mcore-tied-tp4-to-tp1": (dict(era="mcore"), (4, 1), (1, 1)),
+    "legacy-untied-tp1-to-tp4": (dict(era="legacy", untie=True), (1, 1), (4, 1)),
+    "legacy-tied-tp2-to-tp4": (dict(era="legacy", cuda_locations=True), (2, 1), (4, 1)),
+    # PP only (layers renumbered; the tied head copy dropped / made from the embeddings)
+    "mcore-tied-pp2-to-pp1": (dict(era="mcore"), (1, 2), (1, 1)),
+    "legacy-tied-pp1-to-pp2": (dict(era="legacy"), (1, 1), (1, 2)),
+    "mcore-tied-pp1-to-pp2": (dict(era="mcore", cuda_locations=True), (2, 1), (2, 2)),
+    "legacy-untied-pp2-to-pp4": (dict(era="legacy", untie=True), (1, 2), (1, 4)),
+    # both at once
+    "mcore-untied-tp2pp2-to-tp4pp1": (dict(era="mcore", untie=True), (2, 2), (4, 1)),
+    "legacy-tied-tp1pp1-to-tp2pp2": (dict(era="legacy"), (1, 1), (2, 2)),
+    "mcore-tied-tp2pp2-to-tp1pp4": (dict(era="mcore"), (2, 2), (1, 4)),
+    # GQA + SwiGLU (RMSNorm, rotary, no biases)
+    "mcore-gqa-swiglu-tp2-to-tp4": (dict(era="mcore", **GQA_SWIGLU), (2, 1), (4, 1)),
+    "mcore-gqa-swiglu-tp4pp1-to-tp1pp2": (dict(era="mcore", untie=True, **GQA_SWIGLU),
+                                          (4, 1), (1, 2)),
+    "legacy-gqa-swiglu-tp4-to-tp2pp2": (dict(era="legacy", num_query_groups=4, swiglu=True),
+                                        (4, 1), (2, 2)),
+    # args.vocab_size None (Megatron's default): the source's padded size is the vocabulary
+    "legacy-no-vocab-size-tp1-to-tp4": (dict(era="legacy", args_vocab_size=False), (1, 1), (4, 1)),
+    # Transformer Engine's extra state: empty uint8 tensors
+    "mcore-te-extra-state-tp2-to-tp1": (dict(era="mcore", extra_state="empty"), (2, 1), (1, 1)),
+    # Transformer Engine's FusedAdam: 'step' in the param groups, no per-parameter step
+    "mcore-fused-adam-tp2pp2-to-tp4pp1": (dict(era="mcore", fused_adam=True), (2, 2), (4, 1)),
+}
+
+
+def spec(t, p):
+    return f"tp{t}-pp{p}"
+
+
+def make_source(root, cfg_kw, shape, marks=True, iteration=100):
+    cfg = mf.ModelConfig(**cfg_kw, **(MARKS if marks else {}))
+    mf.save_checkpoint(root, cfg, *shape, iteration=iteration)
+    return cfg
+
+
+def count_tensors(obj, seen=None):
+    seen = set() if seen is None else seen
+    if isinstance(obj, torch.Tensor):
+        seen.add(id(obj))
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            count_tensors(v, seen)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            count_tensors(v, seen)
+    elif isinstance(obj, argparse.Namespace):
+        count_tensors(vars(obj), seen)
+    return len(seen)
+
+
+def check_zip(path, source_file):
+    """docs 'Synthesized files': a torch zip whose CRCs check, every record stored and its data
+    aligned to 64 bytes, the source's record prefix, a protocol-2 data.pkl, one storage per tensor
+    named 0, 1, ... and the source's other records byte for byte."""
+    with zipfile.ZipFile(path) as z:
+        assert z.testzip() is None, f"{path}: bad CRC"
+        infos = z.infolist()
+        with open(path, "rb") as f:
+            for i in infos:
+                assert i.compress_type == zipfile.ZIP_STORED, i.filename
+                f.seek(i.header_offset)
+                h = f.read(30)
+                assert h[:4] == b"PK\x03\x04", i.filename
+                name_len, extra_len = struct.unpack("<HH", h[26:30])
+                assert (i.header_offset + 30 + name_len + extra_len) % 64 == 0, i.filename
+        names = [i.filename for i in infos]
+        assert all(n.startswith("model_optim_rng/") for n in names), names
+        assert z.read("model_optim_rng/data.pkl")[:2] == b"\x80\x02"
+        storages = sorted(int(n.rsplit("/", 1)[1]) for n in names
+                          if n.startswith("model_optim_rng/data/"))
+        n = count_tensors(torch.load(path, map_location="cpu"))
+        assert storages == list(range(n)), f"{path}: {len(storages)} storages for {n} tensors"
+        others = {x for x in names if x != "model_optim_rng/data.pkl"
+                  and not x.startswith("model_optim_rng/data/")}
+        with zipfile.ZipFile(source_file) as s:
+            src_others = {x for x in s.namelist() if x != "model_optim_rng/data.pkl"
+                          and not x.startswith("model_optim_rng/data/")}
+            assert others == src_others
+            for x in others:
+                assert z.read(x) == s.read(x), x
+
+
+def check_reads_are_stable(path):
+    """The same bytes on every read, whole or in pieces at odd offsets."""
+    whole = read_file(path)
+    assert read_file(path) == whole
+    assert os.stat(path).st_size == len(whole)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for off in (0, 1, 63, 64, 4095, 4097, len(whole) // 3, len(whole) - 7):
+            for size in (1, 100, 8191, 70000):
+                assert os.pread(fd, size, off) == whole[off:off + size], (off, size)
+    finally:
+        os.close(fd)
+
+
+def check_view(root, source_shape, target, dirname=ITER):
+    """Every file of ROOT/.views/SPEC/dirname against the reference."""
+    T, P = target
+    view = root / ".views" / spec(T, P)
+    ref = mf.reference_shard(root, T, P, dirname)
+    assert read_file(view / mf.TRACKER) == read_file(root / mf.TRACKER)
+    mf.compare_view(view, ref, dirname)
+    src_files, _, _ = mf.rank_files(root, dirname)
+    Ts, Ps = source_shape
+    for (t, p) in ref.files:
+        path = view / dirname / mf.rank_name(t, p, P) / mf.FILE
+        check_zip(path, src_files[(t * Ts // T, p * Ps // P)])
+        check_reads_are_stable(path)
+    return ref
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_view_equals_reference(mnt, case):
+    cfg_kw, source, target = CASES[case]
+    root = mnt / "ckpt"
+    make_source(root, cfg_kw, source)
+    check_view(root, source, target)
+    # The source's own shape is a view too, equal to the reference (which equals the source,
+    # except what the rules take from TP rank 0: replicated tensors).
+    check_view(root, source, source)
+
+
+def test_round_trip_tp4_tp2_tp4(mnt):
+    # A tp2 view copied out as a real checkpoint and viewed again at tp4 is the original tp4
+    # checkpoint: GQA's per-group QKV rows (megatron/core/transformer/attention.py) and SwiGLU's
+    # [gate_t; up_t] shards (transformer/mlp.py) survive being cut differently and rejoined.
+    # padded(4) = padded(2) = 1152: the whole vocabulary table survives the round trip.
+    a, b = mnt / "a", mnt / "b"
+    make_source(a, dict(era="mcore", untie=True, **GQA_SWIGLU), (4, 1), marks=False)
+    shutil.copytree(a / ".views" / "tp2-pp1", b)
+    assert sorted(os.listdir(b / ITER)) == ["mp_rank_00", "mp_rank_01"]
+    check_view(b, (2, 1), (4, 1))
+    orig, _, _ = mf.rank_files(a)
+    for t in range(4):
+        got = torch.load(b / ".views" / "tp4-pp1" / ITER / f"mp_rank_{t:02d}" / mf.FILE,
+                         map_location="cpu")
+        want = torch.load(orig[(t, 0)], map_location="cpu")
+        for k in ("model", "optimizer", "args", "opt_param_scheduler", "iteration",
+                  "checkpoint_version", "num_floating_point_operations_so_far"):
+            mf.assert_same(got[k], want[k], f"mp_rank_{t:02d}.{k}")
+        # rng_state comes from the primary rank: tp2 rank t//2, itself from tp4 rank 2*(t//2).
+        primary = torch.load(orig[(2 * (t // 2), 0)], map_location="cpu")
+        mf.assert_same(got["rng_state"], primary["rng_state"], "rng_state")
+
+
+def test_views_directory_is_listed_and_read_only(mnt):
+    # Rank directory names: mp_rank_TT, or mp_rank_TT_PPP when PP > 1 (Megatron-LM
+    # megatron/training/checkpointing.py get_checkpoint_name).
+    root = mnt / "ckpt"
+    make_source(root, dict(era="mcore", num_query_groups=4), (2, 2))
+    assert ".views" in os.listdir(root)
+    ls = subprocess.run(["ls", "-a", str(root)], stdout=subprocess.PIPE, text=True, check=True)
+    assert ".views" in ls.stdout.split()
+    # heads 8, query groups 4, ffn 128, 4 layers: T in {1, 2, 4}, P in {1, 2, 4}.
+    want = {spec(t, p) for t in (1, 2, 4) for p in (1, 2, 4)}
+    specs = set(os.listdir(root / ".views"))
+    assert {"tp2-pp2", "tp1-pp1"} <= specs
+    assert specs == want, specs ^ want
+    view = root / ".views" / "tp4-pp1"
+    assert sorted(os.listdir(view)) == [ITER, mf.TRACKER]
+    assert sorted(os.listdir(view / ITER)) == [f"mp_rank_{t:02d}" for t in range(4)]
+    assert sorted(os.listdir(root / ".views" / "tp1-pp4" / ITER)) == \
+        [f"mp_rank_00_{p:03d}" for p in range(4)]
+    f = view / ITER / "mp_rank_03" / mf.FILE
+    for d in (root / ".views", view, view / ITER, view / ITER / "mp_rank_03"):
+        assert os.stat(d).st_mode & 0o7777 == 0o555, d
+    assert os.stat(f).st_mode & 0o7777 == 0o444
+    assert os.stat(view / mf.TRACKER).st_mode & 0o7777 == 0o444
+    with pytest.raises(OSError) as e:
+        os.open(f, os.O_WRONLY)
+    assert e.value.errno in (errno.EROFS, errno.EACCES, errno.EPERM), e.value
+    with pytest.raises(OSError):
+        os.mkdir(view / "x")
+    with pytest.raises(OSError):
+        os.unlink(f)
+    # A directory that holds no checkpoint has no views.
+    plain = mnt / "plain"
+    plain.mkdir()
+    (plain / "notes.txt").write_bytes(b"hello")
+    assert ".views" not in os.listdir(plain)
+
+
+def test_every_complete_iteration_is_viewed(mnt):
+    root = mnt / "ckpt"
+    cfg = mf.ModelConfig(era="legacy", **MARKS)
+    full = mf.save_checkpoint(root, cfg, 2, 1, iteration=100)
+    mf.save_checkpoint(root, cfg, 2, 1, iteration=200, full=full)
+    assert read_file(root / mf.TRACKER) == b"200"
+    view = root / ".views" / "tp1-pp1"
+    assert sorted(os.listdir(view)) == ["iter_0000100", "iter_0000200", mf.TRACKER]
+    check_view(root, (2, 1), (1, 1), "iter_0000100")
+    check_view(root, (2, 1), (1, 1), "iter_0000200")
+    # The bytes are a function of the source and the spec alone: the same after a remount.
+    files = [view / d / "mp_rank_00" / mf.FILE for d in ("iter_0000100", "iter_0000200")]
+    before = [read_file(f) for f in files]
+    mnt.remount()
+    assert [read_file(f) for f in files] == before
+
+
+def test_invalid_spec_fails_with_einval_and_a_reason(mnt):
+    root = mnt / "ckpt"
+    make_source(root, dict(era="mcore"), (2, 1))
+    # num_attention_heads 8, num_layers 4
+    expect_errno(errno.EINVAL, os.stat, root / ".views" / "tp3-pp1")
+    expect_errno(errno.EINVAL, os.stat, root / ".views" / "tp2-pp3")
+    assert "tp3-pp1" not in os.listdir(root / ".views")
+    log = mnt.log()
+    assert "tp3-pp1" in log and "does not divide" in log, log[-2000:]
+    bad = run([CKPTFS_BIN, "inspect", root, "--view", "tp3-pp1"], check=False)
+    assert bad.returncode == 1, bad
+    assert "does not divide" in bad.stdout + bad.stderr
+    good = run([CKPTFS_BIN, "inspect", root, "--view", "tp4-pp2"], check=False)
+    assert good.returncode == 0, good
+    # The valid views still work after the failed lookups.
+    check_view(root, (2, 1), (4, 2))
+
+
+def test_unknown_parameter_fails_the_view_naming_it(mnt):
+    # decoder.layers.0.mystery.weight [h, h]: a parameter (with its optimizer state, as a real
+    # extra module would have) that no rule of docs/views.md covers.
+    root = mnt / "ckpt"
+    make_source(root, dict(era="mcore", mystery=True), (2, 1))
+    name = "model.decoder.layers.0.mystery.weight"
+    with pytest.raises(mf.ViewError, match=name.replace(".", r"\.")):
+        mf.reference_shard(root, 1, 1)  # the reference agrees: no rule covers it
+
+    def read_view():
+        view = root / ".views" / "tp1-pp1"
+        os.stat(view)
+        for d in os.listdir(view / ITER):
+            read_file(view / ITER / d / mf.FILE)
+
+    expect_errno(errno.EINVAL, read_view)
+    log = mnt.log()
+    assert name in log, log[-2000:]
+    bad = run([CKPTFS_BIN, "inspect", root, "--view", "tp1-pp1"], check=False)
+    assert bad.returncode == 1 and name in bad.stdout + bad.stderr, bad
