@@ -69,6 +69,9 @@ struct ViewTree::Body {
   bool ready = false;  // CRCs computed; guarded by mu, then read-only
   reshard::ViewFile file;
   std::shared_ptr<Sources> sources;  // null for a literal-only file
+  // Readahead: per source, the offset up to which chunks have been asked for.
+  std::mutex warm_mu;
+  std::vector<uint64_t> warmed;  // guarded by warm_mu
 };
 
 struct ViewTree::Node {
@@ -567,6 +570,7 @@ Status ViewTree::Open(uint64_t ino) {
     const Sources& src = *body->sources;
     auto read = [&](uint32_t s, uint64_t off, uint64_t len,
                     const std::function<void(const uint8_t*, size_t)>& sink) {
+      WarmAhead(*body, s, off + len);
       return ReadSource(store_, src, s, off, len, sink);
     };
     auto known = [&](uint32_t s, uint64_t off, uint64_t len) -> std::optional<uint32_t> {
@@ -581,6 +585,25 @@ Status ViewTree::Open(uint64_t ino) {
   return Status::Ok();
 }
 
+void ViewTree::WarmAhead(Body& body, uint32_t source, uint64_t reached) {
+  // A view reads each source front to back (rows in order), so the next bytes of a source are
+  // the ones to load while this read is served.
+  constexpr uint64_t kWindow = 64 << 20;
+  uint64_t from, to;
+  {
+    std::lock_guard lock(body.warm_mu);
+    if (body.warmed.size() != body.sources->manifests.size()) {
+      body.warmed.assign(body.sources->manifests.size(), 0);
+    }
+    uint64_t& w = body.warmed[source];
+    if (w >= reached + kWindow / 2) return;
+    from = std::max(w, reached);
+    to = reached + kWindow;
+    w = to;
+  }
+  store_->WarmCommitted(body.sources->manifests[source], from, to - from);
+}
+
 Status ViewTree::Read(uint64_t ino, uint64_t offset, size_t len, std::string* out) {
   ASSIGN_OR_RETURN(std::shared_ptr<Body> body, BodyOf(ino));
   {
@@ -592,6 +615,7 @@ Status ViewTree::Read(uint64_t ino, uint64_t offset, size_t len, std::string* ou
       out->append(reinterpret_cast<const char*>(pc.literal), pc.len);
       return Status::Ok();
     }
+    WarmAhead(*body, pc.source, pc.offset + pc.len);
     return ReadSource(store_, *body->sources, pc.source, pc.offset, pc.len,
                       [&](const uint8_t* p, size_t n) {
                         out->append(reinterpret_cast<const char*>(p), n);

@@ -67,6 +67,8 @@ class ViewTree {
   Status PlanMegatronIter(Node* iter);  // REQUIRES: mu_ held
   Status PlanDcp(Node* spec);           // REQUIRES: mu_ held
   Result<std::string> ReadReal(uint64_t ino, uint64_t max_len);
+  // Asks the store to load the chunks of `source` after byte `reached` (readahead).
+  void WarmAhead(Body& body, uint32_t source, uint64_t reached);
   // The model's shape, from a rank file of the iteration the tracker names.
   Result<reshard::MegatronModel> ReadModel(uint64_t root);
 

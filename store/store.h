@@ -143,6 +143,9 @@ class Store final : private ChunkSink {
   // since (the file changed): take a new snapshot.
   Status ReadCommitted(const Manifest& m, uint64_t offset, uint64_t len,
                        std::vector<ReadSlice>* out);
+  // Loads the chunks of m that hold bytes [offset, offset + len) into the RAM tier in the
+  // background (readahead for readers of committed snapshots, such as views). Returns at once.
+  void WarmCommitted(const std::shared_ptr<const Manifest>& m, uint64_t offset, uint64_t len);
   struct ChunkUsage {
     uint64_t chunks = 0, bytes = 0;                // the manifest's chunks (holes excluded)
     uint64_t shared_chunks = 0, shared_bytes = 0;  // of those, referenced elsewhere too

@@ -441,6 +441,17 @@ Status Store::ReadCommitted(const Manifest& m, uint64_t offset, uint64_t len,
       m, offset, len, [this](const ChunkId& id, size_t l) { return cache_->Get(id, l); }, out);
 }
 
+void Store::WarmCommitted(const std::shared_ptr<const Manifest>& m, uint64_t offset,
+                          uint64_t len) {
+  if (len == 0 || offset >= m->size()) return;
+  const size_t last = m->Find(std::min(m->size(), offset + len) - 1);
+  for (size_t i = m->Find(offset); i <= last && i < m->extents().size(); ++i) {
+    const Extent& e = m->extents()[i];
+    if (e.hole()) continue;
+    read_pool_->Submit([this, m, id = e.id, l = e.len] { (void)cache_->Get(id, l); });
+  }
+}
+
 Result<Store::ChunkUsage> Store::Usage(const Manifest& m) {
   std::unordered_map<ChunkId, uint64_t, ChunkIdHash> uses;  // references from this manifest
   ChunkUsage u;
