@@ -119,6 +119,7 @@ struct Decoded {
   // Optimizer (non-distributed): the wrapper, the torch optimizer's state dict, the fp32 masters.
   ValuePtr optim_wrapper, optim_inner, fp32;
   std::vector<ValuePtr> groups;
+  std::vector<int> group_class;  // per group: 1 when it holds the no-weight-decay parameters
   // Per entry index (tensors only): the Adam state index and group, or -1.
   std::vector<int64_t> opt_index, opt_group, opt_pos;
 };
@@ -185,6 +186,7 @@ Status DecodeOptimizer(Decoded* d, const Rules& rules, bool swiglu) {
     }
   }
   if (!have_wd_mult && cls.size() == 2 && cls[0] == cls[1]) cls = {0, 1};  // both decay 0: legacy order
+  d->group_class = cls;
   int group_of_class[2] = {-1, -1};
   for (size_t g = 0; g < cls.size(); ++g) {
     if (group_of_class[cls[g]] != -1) {
@@ -586,12 +588,22 @@ Result<ViewFile> Planner::PlanFile(uint32_t t, uint32_t p) {
   ValuePtr optimizer;
   if (primary.optim_inner) {
     // Target groups: by class, ordered by first appearance (megatron.core) or as the source.
-    const bool by_appearance = [&] {
-      for (const ValuePtr& g : primary.groups) {
-        if (Get(g, "wd_mult")) return true;
+    // megatron.core's order (groups carry wd_mult): the order in which each class first appears
+    // among the stage's parameters, or since 2026 sorted with the weight-decay group first. A
+    // source stage >= 1 whose first parameter has no weight decay shows which; without one,
+    // first appearance.
+    bool by_appearance = false;
+    for (const ValuePtr& g : primary.groups) by_appearance |= Get(g, "wd_mult") != nullptr;
+    bool sorted_groups = false;
+    for (const Decoded& d : files_) {
+      if (!by_appearance || d.rank->pp == 0 || d.groups.size() < 2) continue;
+      size_t first = 0;
+      while (first < d.entries.size() && d.opt_group[first] < 0) ++first;
+      if (first < d.entries.size() && NoWeightDecay(d.entries[first])) {
+        sorted_groups = d.group_class[0] == 0;
+        break;
       }
-      return false;
-    }();
+    }
     // A group template per class, from the primary file (or any file that has one).
     ValuePtr tmpl[2] = {nullptr, nullptr};
     std::vector<int> order;
@@ -615,6 +627,12 @@ Result<ViewFile> Planner::PlanFile(uint32_t t, uint32_t p) {
       }
       if (members[c].empty()) order.push_back(c);
       members[c].push_back(i);
+    }
+    if (sorted_groups) {
+      order.clear();
+      for (int c = 0; c < 2; ++c) {
+        if (!members[c].empty()) order.push_back(c);
+      }
     }
     if (!by_appearance) {
       order.clear();

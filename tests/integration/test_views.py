@@ -57,6 +57,8 @@ CASES = {
     "mcore-te-extra-state-tp2-to-tp1": (dict(era="mcore", extra_state="empty"), (2, 1), (1, 1)),
     # Transformer Engine's FusedAdam: 'step' in the param groups, no per-parameter step
     "mcore-fused-adam-tp2pp2-to-tp4pp1": (dict(era="mcore", fused_adam=True), (2, 2), (4, 1)),
+    # megatron.core since 2026: param groups sorted, the weight-decay group first on every stage
+    "mcore-sorted-groups-tp1pp2-to-tp2pp4": (dict(era="mcore", sorted_groups=True), (1, 2), (2, 4)),
 }
 
 

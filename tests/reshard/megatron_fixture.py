@@ -124,6 +124,8 @@ class ModelConfig:
     skew_head: bool = False         # the tied head copy differs from the word embeddings
     mystery: bool = False           # layer 0 gets a parameter no rule covers: mystery.weight [h, h]
     cuda_locations: bool = False    # model and optimizer tensors recorded as cuda:N (N = rank % 8)
+    sorted_groups: bool = False     # megatron.core since 2026-01: param groups sorted, weight
+                                    # decay (wd_mult 1) first on every stage
     fused_adam: bool = False        # Transformer Engine / apex FusedAdam's state: 'step' an int in
                                     # each param group, per-parameter state exp_avg, exp_avg_sq only
 
@@ -467,6 +469,8 @@ def build_rank(full, tps, pps, t, p, iteration):
     groups = collections.OrderedDict()
     for i, (name, w, canon, gkind, master) in enumerate(params):
         groups.setdefault(0.0 if _no_wd(name, w) else 1.0, []).append(i)
+    if cfg.sorted_groups:  # [OPT] newer _get_param_groups sorts the groups by their key
+        groups = collections.OrderedDict(sorted(groups.items(), key=lambda kv: -kv[0]))
     pg = []
     masters = {}
     for wd_mult, idxs in groups.items():
@@ -1073,6 +1077,20 @@ def _padded_from_args(a, T):
     return int(math.ceil(v / (d * T)) * d * T)
 
 
+def _sorted_groups(src, fp16):
+    """docs 'Optimizer': a source stage >= 1 whose first parameter has no weight decay shows
+    whether groups are sorted (its first group decays) or in order of first appearance."""
+    for key in sorted(src.sd):
+        if key[1] == 0:
+            continue
+        ps = src.params(key)
+        opt = src.sd[key]["optimizer"]
+        groups = (opt["optimizer"] if fp16 else opt)["param_groups"]
+        if ps and _no_wd(*ps[0]) and len(groups) >= 2:
+            return groups[0]["wd_mult"] != 0
+    return False
+
+
 def _target_optimizer(src, prim, prim_key, params, T, t, locs):
     """docs 'Optimizer (non-distributed)'."""
     outer_src = prim["optimizer"]
@@ -1085,6 +1103,8 @@ def _target_optimizer(src, prim, prim_key, params, T, t, locs):
         if c not in order:
             order.append(c)
     uses_wd_mult = any("wd_mult" in g for g in inner_src["param_groups"])
+    if uses_wd_mult and _sorted_groups(src, fp16):  # docs: weight-decay group first
+        order = [c for c in (False, True) if c in order]
     if not uses_wd_mult:  # the source order of the classes
         src_order = [g["weight_decay"] == 0 for g in inner_src["param_groups"]]
         order = [c for c in dict.fromkeys(src_order) if c in order] + \

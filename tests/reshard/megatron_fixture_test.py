@@ -40,6 +40,7 @@ CONFIGS = [
     dict(era="mcore", distinct_steps=True, skew_head=True, cuda_locations=True),
     dict(era="legacy", distinct_steps=True, skew_head=True, args_vocab_size=False),
     dict(era="mcore", fused_adam=True, untie=True),
+    dict(era="mcore", sorted_groups=True),
 ]
 
 
@@ -49,6 +50,16 @@ def test_reference_of_the_source_shape_is_the_source(tmp, kw, tp, pp):
     gen(tmp, tp, pp, **kw)
     ref = mf.reference_shard(tmp, tp, pp)
     mf.compare_view(tmp, ref, "iter_0000100")
+
+
+def test_sorted_groups_put_weight_decay_first_on_later_stages(tmp):
+    # The flag must change what is written, or the sorted-groups cases test nothing.
+    gen(tmp / "a", 1, 2, era="mcore")
+    gen(tmp / "b", 1, 2, era="mcore", sorted_groups=True)
+    for root, wd_first in ((tmp / "a", False), (tmp / "b", True)):
+        sd = torch.load(root / "iter_0000100" / "mp_rank_00_001" / "model_optim_rng.pt")
+        groups = sd["optimizer"]["optimizer"]["param_groups"]
+        assert (groups[0]["wd_mult"] == 1.0) == wd_first
 
 
 def test_every_generated_file_loads_and_has_megatrons_structure(tmp):
