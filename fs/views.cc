@@ -87,6 +87,7 @@ struct ViewTree::Node {
   std::shared_ptr<Body> body;               // kFile
   uint32_t t = 0, p = 0;                    // kRankDir
   std::map<std::string, std::string> errors;  // kViewsDir: spec -> why it failed
+  std::string tracker;                        // the tracker file's bytes, for its view copy
 };
 
 Result<std::shared_ptr<ViewTree>> ViewTree::Make(Store* store, Logger log,
@@ -381,13 +382,42 @@ Status ViewTree::MakeSpec(Node* views, const std::string& spec, Node** out) {
   return Status::Ok();
 }
 
+bool ViewTree::Fresh(const Node& n) {
+  auto same = [&](const std::shared_ptr<Sources>& src) {
+    if (!src) return true;
+    for (size_t i = 0; i < src->inos.size(); ++i) {
+      auto now = store_->CommittedManifest(src->inos[i]);
+      if (!now.ok() || !(**now == *src->manifests[i])) return false;
+    }
+    return true;
+  };
+  if (n.type == kFile && !n.tracker.empty()) {
+    auto tr = store_->Lookup(n.root, kTracker);
+    auto bytes = tr.ok() ? ReadReal(tr->ino, 4096) : Result<std::string>(tr.status());
+    return bytes.ok() && *bytes == n.tracker;
+  }
+  if (n.type == kIterDir) return n.plan.empty() || same(n.plan[0]->sources);
+  if (n.type == kSpecDir && n.kind == Kind::kDcp) {
+    for (const auto& [name, ino] : n.children) {
+      const Node* f = nodes_[ino & ~kViewInoBit].get();
+      if (f->body && !same(f->body->sources)) return false;
+    }
+  }
+  return true;
+}
+
 Result<InodeRecord> ViewTree::Lookup(uint64_t parent, std::string_view name_view) {
   std::lock_guard lock(mu_);
   Node* dir = Get(parent);
   if (!dir) return NotFound("no such view inode");
   if (dir->type == kFile) return Status(Code::kNotDir, "a view file");
   const std::string name(name_view);
-  if (auto it = dir->children.find(name); it != dir->children.end()) return Attr(*Get(it->second));
+  if (auto it = dir->children.find(name); it != dir->children.end()) {
+    Node* have = Get(it->second);
+    if (Fresh(*have)) return Attr(*have);
+    // The checkpoint changed under the view: plan anew (the old inode serves those who hold it).
+    dir->children.erase(it);
+  }
   Node* made = nullptr;
   switch (dir->type) {
     case kViewsDir: {
@@ -411,6 +441,7 @@ Result<InodeRecord> ViewTree::Lookup(uint64_t parent, std::string_view name_view
         ASSIGN_OR_RETURN(InodeRecord tr, store_->Lookup(dir->root, kTracker));
         ASSIGN_OR_RETURN(std::string bytes, ReadReal(tr.ino, 4096));
         made = AddChild(dir, name, kFile);
+        made->tracker = bytes;
         made->body = std::make_shared<Body>();
         made->body->file.recipe.AddLiteral(std::move(bytes));
         break;

@@ -64,6 +64,9 @@ class ViewTree {
   Node* AddChild(Node* parent, std::string name, int type);  // REQUIRES: mu_ held
   Result<InodeRecord> Attr(const Node& n);
   Status MakeSpec(Node* views, const std::string& spec, Node** out);  // REQUIRES: mu_ held
+  // Whether a node still matches the stored checkpoint (the tracker's bytes, the source files'
+  // manifests). REQUIRES: mu_ held.
+  bool Fresh(const Node& n);
   Status PlanMegatronIter(Node* iter);  // REQUIRES: mu_ held
   Status PlanDcp(Node* spec);           // REQUIRES: mu_ held
   Result<std::string> ReadReal(uint64_t ino, uint64_t max_len);

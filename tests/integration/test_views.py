@@ -10,12 +10,13 @@ import shutil
 import struct
 import subprocess
 import sys
+import time
 import zipfile
 
 import pytest
 import torch
 
-from conftest import CKPTFS_BIN, REPO_ROOT, expect_errno, read_file, run
+from conftest import CKPTFS_BIN, REPO_ROOT, expect_errno, read_file, run, wait_for
 
 sys.path.insert(0, str(REPO_ROOT / "tests" / "reshard"))
 import megatron_fixture as mf  # noqa: E402
@@ -235,6 +236,27 @@ def test_every_complete_iteration_is_viewed(mnt):
     before = [read_file(f) for f in files]
     mnt.remount()
     assert [read_file(f) for f in files] == before
+
+
+def test_views_follow_a_new_save(mnt):
+    # A view planned before a save must not keep serving what it planned: a new iteration moves
+    # the view's tracker, and an iteration saved again (other values) is planned anew.
+    root = mnt / "ckpt"
+    cfg = mf.ModelConfig(era="mcore", **MARKS)
+    mf.save_checkpoint(root, cfg, 2, 1, iteration=100)
+    view = root / ".views" / "tp1-pp1"
+    assert read_file(view / mf.TRACKER) == b"100"
+    old = read_file(view / ITER / "mp_rank_00" / mf.FILE)
+    mf.save_checkpoint(root, cfg, 2, 1, iteration=200)
+    # The kernel keeps view entries for a second.
+    got = wait_for(lambda: read_file(view / mf.TRACKER), lambda b: b == b"200", timeout=10)
+    assert got == b"200"
+    cfg2 = mf.ModelConfig(era="mcore", seed=99, **MARKS)
+    mf.save_checkpoint(root, cfg2, 2, 1, iteration=100)
+    time.sleep(1.5)
+    new = read_file(view / ITER / "mp_rank_00" / mf.FILE)
+    assert new != old
+    check_view(root, (2, 1), (1, 1), ITER)
 
 
 def test_invalid_spec_fails_with_einval_and_a_reason(mnt):
