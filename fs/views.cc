@@ -19,6 +19,7 @@ constexpr std::string_view kTracker = "latest_checkpointed_iteration.txt";
 constexpr std::string_view kDcpMetadata = ".metadata";
 constexpr std::string_view kRankFile = "model_optim_rng.pt";
 constexpr uint64_t kMaxSmallFile = 64 << 20;  // tracker, .metadata, extra zip records
+constexpr size_t kCrcThreads = 4;              // records whose CRCs one open computes at once
 enum Type { kViewsDir, kSpecDir, kIterDir, kRankDir, kFile };
 enum class Kind { kMegatron, kDcp };
 // Random access to a committed file through the store.
@@ -610,7 +611,8 @@ Status ViewTree::Open(uint64_t ino) {
       if (it != recs.end() && it->second.first == len) return it->second.second;
       return std::nullopt;
     };
-    RETURN_IF_ERROR(reshard::ComputeCrcs(&body->file, read, known));
+    // Several records at once: the pass is bound by reading the sources.
+    RETURN_IF_ERROR(reshard::ComputeCrcs(&body->file, read, known, kCrcThreads));
   }
   body->ready = true;
   return Status::Ok();

@@ -1,6 +1,8 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <atomic>
+#include <thread>
 
 #include "reshard/view_file.h"
 
@@ -174,33 +176,56 @@ ViewFile TorchZipWriter::Finish() {
   return std::move(file_);
 }
 
-Status ComputeCrcs(ViewFile* f, const SourceReadFn& read, const KnownCrcFn& known) {
-  std::vector<uint32_t> crcs;
-  crcs.reserve(f->crc_tasks.size());
-  for (const CrcTask& t : f->crc_tasks) {
-    uLong crc = crc32(0L, Z_NULL, 0);
-    for (size_t i = t.first_segment; i < t.last_segment; ++i) {
-      const Segment& s = f->recipe.segments()[i];
-      if (known && s.rows == 1 && s.parts.size() == 1) {
-        const Part& p = s.parts[0];
-        if (auto k = known(p.source, p.offset, p.len)) {
-          crc = crc32_combine(crc, *k, static_cast<z_off_t>(p.len));
-          continue;
-        }
+namespace {
+
+Result<uint32_t> TaskCrc(const ViewFile& f, const CrcTask& t, const SourceReadFn& read,
+                         const KnownCrcFn& known) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  for (size_t i = t.first_segment; i < t.last_segment; ++i) {
+    const Segment& s = f.recipe.segments()[i];
+    if (known && s.rows == 1 && s.parts.size() == 1) {
+      const Part& p = s.parts[0];
+      if (auto k = known(p.source, p.offset, p.len)) {
+        crc = crc32_combine(crc, *k, static_cast<z_off_t>(p.len));
+        continue;
       }
-      RETURN_IF_ERROR(f->recipe.WalkSegments(i, i + 1, [&](const Piece& pc) -> Status {
-        if (pc.literal) {
-          crc = crc32_z(crc, pc.literal, pc.len);
-          return Status::Ok();
-        }
-        return read(pc.source, pc.offset, pc.len, [&](const uint8_t* b, size_t n) {
-          crc = crc32_z(crc, b, n);
-        });
-      }));
     }
-    crcs.push_back(static_cast<uint32_t>(crc));
+    RETURN_IF_ERROR(f.recipe.WalkSegments(i, i + 1, [&](const Piece& pc) -> Status {
+      if (pc.literal) {
+        crc = crc32_z(crc, pc.literal, pc.len);
+        return Status::Ok();
+      }
+      return read(pc.source, pc.offset, pc.len,
+                  [&](const uint8_t* b, size_t n) { crc = crc32_z(crc, b, n); });
+    }));
   }
-  for (size_t i = 0; i < crcs.size(); ++i) {
+  return static_cast<uint32_t>(crc);
+}
+
+}  // namespace
+
+Status ComputeCrcs(ViewFile* f, const SourceReadFn& read, const KnownCrcFn& known,
+                   size_t threads) {
+  const size_t n = f->crc_tasks.size();
+  std::vector<uint32_t> crcs(n);
+  std::vector<Status> errors(n);
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i = next++; i < n; i = next++) {
+      auto c = TaskCrc(*f, f->crc_tasks[i], read, known);
+      if (c.ok()) {
+        crcs[i] = *c;
+      } else {
+        errors[i] = c.status();
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (size_t i = 1; i < std::min(threads, n); ++i) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+  for (const Status& st : errors) RETURN_IF_ERROR(st);
+  for (size_t i = 0; i < n; ++i) {
     for (auto [lit, pos] : f->crc_tasks[i].slots) f->recipe.PatchLiteral(lit, pos, crcs[i]);
   }
   f->crc_tasks.clear();

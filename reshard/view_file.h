@@ -42,8 +42,11 @@ using KnownCrcFn = std::function<std::optional<uint32_t>(uint32_t source, uint64
                                                          uint64_t len)>;
 
 // Computes every pending CRC of `f` and patches its headers; reads through `read` what `known`
-// cannot tell. Errors: those of `read`. On error `f` is unchanged.
-Status ComputeCrcs(ViewFile* f, const SourceReadFn& read, const KnownCrcFn& known);
+// cannot tell. The records are spread over `threads` threads (the caller's included), so `read`
+// and `known` must be thread-safe when threads > 1. Errors: those of `read`. On error `f` is
+// unchanged.
+Status ComputeCrcs(ViewFile* f, const SourceReadFn& read, const KnownCrcFn& known,
+                   size_t threads = 1);
 
 // Writes a torch zip (all records stored, data aligned to 64 bytes, CRCs and sizes in the local
 // headers, zip64 where needed) as a ViewFile.

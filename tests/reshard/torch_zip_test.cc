@@ -5,6 +5,7 @@
 #include <zlib.h>
 
 #include <map>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -264,6 +265,33 @@ TEST(TorchZip, KnownCrcsSkipReadsAndAgreeWithReading) {
                  {"data/3", std::string(src[0].substr(8, 16)) + src[0].substr(8, 16) +
                                 src[0].substr(8, 16) + src[0].substr(8, 16)},
                  {"data/4", b + src[0].substr(5, 3)}});
+}
+
+TEST(TorchZip, CrcsOnSeveralThreadsEqualOneThread) {
+  std::vector<std::string> src{Source(1 << 16, 9), Source(1 << 15, 10)};
+  auto build = [&] {
+    TorchZipWriter w("archive");
+    w.AddBytes("data.pkl", "pkl");
+    for (uint64_t i = 0; i < 40; ++i) {
+      w.AddGathers("data/" + std::to_string(i),
+                   {Gather{3 + i % 5, {Part{0, i * 100, 50 + i, 700}, Part{1, i * 7, 9, 11}}}});
+    }
+    return w.Finish();
+  };
+  std::mutex mu;
+  auto read = [&](uint32_t s, uint64_t off, uint64_t len,
+                  const std::function<void(const uint8_t*, size_t)>& sink) {
+    std::lock_guard lock(mu);  // the reader only needs to be thread-safe
+    sink(reinterpret_cast<const uint8_t*>(src[s].data() + off), len);
+    return Status::Ok();
+  };
+  ViewFile one = build();
+  ViewFile four = build();
+  ASSERT_TRUE(ComputeCrcs(&one, read, nullptr, 1).ok());
+  ASSERT_TRUE(ComputeCrcs(&four, read, nullptr, 4).ok());
+  EXPECT_TRUE(four.crc_tasks.empty());
+  EXPECT_EQ(ReadView(four.recipe, src, 0, four.recipe.size()),
+            ReadView(one.recipe, src, 0, one.recipe.size()));
 }
 
 TEST(TorchZip, ReadErrorLeavesTheFileUnchanged) {
