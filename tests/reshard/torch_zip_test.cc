@@ -14,9 +14,12 @@
 #include "formats/zip.h"
 #include "reshard/view_file.h"
 #include "tests/test_util.h"
+#include "tests/reshard/reference.h"
 
 namespace ckptfs::reshard {
 namespace {
+
+using namespace testref;  // NOLINT: the reference tensors and their helpers
 
 std::string Source(size_t n, uint64_t seed) {
   auto b = test::RandomBytes(n, seed);
@@ -28,16 +31,6 @@ uint32_t Crc(const std::string& b) {
       crc32_z(crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(b.data()), b.size()));
 }
 
-// The bytes gathers make, by the definition in recipe.h.
-std::string Expand(const std::vector<std::string>& src, const std::vector<Gather>& gathers) {
-  std::string out;
-  for (const Gather& g : gathers) {
-    for (uint64_t r = 0; r < g.rows; ++r) {
-      for (const Part& p : g.parts) out += src[p.source].substr(p.offset + r * p.stride, p.len);
-    }
-  }
-  return out;
-}
 
 // In-memory sources that count their reads; the sink gets the bytes in small pieces, as a
 // chunked reader would hand them over.
