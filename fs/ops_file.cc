@@ -59,16 +59,24 @@ void Create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, fu
   if (fuse_reply_create(req, &e, fi) != 0) (void)store->Release(rec->ino, fh);
 }
 
+// fuse_reply_iov hands its vector to one writev(2), which takes at most IOV_MAX (1024) entries,
+// the reply's header included.
+constexpr size_t kMaxReplyIov = 1000;
+
 void Read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
-  if (IsViewIno(ino)) {
+  std::vector<ReadSlice> slices;
+  Status st = IsViewIno(ino)
+                  ? Ctx(req).views->Read(ino, static_cast<uint64_t>(off), size, &slices)
+                  : Ctx(req).store->Read(ino, static_cast<uint64_t>(off), size, &slices);
+  if (!st.ok()) return ReplyError(req, st, "read", ino);
+  if (slices.size() > kMaxReplyIov) {
+    // A view read of many small pieces (rows of a row-parallel tensor): more than one writev
+    // takes, so the reply is gathered into one buffer.
     std::string buf;
-    Status st = Ctx(req).views->Read(ino, static_cast<uint64_t>(off), size, &buf);
-    if (!st.ok()) return ReplyError(req, st, "read", ino);
+    buf.reserve(size);
+    for (const ReadSlice& s : slices) buf.append(reinterpret_cast<const char*>(s.data), s.len);
     return static_cast<void>(fuse_reply_buf(req, buf.data(), buf.size()));
   }
-  std::vector<ReadSlice> slices;
-  Status st = Ctx(req).store->Read(ino, static_cast<uint64_t>(off), size, &slices);
-  if (!st.ok()) return ReplyError(req, st, "read", ino);
   // The reply is gathered straight from the chunks' buffers: no copy in the daemon.
   std::vector<iovec> iov(slices.size());
   for (size_t i = 0; i < slices.size(); ++i) {

@@ -637,7 +637,7 @@ void ViewTree::WarmAhead(Body& body, uint32_t source, uint64_t reached) {
   store_->WarmCommitted(body.sources->manifests[source], from, to - from);
 }
 
-Status ViewTree::Read(uint64_t ino, uint64_t offset, size_t len, std::string* out) {
+Status ViewTree::Read(uint64_t ino, uint64_t offset, size_t len, std::vector<ReadSlice>* out) {
   ASSIGN_OR_RETURN(std::shared_ptr<Body> body, BodyOf(ino));
   {
     std::lock_guard lock(body->mu);
@@ -645,14 +645,20 @@ Status ViewTree::Read(uint64_t ino, uint64_t offset, size_t len, std::string* ou
   }
   return body->file.recipe.Walk(offset, len, [&](const reshard::Piece& pc) -> Status {
     if (pc.literal) {
-      out->append(reinterpret_cast<const char*>(pc.literal), pc.len);
+      out->push_back(ReadSlice{body, pc.literal, pc.len});  // the body keeps the bytes alive
       return Status::Ok();
     }
     WarmAhead(*body, pc.source, pc.offset + pc.len);
-    return ReadSource(store_, *body->sources, pc.source, pc.offset, pc.len,
-                      [&](const uint8_t* p, size_t n) {
-                        out->append(reinterpret_cast<const char*>(p), n);
-                      });
+    const size_t before = out->size();
+    Status st = store_->ReadCommitted(*body->sources->manifests[pc.source], pc.offset, pc.len, out);
+    if (st.code() == Code::kNotFound) {
+      return IoError("a source file of the view changed since it was planned");
+    }
+    RETURN_IF_ERROR(st);
+    uint64_t got = 0;
+    for (size_t i = before; i < out->size(); ++i) got += (*out)[i].len;
+    if (got != pc.len) return Corrupt("a source file of the view is shorter than planned");
+    return Status::Ok();
   });
 }
 

@@ -48,8 +48,10 @@ class ViewTree {
   Status ReadDir(uint64_t dir, uint64_t offset, const std::function<bool(const DirItem&)>& fn);
   // Readies a view file for reads (its CRCs, once). kIsDir for a directory.
   Status Open(uint64_t ino);
-  // Appends bytes [offset, offset + len) of view file `ino` to *out. REQUIRES: Open succeeded.
-  Status Read(uint64_t ino, uint64_t offset, size_t len, std::string* out);
+  // Appends slices of bytes [offset, offset + len) of view file `ino` to *out, without copying:
+  // literal bytes and the source chunks' buffers, kept alive by the slices. REQUIRES: Open
+  // succeeded.
+  Status Read(uint64_t ino, uint64_t offset, size_t len, std::vector<ReadSlice>* out);
   // The reasons the specs looked up under `.views` directory `ino` failed, one "SPEC: reason"
   // line each (user.ckptfs.view_errors); kNoData when none failed.
   Result<std::string> ViewErrors(uint64_t ino);
