@@ -7,6 +7,7 @@
 #include <unordered_map>
 
 #include "formats/pickle.h"
+#include "reshard/torch_out.h"
 
 namespace ckptfs::reshard {
 namespace {
@@ -15,33 +16,6 @@ using pickle::Kind;
 using pickle::Value;
 using pickle::ValuePtr;
 
-bool IsMapping(const ValuePtr& v) {
-  return v && (v->kind == Kind::kDict ||
-               (v->kind == Kind::kObject && v->IsCallOf("collections", "OrderedDict")));
-}
-std::vector<std::pair<ValuePtr, ValuePtr>>& PairsOf(Value& v) {
-  return v.kind == Kind::kDict ? v.pairs : v.dict_items;
-}
-std::string KeyName(const ValuePtr& k) {
-  if (k && k->kind == Kind::kStr) return k->str;
-  if (k && k->kind == Kind::kInt) return std::to_string(k->i);
-  return pickle::Debug(k, 80);
-}
-ValuePtr Get(const ValuePtr& m, std::string_view key) {
-  if (!IsMapping(m)) return nullptr;
-  for (const auto& [k, v] : PairsOf(*m)) {
-    if (k && k->kind == Kind::kStr && k->str == key) return v;
-  }
-  return nullptr;
-}
-// A new, empty mapping of m's kind (an OrderedDict keeps its BUILD state).
-ValuePtr EmptyLike(const ValuePtr& m) {
-  auto c = std::make_shared<Value>(*m);
-  c->pairs.clear();
-  c->dict_items.clear();
-  return c;
-}
-void Put(const ValuePtr& m, ValuePtr k, ValuePtr v) { PairsOf(*m).emplace_back(std::move(k), std::move(v)); }
 
 // args is an argparse.Namespace: its attributes are the BUILD state's dict.
 ValuePtr ArgsDict(const ValuePtr& args) {
@@ -259,14 +233,10 @@ class Planner {
   Result<ViewFile> PlanFile(uint32_t t, uint32_t p);
 
   // Building one target file.
-  struct Out {
-    std::vector<std::vector<Gather>> storages;  // by key
-    std::unordered_map<const Value*, ValuePtr> memo;
-  };
-  ValuePtr NewTensor(Out* out, const Value& like, std::vector<Gather> gathers,
-                     const std::vector<int64_t>& shape, const std::vector<int64_t>& stride,
-                     uint64_t nbytes);
-  Result<ValuePtr> Copy(Out* out, const Decoded& d, const ValuePtr& v);
+  using Out = TorchOut;
+  static Result<ValuePtr> Copy(Out* out, const Decoded& d, const ValuePtr& v) {
+    return out->Copy(d.tensors, d.rank->source, v);
+  }
   // A copy of mapping m (of file d) with the values of the keys in `replace` replaced.
   Result<ValuePtr> Rebuild(Out* out, const Decoded& d, const ValuePtr& m,
                            const std::map<std::string, ValuePtr>& replace);
@@ -412,73 +382,6 @@ Status Planner::BuildGlobals() {
   return Status::Ok();
 }
 
-ValuePtr Planner::NewTensor(Out* out, const Value& like, std::vector<Gather> gathers,
-                            const std::vector<int64_t>& shape, const std::vector<int64_t>& stride,
-                            uint64_t nbytes) {
-  // like: the source's rebuild call; a Parameter wraps the tensor call in its first argument.
-  const bool param = like.IsCallOf("torch._utils", "_rebuild_parameter") ||
-                     like.IsCallOf("torch._utils", "_rebuild_parameter_with_state");
-  const Value& call = param ? *like.args->items[0] : like;
-  auto tuple = [](const std::vector<int64_t>& xs) {
-    std::vector<ValuePtr> items;
-    for (int64_t x : xs) items.push_back(pickle::MakeInt(x));
-    return pickle::MakeTuple(std::move(items));
-  };
-  const Value& pid = *call.args->items[0]->pid;
-  std::string dtype;
-  uint32_t itemsize = 1;
-  if (!StorageType(pid.items[1]->name, &dtype, &itemsize)) itemsize = 1;
-  const std::string key = std::to_string(out->storages.size());
-  out->storages.push_back(std::move(gathers));
-  auto new_pid = pickle::MakeTuple({pid.items[0], pid.items[1], pickle::MakeStr(key), pid.items[3],
-                                    pickle::MakeInt(static_cast<int64_t>(nbytes / itemsize))});
-  std::vector<ValuePtr> args = call.args->items;
-  args[0] = pickle::MakePersId(new_pid);
-  args[1] = pickle::MakeInt(0);
-  args[2] = tuple(shape);
-  args[3] = tuple(stride);
-  auto inner = std::make_shared<Value>(call);
-  inner->args = pickle::MakeTuple(std::move(args));
-  if (!param) return inner;
-  auto outer = std::make_shared<Value>(like);
-  std::vector<ValuePtr> oargs = like.args->items;
-  oargs[0] = inner;
-  outer->args = pickle::MakeTuple(std::move(oargs));
-  return outer;
-}
-
-// A deep copy of a value passed through from file d: every tensor in it gets a storage of its
-// own holding the bytes it spans in d.
-Result<ValuePtr> Planner::Copy(Out* out, const Decoded& d, const ValuePtr& v) {
-  if (!v) return v;
-  if (auto it = out->memo.find(v.get()); it != out->memo.end()) return it->second;
-  if (auto t = d.tensors.find(v.get()); t != d.tensors.end()) {
-    const TorchTensor& tt = *t->second;
-    std::vector<Gather> g;
-    if (tt.length) g.push_back(Gather{1, {Part{d.rank->source, tt.offset, tt.length, tt.length}}});
-    ValuePtr n = NewTensor(out, *v, std::move(g), tt.shape, tt.stride, tt.length);
-    out->memo.emplace(v.get(), n);
-    return n;
-  }
-  const bool leaf = v->items.empty() && v->pairs.empty() && !v->args && !v->state &&
-                    v->list_items.empty() && v->dict_items.empty() && !v->kwargs && !v->callable;
-  if (leaf) return v;  // scalars, strings, globals, persistent ids are shared as they are
-  auto c = std::make_shared<Value>(*v);
-  out->memo.emplace(v.get(), c);
-  std::vector<ValuePtr*> slots;
-  for (auto& x : c->items) slots.push_back(&x);
-  for (auto& kv : c->pairs) slots.push_back(&kv.second);
-  for (auto& x : c->list_items) slots.push_back(&x);
-  for (auto& kv : c->dict_items) slots.push_back(&kv.second);
-  for (ValuePtr* x : {&c->args, &c->kwargs, &c->state}) slots.push_back(x);
-  for (ValuePtr* x : slots) {
-    if (*x) {
-      ASSIGN_OR_RETURN(*x, Copy(out, d, *x));
-    }
-  }
-  return ValuePtr(c);
-}
-
 Result<ValuePtr> Planner::Rebuild(Out* out, const Decoded& d, const ValuePtr& m,
                                   const std::map<std::string, ValuePtr>& replace) {
   ValuePtr c = EmptyLike(m);
@@ -515,7 +418,7 @@ Result<ValuePtr> Planner::ReshardTensor(
   RETURN_IF_ERROR(PlanShard(what, g.rule, shards, itemsize, t, T_, vocab_, &gathers, &shape));
   uint64_t nbytes = itemsize;
   for (int64_t x : shape) nbytes *= static_cast<uint64_t>(x);
-  return NewTensor(out, *first->node, std::move(gathers), shape, ContiguousStride(shape), nbytes);
+  return out->NewTensor(*first->node, std::move(gathers), shape, ContiguousStride(shape), nbytes);
 }
 
 Result<ViewFile> Planner::PlanFile(uint32_t t, uint32_t p) {
@@ -780,14 +683,7 @@ Result<ViewFile> Planner::PlanFile(uint32_t t, uint32_t p) {
     }
   }
 
-  ASSIGN_OR_RETURN(std::string pkl, pickle::Write(root, 2));
-  TorchZipWriter zip(primary.rank->file->prefix);
-  zip.AddBytes("data.pkl", std::move(pkl));
-  for (size_t i = 0; i < out.storages.size(); ++i) {
-    zip.AddGathers("data/" + std::to_string(i), out.storages[i]);
-  }
-  for (const auto& [name, bytes] : primary.rank->extra_records) zip.AddBytes(name, bytes);
-  return zip.Finish();
+  return out.Finish(primary.rank->file->prefix, root, primary.rank->extra_records);
 }
 
 Result<std::vector<ViewFile>> Planner::Run() {

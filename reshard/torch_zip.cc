@@ -88,11 +88,18 @@ void TorchZipWriter::AddGathers(const std::string& name, const std::vector<Gathe
   r.name = name;
   for (const Gather& g : gathers) {
     for (const Part& p : g.parts) r.size += g.rows * p.len;
+    if (g.parts.empty()) r.size += g.zeros;
   }
   AddHeader(&r);
   CrcTask task;
   task.first_segment = file_.recipe.segment_count();
-  for (const Gather& g : gathers) file_.recipe.AddGather(g.rows, g.parts);
+  for (const Gather& g : gathers) {
+    if (g.parts.empty()) {
+      file_.recipe.AddLiteral(std::string(g.zeros, '\0'));
+    } else {
+      file_.recipe.AddGather(g.rows, g.parts);
+    }
+  }
   task.last_segment = file_.recipe.segment_count();
   task.slots.push_back({r.header_literal, 14});
   if (r.size == 0) {

@@ -17,10 +17,12 @@
 
 namespace ckptfs::reshard {
 
-// One gather of a record: `rows` rows of the concatenated parts (see Segment).
+// One gather of a record: `rows` rows of the concatenated parts (see Segment); a gather with no
+// parts is `zeros` zero bytes (padding a partition).
 struct Gather {
   uint64_t rows = 1;
   std::vector<Part> parts;
+  uint64_t zeros = 0;
 };
 
 struct CrcTask {

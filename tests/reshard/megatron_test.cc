@@ -189,40 +189,6 @@ std::string Dotted(const std::string& tmpl, int64_t layer) {
 
 // ---- writing a rank file ----
 
-ValuePtr OrderedDict() {
-  return pickle::MakeCall(pickle::MakeGlobal("collections", "OrderedDict"), pickle::MakeTuple({}));
-}
-ValuePtr IntTuple(const std::vector<int64_t>& xs) {
-  std::vector<ValuePtr> items;
-  for (int64_t x : xs) items.push_back(pickle::MakeInt(x));
-  return pickle::MakeTuple(std::move(items));
-}
-
-struct FileBuilder {
-  std::vector<std::string> storages;
-  ValuePtr Tensor(const T32& t, bool parameter = false) {
-    const std::string key = std::to_string(storages.size());
-    storages.push_back(t.Bytes());
-    std::vector<int64_t> stride(t.shape.size());
-    int64_t acc = 1;
-    for (size_t i = t.shape.size(); i-- > 0;) {
-      stride[i] = acc;
-      acc *= t.shape[i];
-    }
-    auto pid = pickle::MakePersId(
-        pickle::MakeTuple({pickle::MakeStr("storage"), pickle::MakeGlobal("torch", "FloatStorage"),
-                           pickle::MakeStr(key), pickle::MakeStr("cpu"),
-                           pickle::MakeInt(static_cast<int64_t>(t.v.size()))}));
-    ValuePtr call = pickle::MakeCall(
-        pickle::MakeGlobal("torch._utils", "_rebuild_tensor_v2"),
-        pickle::MakeTuple({pid, pickle::MakeInt(0), IntTuple(t.shape), IntTuple(stride),
-                           pickle::MakeBool(false), OrderedDict()}));
-    if (!parameter) return call;
-    return pickle::MakeCall(pickle::MakeGlobal("torch._utils", "_rebuild_parameter"),
-                            pickle::MakeTuple({call, pickle::MakeBool(true), OrderedDict()}));
-  }
-};
-
 void Insert(const ValuePtr& root, const std::vector<std::string>& path, ValuePtr leaf) {
   ValuePtr d = root;
   for (size_t i = 0; i + 1 < path.size(); ++i) {
@@ -237,27 +203,6 @@ void Insert(const ValuePtr& root, const std::vector<std::string>& path, ValuePtr
     d = next;
   }
   d->pairs.emplace_back(pickle::MakeStr(path.back()), std::move(leaf));
-}
-
-std::string Materialize(const Recipe& r, const std::vector<std::string>& src) {
-  std::string out;
-  Status st = r.Walk(0, r.size(), [&](const Piece& p) {
-    if (p.literal) {
-      out.append(reinterpret_cast<const char*>(p.literal), p.len);
-    } else {
-      out += src[p.source].substr(p.offset, p.len);
-    }
-    return Status::Ok();
-  });
-  EXPECT_TRUE(st.ok()) << st.ToString();
-  return out;
-}
-
-Result<TorchFile> Parse(const std::string& bytes) {
-  return ReadTorchFile(bytes.size(), [&bytes](uint64_t off, size_t len) -> Result<std::string> {
-    if (off > bytes.size() || len > bytes.size() - off) return IoError("past the end");
-    return bytes.substr(off, len);
-  });
 }
 
 // The source: every rank file's bytes (index p * TP + t) and the parsed files.
@@ -372,20 +317,10 @@ Source BuildSource(const Model& m) {
              pickle::MakeList({pickle::MakeDict(
                  {kv("who", pickle::MakeStr(std::to_string(t) + "," + std::to_string(p)))})})));
       root.push_back(kv("num_floating_point_operations_so_far", pickle::MakeInt(42)));
-      auto pkl = pickle::Write(pickle::MakeDict(root), 2);
-      EXPECT_TRUE(pkl.ok()) << pkl.status().ToString();
-
-      TorchZipWriter w("model_optim_rng");
-      w.AddBytes("data.pkl", *pkl);
-      for (size_t i = 0; i < fb.storages.size(); ++i)
-        w.AddBytes("data/" + std::to_string(i), fb.storages[i]);
       const std::vector<std::pair<std::string, std::string>> extra{
           {".data/version", "3\n"},
           {".data/serialization_id", "sid-" + std::to_string(p * c.tp + t)}};
-      for (const auto& [n, b] : extra) w.AddBytes(n, b);
-      ViewFile f = w.Finish();
-      EXPECT_TRUE(f.crc_tasks.empty());
-      s.bytes.push_back(Materialize(f.recipe, {}));
+      s.bytes.push_back(fb.Write(pickle::MakeDict(root), "model_optim_rng", extra));
       auto parsed = Parse(s.bytes.back());
       EXPECT_TRUE(parsed.ok()) << parsed.status().ToString();
       MegatronRankFile r;

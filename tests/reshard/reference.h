@@ -9,7 +9,10 @@
 #include <string>
 #include <vector>
 
+#include "formats/pickle.h"
+#include "formats/torch_file.h"
 #include "reshard/rules.h"
+#include "reshard/view_file.h"
 
 namespace ckptfs::reshard::testref {
 
@@ -103,6 +106,90 @@ inline std::string Expand(const std::vector<std::string>& src, const std::vector
     }
   }
   return out;
+}
+
+// ---- building torch files ----
+
+inline pickle::ValuePtr OrderedDict() {
+  return pickle::MakeCall(pickle::MakeGlobal("collections", "OrderedDict"), pickle::MakeTuple({}));
+}
+inline pickle::ValuePtr IntTuple(const std::vector<int64_t>& xs) {
+  std::vector<pickle::ValuePtr> items;
+  for (int64_t x : xs) items.push_back(pickle::MakeInt(x));
+  return pickle::MakeTuple(std::move(items));
+}
+
+// The storages and tensors of a torch file being built (4-byte elements, torch.FloatStorage).
+struct FileBuilder {
+  std::vector<std::string> storages;
+  pickle::ValuePtr Tensor(const T32& t, bool parameter = false) {
+    storages.push_back(t.Bytes());
+    return View(storages.size() - 1, 0, t.shape, parameter);
+  }
+  // A contiguous tensor of `shape` at element `offset` of storage `key`.
+  pickle::ValuePtr View(size_t key, int64_t offset, const std::vector<int64_t>& shape,
+                        bool parameter = false) {
+    std::vector<int64_t> stride(shape.size());
+    int64_t acc = 1;
+    for (size_t i = shape.size(); i-- > 0;) {
+      stride[i] = acc;
+      acc *= shape[i];
+    }
+    auto pid = pickle::MakePersId(pickle::MakeTuple(
+        {pickle::MakeStr("storage"), pickle::MakeGlobal("torch", "FloatStorage"),
+         pickle::MakeStr(std::to_string(key)), pickle::MakeStr("cpu"),
+         pickle::MakeInt(static_cast<int64_t>(storages[key].size() / 4))}));
+    pickle::ValuePtr call = pickle::MakeCall(
+        pickle::MakeGlobal("torch._utils", "_rebuild_tensor_v2"),
+        pickle::MakeTuple({pid, pickle::MakeInt(offset), IntTuple(shape), IntTuple(stride),
+                           pickle::MakeBool(false), OrderedDict()}));
+    if (!parameter) return call;
+    return pickle::MakeCall(pickle::MakeGlobal("torch._utils", "_rebuild_parameter"),
+                            pickle::MakeTuple({call, pickle::MakeBool(true), OrderedDict()}));
+  }
+  // The file: data.pkl of `root`, the storages, then `extra` records; every CRC in place.
+  std::string Write(const pickle::ValuePtr& root, const std::string& prefix,
+                    const std::vector<std::pair<std::string, std::string>>& extra = {}) const;
+};
+
+// Bytes [offset, offset + len) of recipe r over in-memory sources.
+inline std::string ReadView(const Recipe& r, const std::vector<std::string>& src, uint64_t offset,
+                            uint64_t len) {
+  std::string out;
+  Status st = r.Walk(offset, len, [&](const Piece& p) {
+    if (p.literal) {
+      out.append(reinterpret_cast<const char*>(p.literal), p.len);
+    } else {
+      out += src[p.source].substr(p.offset, p.len);
+    }
+    return Status::Ok();
+  });
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  return out;
+}
+inline std::string Materialize(const Recipe& r, const std::vector<std::string>& src) {
+  return ReadView(r, src, 0, r.size());
+}
+
+inline Result<TorchFile> Parse(const std::string& bytes) {
+  return ReadTorchFile(bytes.size(), [&bytes](uint64_t off, size_t len) -> Result<std::string> {
+    if (off > bytes.size() || len > bytes.size() - off) return IoError("past the end");
+    return bytes.substr(off, len);
+  });
+}
+
+inline std::string FileBuilder::Write(
+    const pickle::ValuePtr& root, const std::string& prefix,
+    const std::vector<std::pair<std::string, std::string>>& extra) const {
+  auto pkl = pickle::Write(root, 2);
+  EXPECT_TRUE(pkl.ok()) << pkl.status().ToString();
+  TorchZipWriter w(prefix);
+  w.AddBytes("data.pkl", pkl.ok() ? *pkl : "");
+  for (size_t i = 0; i < storages.size(); ++i) w.AddBytes("data/" + std::to_string(i), storages[i]);
+  for (const auto& [n, b] : extra) w.AddBytes(n, b);
+  ViewFile f = w.Finish();
+  EXPECT_TRUE(f.crc_tasks.empty());
+  return Materialize(f.recipe, {});
 }
 
 }  // namespace ckptfs::reshard::testref

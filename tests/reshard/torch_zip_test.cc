@@ -53,22 +53,6 @@ struct MemSources {
   }
 };
 
-// Reads bytes [offset, offset + len) of a view file through its recipe.
-std::string ReadView(const Recipe& r, const std::vector<std::string>& src, uint64_t offset,
-                     uint64_t len) {
-  std::string out;
-  Status st = r.Walk(offset, len, [&](const Piece& p) {
-    if (p.literal) {
-      out.append(reinterpret_cast<const char*>(p.literal), p.len);
-    } else {
-      out += src[p.source].substr(p.offset, p.len);
-    }
-    return Status::Ok();
-  });
-  EXPECT_TRUE(st.ok()) << st.ToString();
-  return out;
-}
-
 zip::ReadAtFn ReadAtOf(const Recipe& r, const std::vector<std::string>& src) {
   return [&r, &src](uint64_t offset, size_t len) -> Result<std::string> {
     if (offset > r.size() || len > r.size() - offset) return IoError("read past the end");
