@@ -1,0 +1,58 @@
+// DeepSpeed views: one tag (global_stepN) of a ZeRO stage 1/2 checkpoint, re-partitioned for
+// another data-parallel size, or laid out as the universal checkpoint that DeepSpeed's offline
+// converter would write, file by file as recipes over the source files. The contract is in
+// docs/views.md.
+//
+// Pure: the caller parses the source files (ReadTorchFile) and hands them in.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+#include "formats/torch_file.h"
+#include "reshard/view_file.h"
+
+namespace ckptfs::reshard {
+
+// A file of the tag directory the views read.
+struct DsSourceFile {
+  std::string name;      // in the tag directory
+  uint32_t source = 0;   // the index Part::source uses for this file
+  uint64_t size = 0;     // bytes
+  std::shared_ptr<const TorchFile> file;
+  // The archive's records other than data.pkl and data/*: (name after the prefix, bytes).
+  std::vector<std::pair<std::string, std::string>> extra_records;
+};
+
+struct DeepSpeedSource {
+  std::string tag;                  // the tag directory, as `latest` names it
+  std::vector<DsSourceFile> files;  // its model-states and optimizer-states files, any order
+};
+
+// Whether a file of a tag directory is one the views read (mp_rank_TT_model_states.pt,
+// [bf16_]zero_pp_rank_D_mp_rank_TT_optim_states.pt).
+bool IsDeepSpeedSourceName(std::string_view name);
+
+struct DsSpec {
+  enum Kind { kDp, kUniversal } kind = kDp;
+  uint32_t D = 0;  // kDp: the target data-parallel size
+};
+// "dpD" or "universal"; false for anything else.
+bool ParseDsSpec(std::string_view s, DsSpec* spec);
+
+// A file of a view: its path relative to the spec directory ("latest",
+// "global_step10/mp_rank_00_model_states.pt", ...), and its recipe, CRCs pending.
+struct ViewEntry {
+  std::string path;
+  ViewFile file;
+};
+
+// Plans every file of the view `spec` of `src`, in path order. Errors (kInvalid, naming the
+// file or the parameter): what the view cannot be made from (see docs/views.md).
+Result<std::vector<ViewEntry>> PlanDeepSpeed(const DeepSpeedSource& src, const DsSpec& spec);
+
+}  // namespace ckptfs::reshard
