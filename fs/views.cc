@@ -10,6 +10,7 @@
 #include "formats/dcp.h"
 #include "formats/torch_file.h"
 #include "reshard/dcp_view.h"
+#include "reshard/deepspeed.h"
 #include "reshard/megatron.h"
 
 namespace ckptfs::fs {
@@ -18,10 +19,12 @@ namespace {
 constexpr std::string_view kTracker = "latest_checkpointed_iteration.txt";
 constexpr std::string_view kDcpMetadata = ".metadata";
 constexpr std::string_view kRankFile = "model_optim_rng.pt";
+constexpr std::string_view kDsLatest = "latest";  // DeepSpeed's tag file
+constexpr std::string_view kDsModelStates = "mp_rank_00_model_states.pt";
 constexpr uint64_t kMaxSmallFile = 64 << 20;  // tracker, .metadata, extra zip records
 constexpr size_t kCrcThreads = 4;              // records whose CRCs one open computes at once
-enum Type { kViewsDir, kSpecDir, kIterDir, kRankDir, kFile };
-enum class Kind { kMegatron, kDcp };
+enum Type { kViewsDir, kSpecDir, kIterDir, kRankDir, kFile, kTreeDir };
+enum class Kind { kMegatron, kDcp, kDeepSpeed };
 // Random access to a committed file through the store.
 zip::ReadAtFn ReadAtOf(Store* store, std::shared_ptr<const Manifest> m) {
   return [store, m](uint64_t off, size_t len) -> Result<std::string> {
@@ -65,6 +68,32 @@ struct Sources {
   }
 };
 
+namespace {
+
+// Reads stored torch file `index` of `sources` (`where` names it in errors): its parse, the CRCs
+// of its records (for KnownCrcFn), and its records other than data.pkl and data/*, which view
+// files copy.
+Result<std::shared_ptr<const TorchFile>> ReadSourceTorch(
+    Store* store, Sources* sources, uint32_t index, const std::string& where,
+    std::vector<std::pair<std::string, std::string>>* extra_records) {
+  const auto& m = sources->manifests[index];
+  const zip::ReadAtFn read_at = ReadAtOf(store, m);
+  auto tf = ReadTorchFile(m->size(), read_at);
+  if (!tf.ok()) return Invalid(where + ": " + tf.status().message());
+  const std::string prefix = tf->prefix + "/";
+  for (const zip::Entry& e : tf->dir.entries) {
+    sources->records[index][e.data_offset] = {e.size, e.crc32};
+    const std::string rel = e.name.substr(std::min(prefix.size(), e.name.size()));
+    if (rel == "data.pkl" || rel.starts_with("data/")) continue;
+    if (e.size > kMaxSmallFile) return Invalid("record " + e.name + " is too large to copy");
+    ASSIGN_OR_RETURN(std::string bytes, read_at(e.data_offset, e.size));
+    extra_records->emplace_back(rel, std::move(bytes));
+  }
+  return std::make_shared<const TorchFile>(std::move(*tf));
+}
+
+}  // namespace
+
 struct ViewTree::Body {
   std::mutex mu;
   bool ready = false;  // CRCs computed; guarded by mu, then read-only
@@ -88,7 +117,8 @@ struct ViewTree::Node {
   std::shared_ptr<Body> body;               // kFile
   uint32_t t = 0, p = 0;                    // kRankDir
   std::map<std::string, std::string> errors;  // kViewsDir: spec -> why it failed
-  std::string tracker;                        // the tracker file's bytes, for its view copy
+  std::string tracker;  // the tracker file's bytes, for its view copy; DeepSpeed: `latest`'s
+  std::shared_ptr<Sources> sources;  // a DeepSpeed spec's: what its files read
 };
 
 Result<std::shared_ptr<ViewTree>> ViewTree::Make(Store* store, Logger log,
@@ -143,7 +173,24 @@ Result<std::string> ViewTree::ReadReal(uint64_t ino, uint64_t max_len) {
 }
 
 bool ViewTree::HasViews(uint64_t dir) {
-  return store_->Lookup(dir, kTracker).ok() || store_->Lookup(dir, kDcpMetadata).ok();
+  return store_->Lookup(dir, kTracker).ok() || store_->Lookup(dir, kDcpMetadata).ok() ||
+         DeepSpeedTag(dir, nullptr).ok();
+}
+
+Result<std::string> ViewTree::DeepSpeedTag(uint64_t root, std::string* latest) {
+  ASSIGN_OR_RETURN(InodeRecord rec, store_->Lookup(root, kDsLatest));
+  if (!S_ISREG(rec.mode)) return NotFound("latest is not a file");
+  ASSIGN_OR_RETURN(std::string bytes, ReadReal(rec.ino, 4096));
+  std::string tag = bytes;
+  while (!tag.empty() && std::isspace(static_cast<unsigned char>(tag.back()))) tag.pop_back();
+  if (tag.empty() || tag.find('/') != std::string::npos || tag == "." || tag == "..") {
+    return NotFound("latest names no tag");
+  }
+  ASSIGN_OR_RETURN(InodeRecord dir, store_->Lookup(root, tag));
+  if (!S_ISDIR(dir.mode)) return NotFound("the tag is not a directory");
+  RETURN_IF_ERROR(store_->Lookup(dir.ino, kDsModelStates).status());
+  if (latest) *latest = std::move(bytes);
+  return tag;
 }
 
 Result<InodeRecord> ViewTree::LookupViews(uint64_t root) {
@@ -152,6 +199,8 @@ Result<InodeRecord> ViewTree::LookupViews(uint64_t root) {
     kind = Kind::kMegatron;
   } else if (store_->Lookup(root, kDcpMetadata).ok()) {
     kind = Kind::kDcp;
+  } else if (DeepSpeedTag(root, nullptr).ok()) {
+    kind = Kind::kDeepSpeed;
   } else {
     return NotFound(".views");
   }
@@ -255,27 +304,14 @@ Status ViewTree::PlanMegatronIter(Node* iter) {
     auto f = store_->Lookup(rd.ino, kRankFile);
     if (!f.ok()) return Invalid(iter->name + "/" + name + " has no " + std::string(kRankFile));
     ASSIGN_OR_RETURN(auto m, store_->CommittedManifest(f->ino));
-    const uint32_t index = sources->Add(f->ino, m);
-    const zip::ReadAtFn read_at = ReadAtOf(store_, m);
-    auto tf = ReadTorchFile(m->size(), read_at);
-    if (!tf.ok()) {
-      return Invalid(iter->name + "/" + name + "/" + std::string(kRankFile) + ": " +
-                     tf.status().message());
-    }
     reshard::MegatronRankFile rf;
     rf.tp = tp_pp.first;
     rf.pp = tp_pp.second;
-    rf.source = index;
-    rf.file = std::make_shared<TorchFile>(std::move(*tf));
-    const std::string prefix = rf.file->prefix + "/";
-    for (const zip::Entry& e : rf.file->dir.entries) {
-      sources->records[index][e.data_offset] = {e.size, e.crc32};
-      const std::string rel = e.name.substr(std::min(prefix.size(), e.name.size()));
-      if (rel == "data.pkl" || rel.starts_with("data/")) continue;
-      if (e.size > kMaxSmallFile) return Invalid("record " + e.name + " is too large to copy");
-      ASSIGN_OR_RETURN(std::string bytes, read_at(e.data_offset, e.size));
-      rf.extra_records.emplace_back(rel, std::move(bytes));
-    }
+    rf.source = sources->Add(f->ino, m);
+    ASSIGN_OR_RETURN(rf.file, ReadSourceTorch(store_, sources.get(), rf.source,
+                                              iter->name + "/" + name + "/" +
+                                                  std::string(kRankFile),
+                                              &rf.extra_records));
     src.ranks.push_back(std::move(rf));
   }
   ASSIGN_OR_RETURN(auto files, reshard::PlanMegatron(src, iter->T, iter->P, *rules_));
@@ -331,6 +367,50 @@ Status ViewTree::PlanDcp(Node* spec) {
   return Status::Ok();
 }
 
+Status ViewTree::PlanDeepSpeed(Node* spec) {
+  if (spec->planned) return Status::Ok();
+  reshard::DsSpec ds;
+  if (!reshard::ParseDsSpec(spec->spec, &ds)) return NotFound(spec->spec);
+  reshard::DeepSpeedSource src;
+  ASSIGN_OR_RETURN(src.tag, DeepSpeedTag(spec->root, &spec->tracker));
+  ASSIGN_OR_RETURN(InodeRecord dir, store_->Lookup(spec->root, src.tag));
+  std::vector<std::string> names;
+  RETURN_IF_ERROR(store_->ReadDir(dir.ino, 0, [&](const DirItem& item) {
+    if (reshard::IsDeepSpeedSourceName(item.name)) names.emplace_back(item.name);
+    return true;
+  }));
+  auto sources = std::make_shared<Sources>();
+  for (const std::string& name : names) {
+    ASSIGN_OR_RETURN(InodeRecord f, store_->Lookup(dir.ino, name));
+    ASSIGN_OR_RETURN(auto m, store_->CommittedManifest(f.ino));
+    reshard::DsSourceFile sf;
+    sf.name = name;
+    sf.source = sources->Add(f.ino, m);
+    sf.size = m->size();
+    ASSIGN_OR_RETURN(sf.file, ReadSourceTorch(store_, sources.get(), sf.source,
+                                              src.tag + "/" + name, &sf.extra_records));
+    src.files.push_back(std::move(sf));
+  }
+  ASSIGN_OR_RETURN(std::vector<reshard::ViewEntry> entries, reshard::PlanDeepSpeed(src, ds));
+  // The tree, directories made as the paths name them.
+  for (reshard::ViewEntry& e : entries) {
+    Node* at = spec;
+    size_t from = 0;
+    for (size_t slash; (slash = e.path.find('/', from)) != std::string::npos; from = slash + 1) {
+      const std::string part = e.path.substr(from, slash - from);
+      auto it = at->children.find(part);
+      at = it != at->children.end() ? Get(it->second) : AddChild(at, part, kTreeDir);
+    }
+    Node* f = AddChild(at, e.path.substr(from), kFile);
+    f->body = std::make_shared<Body>();
+    f->body->file = std::move(e.file);
+    f->body->sources = sources;
+  }
+  spec->sources = std::move(sources);
+  spec->planned = true;
+  return Status::Ok();
+}
+
 Result<reshard::MegatronModel> ViewTree::ReadModel(uint64_t root) {
   ASSIGN_OR_RETURN(InodeRecord tr, store_->Lookup(root, kTracker));
   ASSIGN_OR_RETURN(std::string tracker, ReadReal(tr.ino, 4096));
@@ -358,6 +438,19 @@ Status ViewTree::MakeSpec(Node* views, const std::string& spec, Node** out) {
     Status st = PlanDcp(n);
     if (!st.ok()) {
       views->children.erase(spec);  // the node stays unreachable; the next lookup tries again
+      return st;
+    }
+    *out = n;
+    return Status::Ok();
+  }
+  if (views->kind == Kind::kDeepSpeed) {
+    reshard::DsSpec ds;
+    if (!reshard::ParseDsSpec(spec, &ds)) return NotFound(spec);
+    Node* n = AddChild(views, spec, kSpecDir);
+    n->spec = spec;
+    Status st = PlanDeepSpeed(n);
+    if (!st.ok()) {
+      views->children.erase(spec);
       return st;
     }
     *out = n;
@@ -398,6 +491,10 @@ bool ViewTree::Fresh(const Node& n) {
     return bytes.ok() && *bytes == n.tracker;
   }
   if (n.type == kIterDir) return n.plan.empty() || same(n.plan[0]->sources);
+  if (n.type == kSpecDir && n.kind == Kind::kDeepSpeed) {
+    std::string latest;
+    return DeepSpeedTag(n.root, &latest).ok() && latest == n.tracker && same(n.sources);
+  }
   if (n.type == kSpecDir && n.kind == Kind::kDcp) {
     for (const auto& [name, ino] : n.children) {
       const Node* f = nodes_[ino & ~kViewInoBit].get();
@@ -507,6 +604,10 @@ Status ViewTree::ReadDir(uint64_t ino, uint64_t offset,
       case kViewsDir:
         if (n->kind == Kind::kDcp) {
           names.push_back({"consolidated", S_IFDIR});
+        } else if (n->kind == Kind::kDeepSpeed) {
+          for (const char* s : {"dp1", "dp2", "dp4", "dp8", "universal"}) {
+            names.push_back({s, S_IFDIR});
+          }
         } else {
           // The source's own shape and every valid shape up to 8 x 8.
           for (uint32_t t : {1u, 2u, 4u, 8u}) {
@@ -526,8 +627,17 @@ Status ViewTree::ReadDir(uint64_t ino, uint64_t offset,
           names = std::move(valid);
         }
         break;
+      case kTreeDir:
+        for (const auto& [name, child] : n->children) {
+          names.push_back({name, Get(child)->type == kFile ? S_IFREG : S_IFDIR});
+        }
+        break;
       case kSpecDir:
-        if (n->kind == Kind::kDcp) {
+        if (n->kind == Kind::kDeepSpeed) {
+          for (const auto& [name, child] : n->children) {
+            names.push_back({name, Get(child)->type == kFile ? S_IFREG : S_IFDIR});
+          }
+        } else if (n->kind == Kind::kDcp) {
           names = {{"model.pt", S_IFREG}, {"model.safetensors", S_IFREG}};
         } else {
           names.push_back({std::string(kTracker), S_IFREG});

@@ -71,6 +71,10 @@ class ViewTree {
   bool Fresh(const Node& n);
   Status PlanMegatronIter(Node* iter);  // REQUIRES: mu_ held
   Status PlanDcp(Node* spec);           // REQUIRES: mu_ held
+  Status PlanDeepSpeed(Node* spec);     // REQUIRES: mu_ held
+  // The tag directory DeepSpeed's `latest` in `root` names, when it holds a model-states file;
+  // *latest (if given) gets the file's bytes.
+  Result<std::string> DeepSpeedTag(uint64_t root, std::string* latest);
   Result<std::string> ReadReal(uint64_t ino, uint64_t max_len);
   // Asks the store to load the chunks of `source` after byte `reached` (readahead).
   void WarmAhead(Body& body, uint32_t source, uint64_t reached);

@@ -75,7 +75,8 @@ ValuePtr TorchOut::NewTensor(const Value& like, std::vector<Gather> gathers,
   if (!StorageType(pid.items[1]->name, &dtype, &itemsize)) itemsize = 1;
   const std::string key = std::to_string(storages_.size());
   storages_.push_back(std::move(gathers));
-  auto new_pid = pickle::MakeTuple({pid.items[0], pid.items[1], pickle::MakeStr(key), pid.items[3],
+  auto new_pid = pickle::MakeTuple({pid.items[0], pid.items[1], pickle::MakeStr(key),
+                                    location_.empty() ? pid.items[3] : pickle::MakeStr(location_),
                                     pickle::MakeInt(static_cast<int64_t>(nbytes / itemsize))});
   std::vector<ValuePtr> args = call.args->items;
   args[0] = pickle::MakePersId(new_pid);

@@ -46,6 +46,9 @@ class TorchOut {
   // tensor in it gets a storage of its own holding the bytes it spans. Shared nodes stay shared.
   Result<pickle::ValuePtr> Copy(const TensorIndex& tensors, uint32_t source,
                                 const pickle::ValuePtr& v);
+  // Records `location` (e.g. "cpu") for every tensor made from now on, in place of the source's
+  // (a file saved after torch.load(map_location='cpu')). Empty: keep the source's.
+  void set_location(std::string location) { location_ = std::move(location); }
   // Writes data.pkl (protocol 2) for `root`, the storages, then `extra_records`.
   Result<ViewFile> Finish(const std::string& prefix, const pickle::ValuePtr& root,
                           const std::vector<std::pair<std::string, std::string>>& extra_records);
@@ -53,6 +56,7 @@ class TorchOut {
  private:
   std::vector<std::vector<Gather>> storages_;  // by key
   std::unordered_map<const pickle::Value*, pickle::ValuePtr> memo_;
+  std::string location_;
 };
 
 }  // namespace ckptfs::reshard

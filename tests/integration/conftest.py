@@ -323,6 +323,21 @@ def read_file(path):
         return f.read()
 
 
+def check_reads_are_stable(path):
+    """A read-only file (a view): the same bytes on every read, whole or in pieces at odd
+    offsets; st_size agrees."""
+    whole = read_file(path)
+    assert read_file(path) == whole
+    assert os.stat(path).st_size == len(whole)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for off in (0, 1, 63, 64, 4095, 4097, len(whole) // 3, len(whole) - 7):
+            for size in (1, 100, 8191, 70000):
+                assert os.pread(fd, size, off) == whole[off:off + size], (off, size)
+    finally:
+        os.close(fd)
+
+
 def wait_for(probe, done, timeout=20.0):
     """Calls probe() until done(result) holds or timeout seconds pass; returns the last result.
     For effects the kernel delivers asynchronously (RELEASE after close(2))."""

@@ -16,7 +16,8 @@ import zipfile
 import pytest
 import torch
 
-from conftest import CKPTFS_BIN, REPO_ROOT, expect_errno, read_file, run, wait_for
+from conftest import (CKPTFS_BIN, REPO_ROOT, check_reads_are_stable, expect_errno, read_file,
+                      run, wait_for)
 
 sys.path.insert(0, str(REPO_ROOT / "tests" / "reshard"))
 import megatron_fixture as mf  # noqa: E402
@@ -118,20 +119,6 @@ def check_zip(path, source_file):
             assert others == src_others
             for x in others:
                 assert z.read(x) == s.read(x), x
-
-
-def check_reads_are_stable(path):
-    """The same bytes on every read, whole or in pieces at odd offsets."""
-    whole = read_file(path)
-    assert read_file(path) == whole
-    assert os.stat(path).st_size == len(whole)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        for off in (0, 1, 63, 64, 4095, 4097, len(whole) // 3, len(whole) - 7):
-            for size in (1, 100, 8191, 70000):
-                assert os.pread(fd, size, off) == whole[off:off + size], (off, size)
-    finally:
-        os.close(fd)
 
 
 def check_view(root, source_shape, target, dirname=ITER):

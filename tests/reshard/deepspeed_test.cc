@@ -10,6 +10,7 @@
 
 #include <cstring>
 #include <map>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -25,33 +26,69 @@ using namespace testref;  // NOLINT: tensors, file builders and their helpers
 using pickle::Kind;
 using pickle::ValuePtr;
 
+// How a parameter is cut over TP ranks (Megatron-DeepSpeed's patterns).
+enum class Cut { kCat0, kRow, kReplicated, kTwoSub, kVocab };
+
 struct P {
   std::string name;
-  std::vector<int64_t> shape;
-  int64_t numel() const {
-    int64_t n = 1;
-    for (int64_t x : shape) n *= x;
-    return n;
-  }
+  std::vector<int64_t> shape;  // the full tensor's
+  Cut cut = Cut::kCat0;
+};
+
+struct Model {
+  std::vector<std::vector<P>> groups;
+  int64_t T = 1;
+  int64_t vocab = -1;  // original_vocab_size (rows of the vocabulary parameter to keep)
 };
 
 // Two groups whose sizes are not multiples of 2 * dp: padding on the last rank(s), and at
 // dp 4 a whole trailing rank of group 1 is padding.
-const std::vector<std::vector<P>> kGroups = {
-    {{"embed.weight", {3, 5}}, {"layers.0.w", {7}}},
-    {{"layers.0.norm", {4}}, {"head.bias", {1}}},
-};
+const Model kPlain = {{{{"embed.weight", {3, 5}}, {"layers.0.w", {7}}},
+                       {{"layers.0.norm", {4}}, {"head.bias", {1}}}}};
 
-int64_t Total(size_t g) {
-  int64_t n = 0;
-  for (const P& p : kGroups[g]) n += p.numel();
-  return n;
+// TP 2 with universal_checkpoint_info: a vocabulary of 10 rows padded to 12, column, row,
+// replicated and SwiGLU (two sub-parameters) parameters.
+const Model kTp2 = {{{{"embed.weight", {12, 3}, Cut::kVocab},
+                      {"layers.0.qkv.weight", {6, 3}},
+                      {"layers.0.proj.weight", {3, 6}, Cut::kRow},
+                      {"layers.0.fc1.weight", {8, 3}, Cut::kTwoSub}},
+                     {{"layers.0.norm.weight", {3}, Cut::kReplicated}, {"layers.0.qkv.bias", {6}}}},
+                    2,
+                    10};
+
+// The full value of state `key` of parameter p: distinct per key, parameter and element.
+T32 FullTensor(const Model& m, const std::string& key, const std::string& param) {
+  const uint32_t k = key == "fp32" ? 1 : key == "exp_avg" ? 2 : 3;
+  uint32_t i = 0;
+  for (const auto& g : m.groups) {
+    for (const P& p : g) {
+      if (p.name == param) return Iota(p.shape, k * 1000000 + i * 10000);
+      ++i;
+    }
+  }
+  ADD_FAILURE() << "no parameter " << param;
+  return {};
 }
 
-// The full value of state `key` of group g: distinct per key, group and element.
-uint32_t Value(const std::string& key, size_t g, int64_t e) {
-  const uint32_t k = key == "fp32" ? 1 : key == "exp_avg" ? 2 : 3;
-  return k * 1000000 + static_cast<uint32_t>(g) * 10000 + static_cast<uint32_t>(e);
+// TP rank t's slice of parameter p.
+T32 SliceOf(const Model& m, const P& p, const T32& full, int64_t t) {
+  switch (p.cut) {
+    case Cut::kCat0:
+    case Cut::kVocab:
+      return Chunk(full, 0, m.T, t);
+    case Cut::kRow:
+      return Chunk(full, 1, m.T, t);
+    case Cut::kTwoSub:
+      return RefShard(Rule::kSwiglu, full, m.T, t);
+    case Cut::kReplicated:
+      return full;
+  }
+  return full;
+}
+
+// What the universal view's file of p holds: the full tensor (the vocabulary cut to its rows).
+T32 UniversalOf(const Model& m, const P& p, const T32& full) {
+  return p.cut == Cut::kVocab ? Slice(full, 0, 0, m.vocab) : full;
 }
 
 struct Options {
@@ -95,98 +132,145 @@ struct Source {
   }
 };
 
-Source Build(int64_t D, Options o = {}) {
+ValuePtr StrList(const std::vector<std::string>& xs) {
+  std::vector<ValuePtr> items;
+  for (const auto& x : xs) items.push_back(S(x));
+  return pickle::MakeList(std::move(items));
+}
+
+std::string TwoDigits(int64_t t) { return (t < 10 ? "0" : "") + std::to_string(t); }
+
+Source Build(int64_t D, Options o = {}, const Model& m = kPlain) {
   Source s;
   s.src.tag = "global_step10";
-  // Model states: the module's tensors view one flat buffer per group.
-  {
-    FileBuilder fb;
-    auto module = OrderedDict();
-    std::vector<ValuePtr> shapes;
-    for (size_t g = 0; g < kGroups.size(); ++g) {
-      const int64_t align = 2 * D, padded = (Total(g) + align - 1) / align * align;
-      T32 flat = Iota({padded}, 7000 + 100 * static_cast<uint32_t>(g));
-      fb.storages.push_back(flat.Bytes());
-      auto shape_map = OrderedDict();
-      int64_t off = 0;
-      for (const P& p : kGroups[g]) {
-        module->dict_items.push_back({S(p.name), fb.View(fb.storages.size() - 1, off, p.shape)});
-        shape_map->dict_items.push_back({S(p.name), Size(p.shape)});
-        off += p.numel();
-      }
-      shapes.push_back(shape_map);
-    }
-    auto root = pickle::MakeDict({{S("module"), module},
-                                  {S("optimizer"), pickle::MakeNone()},
-                                  {S("param_shapes"), pickle::MakeList(shapes)},
-                                  {S("dp_world_size"), I(D)},
-                                  {S("mp_world_size"), I(1)},
-                                  {S("ds_version"), S("0.16.5")}});
-    s.Add("mp_rank_00_model_states.pt", fb.Write(root, "mp_rank_00_model_states"));
-  }
-  for (int64_t d = 0; d < D; ++d) {
-    if (o.missing_optim && d == D - 1) continue;
-    FileBuilder fb;
-    std::vector<ValuePtr> fp32, paddings, counts, mappings, groups;
-    auto state = pickle::MakeDict({});
-    for (size_t g = 0; g < kGroups.size(); ++g) {
-      const int64_t align = 2 * D, psize = (Total(g) + align - 1) / align * align / D;
-      const int64_t lo = d * psize, real = std::max<int64_t>(0, std::min(Total(g), lo + psize) - lo);
-      auto partition = [&](const std::string& key) {
-        T32 t{{psize}, std::vector<uint32_t>(static_cast<size_t>(psize), 0)};
-        for (int64_t i = 0; i < real; ++i) t.v[static_cast<size_t>(i)] = Value(key, g, lo + i);
-        return t;
-      };
-      fb.storages.push_back(partition("fp32").Bytes());
-      fp32.push_back(fb.View(fb.storages.size() - 1, 0, {real - (o.short_fp32 ? 1 : 0)}));
-      state->pairs.push_back(
-          {I(static_cast<int64_t>(g)),
-           pickle::MakeDict({{S("step"), I(10)},
-                             {S("exp_avg"), fb.Tensor(partition("exp_avg"))},
-                             {S("exp_avg_sq"), fb.Tensor(partition("exp_avg_sq"))}})});
-      paddings.push_back(I(psize - real));
-      counts.push_back(I(D));
-      auto m = OrderedDict();
-      int64_t off = 0;
-      for (const P& p : kGroups[g]) {
-        const int64_t a = std::max(off, lo), b = std::min(off + p.numel(), lo + psize);
-        if (a < b) {
-          m->dict_items.push_back(
-              {S(p.name), Obj("deepspeed.utils.tensor_fragment", "fragment_address",
-                              {{S("numel"), I(b - a)}, {S("start"), I(a - lo)}})});
+  for (int64_t t = 0; t < m.T; ++t) {
+    // Every group's flat buffer of TP rank t: its parameters' slices, one after another.
+    std::vector<std::map<std::string, T32>> flats(m.groups.size());
+    for (const std::string key : {"fp32", "exp_avg", "exp_avg_sq"}) {
+      for (size_t g = 0; g < m.groups.size(); ++g) {
+        T32 flat{{0}, {}};
+        for (const P& p : m.groups[g]) {
+          T32 x = SliceOf(m, p, FullTensor(m, key, p.name), t);
+          flat.v.insert(flat.v.end(), x.v.begin(), x.v.end());
         }
-        off += p.numel();
+        flat.shape[0] = static_cast<int64_t>(flat.v.size());
+        flats[g][key] = flat;
       }
-      mappings.push_back(m);
-      groups.push_back(pickle::MakeDict({{S("lr"), pickle::MakeFloat(0.001)},
-                                         {S("weight_decay"), pickle::MakeFloat(g ? 0.0 : 0.1)},
-                                         {S("params"), pickle::MakeList({I(int64_t(g))})}}));
     }
-    ValuePtr base = o.elastic ? pickle::MakeList({})
-                              : pickle::MakeDict({{S("state"), state},
-                                                  {S("param_groups"), pickle::MakeList(groups)}});
-    auto stage = pickle::MakeCall(pickle::MakeGlobal("deepspeed.runtime.zero.config",
-                                                     "ZeroStageEnum"),
-                                  pickle::MakeTuple({I(o.zero3 ? 3 : 2)}));
-    auto osd = pickle::MakeDict(
-        {{S("loss_scaler"), Obj("deepspeed.runtime.fp16.loss_scaler", "LossScaler",
-                                {{S("cur_scale"), pickle::MakeFloat(1.0)},
-                                 {S("dynamic"), pickle::MakeBool(false)}})},
-         {S("dynamic_loss_scale"), pickle::MakeBool(false)},
-         {S("overflow"), pickle::MakeBool(false)},
-         {S("clip_grad"), pickle::MakeFloat(1.0)},
-         {S("base_optimizer_state"), base},
-         {S("single_partition_of_fp32_groups"), pickle::MakeList(fp32)},
-         {S("zero_stage"), stage},
-         {S("group_paddings"), pickle::MakeList(paddings)},
-         {S("partition_count"), pickle::MakeList(counts)},
-         {S("ds_version"), S("0.16.5")},
-         {S("param_slice_mappings"), pickle::MakeList(mappings)}});
-    auto root = pickle::MakeDict({{S("optimizer_state_dict"), osd},
-                                  {S("ds_config"), pickle::MakeDict({{S("train_batch_size"), I(8)}})},
-                                  {S("ds_version"), S("0.16.5")}});
-    const std::string name = "bf16_zero_pp_rank_" + std::to_string(d) + "_mp_rank_00_optim_states";
-    s.Add(name + ".pt", fb.Write(root, name, kExtra));
+    auto total = [&](size_t g) { return flats[g]["fp32"].shape[0]; };
+    auto shape_of = [&](const P& p) { return SliceOf(m, p, FullTensor(m, "fp32", p.name), t).shape; };
+    // Model states: the module's tensors view one flat buffer per group.
+    {
+      FileBuilder fb;
+      auto module = OrderedDict();
+      std::vector<ValuePtr> shapes;
+      for (size_t g = 0; g < m.groups.size(); ++g) {
+        const int64_t align = 2 * D, padded = (total(g) + align - 1) / align * align;
+        fb.storages.push_back(Iota({padded}, 7000 + 100 * static_cast<uint32_t>(g)).Bytes());
+        auto shape_map = OrderedDict();
+        int64_t off = 0;
+        for (const P& p : m.groups[g]) {
+          const auto shape = shape_of(p);
+          module->dict_items.push_back({S(p.name), fb.View(fb.storages.size() - 1, off, shape)});
+          shape_map->dict_items.push_back({S(p.name), Size(shape)});
+          off += SliceOf(m, p, FullTensor(m, "fp32", p.name), t).v.size();
+        }
+        shapes.push_back(shape_map);
+      }
+      std::vector<std::pair<ValuePtr, ValuePtr>> root = {
+          {S("module"), module},
+          {S("optimizer"), pickle::MakeNone()},
+          {S("param_shapes"), pickle::MakeList(shapes)},
+          {S("dp_world_size"), I(D)},
+          {S("mp_world_size"), I(m.T)},
+          {S("ds_version"), S("0.16.5")}};
+      if (m.vocab >= 0) {
+        root.push_back(
+            {S("universal_checkpoint_info"),
+             pickle::MakeDict(
+                 {{S("universal_checkpoint_version"), pickle::MakeFloat(0.2)},
+                  {S("original_vocab_size"), I(m.vocab)},
+                  {S("padded_vocab_size"), I(12)},
+                  {S("vocabulary_parameter_patterns"), StrList({"embed.weight"})},
+                  {S("tp_replicated_parameter_patterns"), StrList({R"(layers.\d+.norm.weight)"})},
+                  {S("parameter_with_row_parallelism_patterns"),
+                   StrList({R"(layers.\d+.proj.weight)"})},
+                  {S("parameter_with_2_sub_params_cat_dim_0"),
+                   StrList({R"(layers.\d+.fc1.weight)"})}})});
+      }
+      const std::string name = "mp_rank_" + TwoDigits(t) + "_model_states";
+      s.Add(name + ".pt", fb.Write(pickle::MakeDict(root), name));
+    }
+    for (int64_t d = 0; d < D; ++d) {
+      if (o.missing_optim && d == D - 1) continue;
+      FileBuilder fb;
+      std::vector<ValuePtr> fp32, paddings, counts, mappings, groups;
+      auto state = pickle::MakeDict({});
+      for (size_t g = 0; g < m.groups.size(); ++g) {
+        const int64_t align = 2 * D, psize = (total(g) + align - 1) / align * align / D;
+        const int64_t lo = d * psize;
+        const int64_t real = std::max<int64_t>(0, std::min(total(g), lo + psize) - lo);
+        auto partition = [&](const std::string& key) {
+          T32 x{{psize}, std::vector<uint32_t>(static_cast<size_t>(psize), 0)};
+          for (int64_t i = 0; i < real; ++i) {
+            x.v[static_cast<size_t>(i)] = flats[g][key].v[static_cast<size_t>(lo + i)];
+          }
+          return x;
+        };
+        fb.storages.push_back(partition("fp32").Bytes());
+        fp32.push_back(fb.View(fb.storages.size() - 1, 0, {real - (o.short_fp32 ? 1 : 0)}));
+        state->pairs.push_back(
+            {I(static_cast<int64_t>(g)),
+             pickle::MakeDict({{S("step"), I(10)},
+                               {S("exp_avg"), fb.Tensor(partition("exp_avg"))},
+                               {S("exp_avg_sq"), fb.Tensor(partition("exp_avg_sq"))}})});
+        paddings.push_back(I(psize - real));
+        counts.push_back(I(D));
+        auto mp = OrderedDict();
+        int64_t off = 0;
+        for (const P& p : m.groups[g]) {
+          const int64_t n = static_cast<int64_t>(SliceOf(m, p, FullTensor(m, "fp32", p.name), t).v.size());
+          const int64_t a = std::max(off, lo), b = std::min(off + n, lo + psize);
+          if (a < b) {
+            mp->dict_items.push_back(
+                {S(p.name), Obj("deepspeed.utils.tensor_fragment", "fragment_address",
+                                {{S("numel"), I(b - a)}, {S("start"), I(a - lo)}})});
+          }
+          off += n;
+        }
+        mappings.push_back(mp);
+        groups.push_back(pickle::MakeDict({{S("lr"), pickle::MakeFloat(0.001)},
+                                           {S("weight_decay"), pickle::MakeFloat(g ? 0.0 : 0.1)},
+                                           {S("params"), pickle::MakeList({I(int64_t(g))})}}));
+      }
+      ValuePtr base = o.elastic ? pickle::MakeList({})
+                                : pickle::MakeDict({{S("state"), state},
+                                                    {S("param_groups"), pickle::MakeList(groups)}});
+      auto stage = pickle::MakeCall(
+          pickle::MakeGlobal("deepspeed.runtime.zero.config", "ZeroStageEnum"),
+          pickle::MakeTuple({I(o.zero3 ? 3 : 2)}));
+      auto osd = pickle::MakeDict(
+          {{S("loss_scaler"), Obj("deepspeed.runtime.fp16.loss_scaler", "LossScaler",
+                                  {{S("cur_scale"), pickle::MakeFloat(1.0)},
+                                   {S("dynamic"), pickle::MakeBool(false)}})},
+           {S("dynamic_loss_scale"), pickle::MakeBool(false)},
+           {S("overflow"), pickle::MakeBool(false)},
+           {S("clip_grad"), pickle::MakeFloat(1.0)},
+           {S("base_optimizer_state"), base},
+           {S("single_partition_of_fp32_groups"), pickle::MakeList(fp32)},
+           {S("zero_stage"), stage},
+           {S("group_paddings"), pickle::MakeList(paddings)},
+           {S("partition_count"), pickle::MakeList(counts)},
+           {S("ds_version"), S("0.16.5")},
+           {S("param_slice_mappings"), pickle::MakeList(mappings)}});
+      auto root = pickle::MakeDict(
+          {{S("optimizer_state_dict"), osd},
+           {S("ds_config"), pickle::MakeDict({{S("train_batch_size"), I(8)}})},
+           {S("ds_version"), S("0.16.5")}});
+      const std::string name =
+          "bf16_zero_pp_rank_" + std::to_string(d) + "_mp_rank_" + TwoDigits(t) + "_optim_states";
+      s.Add(name + ".pt", fb.Write(root, name, kExtra));
+    }
   }
   return s;
 }
@@ -267,9 +351,10 @@ std::map<std::string, std::string> Plan(const Source& s, const std::string& spec
   return out;
 }
 
-void CheckDp(int64_t from, int64_t to) {
-  SCOPED_TRACE("dp " + std::to_string(from) + " -> " + std::to_string(to));
-  const Source src = Build(from), want = Build(to);
+void CheckDp(int64_t from, int64_t to, const Model& m = kPlain) {
+  SCOPED_TRACE("T " + std::to_string(m.T) + " dp " + std::to_string(from) + " -> " +
+               std::to_string(to));
+  const Source src = Build(from, {}, m), want = Build(to, {}, m);
   const auto view = Plan(src, "dp" + std::to_string(to));
   ASSERT_EQ(view.size(), want.src.files.size() + 1);  // + latest
   EXPECT_EQ(view.at("latest"), "global_step10");
@@ -278,7 +363,10 @@ void CheckDp(int64_t from, int64_t to) {
     ASSERT_TRUE(view.count(path)) << path;
     if (path.ends_with("model_states.pt")) {
       // Equal to the source's but for dp_world_size; the flat buffers keep the source's padding.
-      std::string expect = CanonFile(src.bytes[0]);
+      std::string expect;
+      for (size_t j = 0; j < src.src.files.size(); ++j) {
+        if (src.src.files[j].name == want.src.files[i].name) expect = CanonFile(src.bytes[j]);
+      }
       const std::string key = "5('dp_world_size'):2(";
       const size_t at = expect.find(key + std::to_string(from) + ")");
       ASSERT_NE(at, std::string::npos) << expect;
@@ -294,6 +382,7 @@ TEST(DeepSpeedDp, RepartitionsAsDeepSpeedWould) {
   for (auto [from, to] : std::vector<std::pair<int64_t, int64_t>>{
            {4, 2}, {4, 1}, {2, 4}, {3, 8}, {1, 3}, {4, 4}, {8, 5}}) {
     CheckDp(from, to);
+    CheckDp(from, to, kTp2);
   }
 }
 
@@ -310,45 +399,58 @@ TEST(DeepSpeedDp, Deterministic) {
   EXPECT_EQ(Plan(src, "dp3"), Plan(src, "dp3"));
 }
 
-TEST(DeepSpeedUniversal, EveryParameterWhole) {
-  for (int64_t D : {1, 2, 4}) {
-    SCOPED_TRACE("dp " + std::to_string(D));
-    const Source src = Build(D);
-    const auto view = Plan(src, "universal");
-    EXPECT_EQ(view.at("latest_universal"), "global_step10");
-    EXPECT_EQ(view.at("global_step10/mp_rank_00_model_states.pt"), src.bytes[0]);
-    size_t files = 3;
-    for (size_t g = 0; g < kGroups.size(); ++g) {
-      int64_t off = 0;
-      for (const P& p : kGroups[g]) {
-        for (const std::string key : {"fp32", "exp_avg", "exp_avg_sq"}) {
-          const std::string path = "global_step10/zero/" + p.name + "/" + key + ".pt";
-          ASSERT_TRUE(view.count(path)) << path;
-          T32 want{p.shape, {}};
-          for (int64_t i = 0; i < p.numel(); ++i) want.v.push_back(Value(key, g, off + i));
-          FileBuilder fb;
-          auto root = pickle::MakeDict({{S("cat_dim"), I(0)}, {S("param"), fb.Tensor(want)}});
-          EXPECT_EQ(CanonFile(view.at(path)), CanonFile(fb.Write(root, key))) << path;
-          ++files;
-        }
-        const std::string step = "global_step10/zero/" + p.name + "/step.pt";
-        ASSERT_TRUE(view.count(step));
-        EXPECT_EQ(CanonFile(view.at(step)), CanonFile(FileBuilder().Write(I(10), "step")));
-        ++files;
-        off += p.numel();
-      }
-    }
-    EXPECT_EQ(view.size(), files);
-    // optimizer_state.pt: rank 0's entries without the partitioned ones, paddings zero, then the
-    // param groups.
-    const std::string o = CanonFile(view.at("global_step10/zero/optimizer_state.pt"));
-    EXPECT_EQ(o.find("base_optimizer_state"), std::string::npos);
-    EXPECT_EQ(o.find("param_slice_mappings"), std::string::npos);
-    EXPECT_EQ(o.find("single_partition_of_fp32_groups"), std::string::npos);
-    EXPECT_NE(o.find("5('group_paddings'):9(2(0),2(0),)"), std::string::npos) << o;
-    EXPECT_NE(o.rfind("'param_groups'"), std::string::npos);
-    EXPECT_GT(o.rfind("'param_groups'"), o.find("'ds_version'"));
+void CheckUniversal(const Model& m, int64_t D) {
+  SCOPED_TRACE("T " + std::to_string(m.T) + " dp " + std::to_string(D));
+  const Source src = Build(D, {}, m);
+  const auto view = Plan(src, "universal");
+  EXPECT_EQ(view.at("latest_universal"), "global_step10");
+  size_t files = 2;  // latest_universal, optimizer_state.pt
+  for (int64_t t = 0; t < m.T; ++t) {
+    EXPECT_EQ(view.at("global_step10/mp_rank_" + TwoDigits(t) + "_model_states.pt"),
+              src.bytes[static_cast<size_t>(t * (D + 1))]);
+    ++files;
   }
+  for (const auto& group : m.groups) {
+    for (const P& p : group) {
+      for (const std::string key : {"fp32", "exp_avg", "exp_avg_sq"}) {
+        const std::string path = "global_step10/zero/" + p.name + "/" + key + ".pt";
+        ASSERT_TRUE(view.count(path)) << path;
+        FileBuilder fb;
+        std::vector<std::pair<ValuePtr, ValuePtr>> items;
+        if (p.cut != Cut::kReplicated) {
+          items.push_back({S("cat_dim"), I(p.cut == Cut::kRow ? 1 : 0)});
+        }
+        if (p.cut == Cut::kTwoSub) items.push_back({S("param_n_sub_params"), I(2)});
+        if (p.cut == Cut::kVocab) items.push_back({S("vocab_tensor"), pickle::MakeBool(true)});
+        items.push_back({S("param"), fb.Tensor(UniversalOf(m, p, FullTensor(m, key, p.name)))});
+        EXPECT_EQ(CanonFile(view.at(path)), CanonFile(fb.Write(pickle::MakeDict(items), key)))
+            << path;
+        ++files;
+      }
+      const std::string step = "global_step10/zero/" + p.name + "/step.pt";
+      ASSERT_TRUE(view.count(step));
+      EXPECT_EQ(CanonFile(view.at(step)), CanonFile(FileBuilder().Write(I(10), "step")));
+      ++files;
+    }
+  }
+  EXPECT_EQ(view.size(), files);
+  // optimizer_state.pt: rank 0's entries without the partitioned ones, paddings zero, then the
+  // param groups.
+  const std::string o = CanonFile(view.at("global_step10/zero/optimizer_state.pt"));
+  EXPECT_EQ(o.find("base_optimizer_state"), std::string::npos);
+  EXPECT_EQ(o.find("param_slice_mappings"), std::string::npos);
+  EXPECT_EQ(o.find("single_partition_of_fp32_groups"), std::string::npos);
+  EXPECT_NE(o.find("5('group_paddings'):9(2(0),2(0),)"), std::string::npos) << o;
+  EXPECT_NE(o.rfind("'param_groups'"), std::string::npos);
+  EXPECT_GT(o.rfind("'param_groups'"), o.find("'ds_version'"));
+}
+
+TEST(DeepSpeedUniversal, EveryParameterWhole) {
+  for (int64_t D : {1, 2, 4}) CheckUniversal(kPlain, D);
+}
+
+TEST(DeepSpeedUniversal, TensorParallelSlicesMergedByPattern) {
+  for (int64_t D : {1, 2, 3, 5}) CheckUniversal(kTp2, D);
 }
 
 Status PlanError(const Source& s, const std::string& spec) {

@@ -1,0 +1,167 @@
+#include <algorithm>
+#include <memory>
+
+#include "reshard/deepspeed_internal.h"
+
+namespace ckptfs::reshard::ds {
+namespace {
+
+using pickle::Kind;
+using pickle::Value;
+using pickle::ValuePtr;
+
+Result<ViewEntry> PlanDpOptim(const Checkpoint& c, const TpRank& tr, uint32_t tp, uint32_t d,
+                              uint32_t D) {
+  const Optim& o0 = tr.optim[0];
+  const size_t G = tr.groups.size();
+  TorchOut out;
+  auto copy = [&](const ValuePtr& v) { return out.Copy(o0.tensors, o0.file->source, v); };
+
+  // base_optimizer_state: rank 0's, with every partition-sized state tensor re-cut.
+  ValuePtr state = EmptyLike(o0.state);
+  for (const auto& [gk, gs] : PairsOf(*o0.state)) {
+    const size_t g = static_cast<size_t>(gk->i);
+    const Partitioning part(tr.totals[g], D);
+    ValuePtr ns = EmptyLike(gs);
+    for (const auto& [k, v] : PairsOf(*gs)) {
+      auto t = o0.tensors.find(v.get());
+      if (t == o0.tensors.end() || t->second->shape.empty()) {
+        ASSIGN_OR_RETURN(ValuePtr nv, copy(v));
+        Put(ns, k, nv);
+        continue;
+      }
+      const std::string key = KeyName(k);
+      const uint64_t item = DtypeSize(t->second->dtype);
+      ASSIGN_OR_RETURN(std::vector<Part> parts,
+                       c.Flat(tr, g, part.Begin(d), part.End(d),
+                            [&](const Optim& o) { return Checkpoint::StateTensor(o, g, key); },
+                            "optimizer state '" + key + "' of group " + std::to_string(g)));
+      std::vector<Gather> gathers;
+      if (!parts.empty()) gathers.push_back(Gather{1, std::move(parts)});
+      if (part.Padding(d)) gathers.push_back(Gather{1, {}, part.Padding(d) * item});
+      const int64_t n = static_cast<int64_t>(part.size);
+      Put(ns, k, out.NewTensor(*t->second->node, std::move(gathers), {n}, {1}, part.size * item));
+    }
+    Put(state, gk, ns);
+  }
+  ValuePtr base = EmptyLike(o0.base);
+  for (const auto& [k, v] : PairsOf(*o0.base)) {
+    if (KeyName(k) == "state") {
+      Put(base, k, state);
+    } else {
+      ASSIGN_OR_RETURN(ValuePtr nv, copy(v));
+      Put(base, k, nv);
+    }
+  }
+
+  // The fp32 partitions (padding stripped), the paddings and the slice mappings.
+  std::vector<ValuePtr> fp32, paddings, counts, mappings;
+  ValuePtr fragment_class;  // a source fragment_address, the template for new ones
+  for (const Optim& o : tr.optim) {
+    for (const ValuePtr& m : o.mappings) {
+      if (!fragment_class && !PairsOf(*m).empty()) fragment_class = PairsOf(*m)[0].second;
+    }
+  }
+  for (size_t g = 0; g < G; ++g) {
+    const Partitioning part(tr.totals[g], D);
+    const TorchTensor& like = *o0.fp32[g];
+    ASSIGN_OR_RETURN(std::vector<Part> parts,
+                     c.Flat(tr, g, part.Begin(d), part.End(d),
+                          [&](const Optim& o) { return o.fp32[g]; },
+                          "fp32 partition of group " + std::to_string(g)));
+    std::vector<Gather> gathers;
+    if (!parts.empty()) gathers.push_back(Gather{1, std::move(parts)});
+    const int64_t n = static_cast<int64_t>(part.Real(d));
+    fp32.push_back(out.NewTensor(*like.node, std::move(gathers), {n}, {1},
+                                 part.Real(d) * DtypeSize(like.dtype)));
+    paddings.push_back(pickle::MakeInt(static_cast<int64_t>(part.Padding(d))));
+    ValuePtr m = EmptyLike(o0.mappings[g]);
+    for (const auto& [name, frag] : Fragments(tr.groups[g], part, d)) {
+      if (!fragment_class) return Invalid("the source's param_slice_mappings are all empty");
+      auto fa = std::make_shared<Value>(*fragment_class);
+      ValuePtr st = fragment_class->state ? EmptyLike(fragment_class->state) : nullptr;
+      if (!st) return Invalid("a fragment_address without state");
+      for (const auto& [fk, fv] : PairsOf(*fragment_class->state)) {
+        const std::string f = KeyName(fk);
+        const uint64_t x = f == "numel" ? frag.first : f == "start" ? frag.second : 0;
+        Put(st, fk, (f == "numel" || f == "start") ? pickle::MakeInt(static_cast<int64_t>(x)) : fv);
+      }
+      fa->state = st;
+      Put(m, pickle::MakeStr(name), fa);
+    }
+    mappings.push_back(m);
+  }
+  ValuePtr pc = Get(o0.osd, "partition_count");
+  if (pc && pc->kind == Kind::kList) {
+    for (size_t i = 0; i < pc->items.size(); ++i) counts.push_back(pickle::MakeInt(D));
+  }
+
+  ValuePtr osd = EmptyLike(o0.osd);
+  for (const auto& [k, v] : PairsOf(*o0.osd)) {
+    const std::string key = KeyName(k);
+    if (key == "base_optimizer_state") {
+      Put(osd, k, base);
+    } else if (key == "single_partition_of_fp32_groups") {
+      Put(osd, k, pickle::MakeList(fp32));
+    } else if (key == "group_paddings") {
+      Put(osd, k, pickle::MakeList(paddings));
+    } else if (key == "partition_count" && pc && pc->kind == Kind::kList) {
+      Put(osd, k, pickle::MakeList(counts));
+    } else if (key == "param_slice_mappings") {
+      Put(osd, k, pickle::MakeList(mappings));
+    } else {
+      ASSIGN_OR_RETURN(ValuePtr nv, copy(v));
+      Put(osd, k, nv);
+    }
+  }
+  ValuePtr root = EmptyLike(o0.root);
+  for (const auto& [k, v] : PairsOf(*o0.root)) {
+    if (KeyName(k) == "optimizer_state_dict") {
+      Put(root, k, osd);
+    } else {
+      ASSIGN_OR_RETURN(ValuePtr nv, copy(v));
+      Put(root, k, nv);
+    }
+  }
+  const std::string name = OptimFileName(c.optim_prefix, d, tp);
+  ASSIGN_OR_RETURN(ViewFile f, out.Finish(ArchivePrefix(name), root, o0.file->extra_records));
+  return ViewEntry{c.src.tag + "/" + name, std::move(f)};
+}
+
+// A model-states file with dp_world_size set to D. Its storages are the source's records,
+// whole and under their own keys (so the module's tensors keep sharing their flat buffers).
+Result<ViewEntry> PlanModelStates(const Checkpoint& c, const TpRank& tr, uint32_t tp, uint32_t D) {
+  const TorchFile& f = *tr.model->file;
+  ValuePtr root = EmptyLike(f.root);
+  for (const auto& [k, v] : PairsOf(*f.root)) {
+    Put(root, k, KeyName(k) == "dp_world_size" ? pickle::MakeInt(D) : v);
+  }
+  ASSIGN_OR_RETURN(std::string pkl, pickle::Write(root, 2));
+  TorchZipWriter zip(f.prefix);
+  zip.AddBytes("data.pkl", std::move(pkl));
+  for (const auto& [key, s] : f.pickle.storages) {
+    std::vector<Gather> g;
+    if (s.nbytes()) g.push_back(Gather{1, {Part{tr.model->source, s.data_offset, s.nbytes(), s.nbytes()}}});
+    zip.AddGathers("data/" + key, g);
+  }
+  for (const auto& [name, bytes] : tr.model->extra_records) zip.AddBytes(name, bytes);
+  return ViewEntry{c.src.tag + "/" + ModelName(tp), zip.Finish()};
+}
+
+}  // namespace
+
+Status PlanDp(const Checkpoint& c, uint32_t D, std::vector<ViewEntry>* out) {
+  out->push_back(ViewEntry{"latest", {}});
+  out->back().file.recipe.AddLiteral(c.src.tag);
+  for (uint32_t t = 0; t < c.tp.size(); ++t) {
+    ASSIGN_OR_RETURN(ViewEntry m, PlanModelStates(c, c.tp[t], t, D));
+    out->push_back(std::move(m));
+    for (uint32_t d = 0; d < D; ++d) {
+      ASSIGN_OR_RETURN(ViewEntry e, PlanDpOptim(c, c.tp[t], t, d, D));
+      out->push_back(std::move(e));
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace ckptfs::reshard::ds

@@ -1,0 +1,137 @@
+// The DeepSpeed planners' shared parts (reshard/deepspeed*.cc): a tag directory decoded, and
+// ZeRO stage 1/2's partitioning arithmetic.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <regex>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "formats/pickle.h"
+#include "reshard/deepspeed.h"
+#include "reshard/torch_out.h"
+
+namespace ckptfs::reshard::ds {
+
+// ZeRO stage 1/2 partitioning (DeepSpeedZeroOptimizer): a group's flat buffer is aligned to
+// 2 * dp elements and cut into dp equal partitions; the padding sits at the end.
+struct Partitioning {
+  uint64_t total = 0, dp = 1, size = 0;  // elements: real, ranks, per partition
+  Partitioning(uint64_t total_, uint64_t dp_) : total(total_), dp(dp_) {
+    const uint64_t align = 2 * dp;
+    size = (total + align - 1) / align * align / dp;
+  }
+  uint64_t Begin(uint64_t r) const { return std::min(total, r * size); }
+  uint64_t End(uint64_t r) const { return std::min(total, (r + 1) * size); }
+  uint64_t Real(uint64_t r) const { return End(r) - Begin(r); }
+  uint64_t Padding(uint64_t r) const { return size - Real(r); }
+};
+
+struct Param {
+  std::string name;
+  std::vector<int64_t> shape;
+  uint64_t numel = 0, offset = 0;  // in its group's flat buffer, elements
+};
+
+// One optimizer file (one dp rank of one TP rank), decoded.
+struct Optim {
+  const DsSourceFile* file = nullptr;
+  TensorIndex tensors;
+  pickle::ValuePtr root, osd, base, state;
+  std::vector<const TorchTensor*> fp32;       // per group, padding stripped
+  std::vector<pickle::ValuePtr> group_state;          // per group: the state mapping (null: none yet)
+  std::vector<pickle::ValuePtr> mappings;             // per group: param_slice_mappings
+};
+
+// One TP rank: its model-states file and its optimizer files by dp rank.
+struct TpRank {
+  const DsSourceFile* model = nullptr;
+  TensorIndex model_tensors;
+  std::vector<std::vector<Param>> groups;  // param_shapes, with offsets
+  std::vector<Optim> optim;                // by dp rank
+  std::vector<uint64_t> totals;            // per group: real elements
+};
+
+// A tag directory's files, decoded and checked against each other.
+class Checkpoint {
+ public:
+  explicit Checkpoint(const DeepSpeedSource& source) : src(source) {}
+  // Errors (kInvalid, naming the file): see PlanDeepSpeed.
+  Status Decode();
+
+  // The source pieces holding elements [from, to) of group g's flat buffer of TP rank tr, of the
+  // tensor `pick` selects in each dp rank's file (the fp32 partition, or a state tensor).
+  Result<std::vector<Part>> Flat(const TpRank& tr, size_t g, uint64_t from, uint64_t to,
+                                 const std::function<const TorchTensor*(const Optim&)>& pick,
+                                 const std::string& what) const;
+  // State tensor `key` of group g in o; nullptr when absent or not a tensor.
+  static const TorchTensor* StateTensor(const Optim& o, size_t g, const std::string& key);
+
+  const DeepSpeedSource& src;
+  std::vector<TpRank> tp;    // by TP rank
+  uint32_t D = 0;            // the source's data-parallel size
+  std::string optim_prefix;  // "", "bf16_" or "fp16_"
+
+ private:
+  Status DecodeOptim(TpRank* tr, uint32_t d);
+  Status CheckMappings(const TpRank& tr, uint32_t d) const;
+};
+
+// The fragment a dp rank's partition holds of each parameter, as DeepSpeed's
+// _create_param_mapping computes it: (name, (numel, start in the partition)).
+std::vector<std::pair<std::string, std::pair<uint64_t, uint64_t>>> Fragments(
+    const std::vector<Param>& params, const Partitioning& part, uint64_t d);
+
+std::string ModelName(uint32_t tp);
+std::string OptimFileName(const std::string& prefix, uint32_t dp, uint32_t tp);
+// torch.save names a file's records after the file: "fp32.pt" -> "fp32/...".
+std::string ArchivePrefix(std::string_view file_name);
+
+// How ds_to_universal merges a parameter's TP slices into the full tensor.
+struct Merge {
+  enum Kind { kCat, kReplicated, kTwoSubParams } kind = kCat;
+  int cat_dim = 0;            // kCat, kTwoSubParams
+  bool vocab = false;         // then cut to original_rows rows
+  int64_t original_rows = -1;
+};
+
+// universal_checkpoint_info's patterns (Python regular expressions matched at the name's start).
+struct UcInfo {
+  bool present = false;
+  std::vector<std::regex> replicated, average, two_sub_params, row_parallel, vocabulary;
+  bool sub_params = false;
+  int64_t original_vocab_size = -1;
+  // From the first model-states file. Errors: a malformed entry.
+  static Result<UcInfo> Read(const Checkpoint& c);
+  // The merge of parameter `name` (without original_rows). Errors: averaged and sub-parameter
+  // patterns, a vocabulary parameter without original_vocab_size.
+  Result<Merge> Classify(const std::string& name) const;
+};
+
+// A parameter's slice in one TP rank.
+struct Located {
+  const TpRank* tr = nullptr;
+  size_t g = 0;
+  const Param* p = nullptr;
+};
+// The parameter's slice in every TP rank, in rank order. Errors: a rank lacks it.
+Result<std::vector<Located>> Locate(const Checkpoint& c, const std::string& name);
+
+// The full tensor of state `key` ("fp32" or an optimizer state) of a parameter: its shape, the
+// gathers of its bytes (row-major), and a source tensor of its type.
+struct FullTensor {
+  std::vector<int64_t> shape;
+  std::vector<Gather> gathers;
+  const TorchTensor* like = nullptr;
+};
+Result<FullTensor> Full(const Checkpoint& c, const std::vector<Located>& slices, const Merge& m,
+                        const std::string& key);
+
+// The views (docs/views.md), appended to *out.
+Status PlanDp(const Checkpoint& c, uint32_t D, std::vector<ViewEntry>* out);
+Status PlanUniversal(const Checkpoint& c, std::vector<ViewEntry>* out);
+
+}  // namespace ckptfs::reshard::ds

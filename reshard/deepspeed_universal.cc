@@ -1,0 +1,359 @@
+// The universal view: the directory DeepSpeed's ds_to_universal writes, planned over the tag
+// directory's files. Per parameter, each TP rank's slice is gathered from the dp partitions
+// that hold it, and the slices are merged as universal_checkpoint_info's patterns say.
+#include <algorithm>
+#include <map>
+#include <regex>
+
+#include "reshard/deepspeed_internal.h"
+
+namespace ckptfs::reshard::ds {
+
+using pickle::Kind;
+using pickle::ValuePtr;
+
+Result<UcInfo> UcInfo::Read(const Checkpoint& c) {
+  UcInfo info;
+  ValuePtr uc = Get(c.tp[0].model->file->root, "universal_checkpoint_info");
+  if (!uc || uc->kind == Kind::kNone) return info;
+  if (!IsMapping(uc)) return Invalid("universal_checkpoint_info is not a dict");
+  info.present = true;
+  auto patterns = [&](std::string_view key, std::vector<std::regex>* out) -> Status {
+    ValuePtr v = Get(uc, key);
+    if (!v) return Status::Ok();
+    if (v->kind != Kind::kList && v->kind != Kind::kTuple) {
+      return Invalid("universal_checkpoint_info's " + std::string(key) + " is not a list");
+    }
+    for (const ValuePtr& p : v->items) {
+      if (!p || p->kind != Kind::kStr) {
+        return Invalid("universal_checkpoint_info's " + std::string(key) + " holds a non-string");
+      }
+      try {
+        out->emplace_back(p->str, std::regex::ECMAScript);
+      } catch (const std::regex_error&) {
+        return Invalid("universal_checkpoint_info's " + std::string(key) + " pattern '" + p->str +
+                       "' is not a regular expression ckptfs reads");
+      }
+    }
+    return Status::Ok();
+  };
+  RETURN_IF_ERROR(patterns("tp_replicated_parameter_patterns", &info.replicated));
+  RETURN_IF_ERROR(patterns("parameter_to_average_patterns", &info.average));
+  RETURN_IF_ERROR(patterns("parameter_with_2_sub_params_cat_dim_0", &info.two_sub_params));
+  RETURN_IF_ERROR(patterns("parameter_with_row_parallelism_patterns", &info.row_parallel));
+  RETURN_IF_ERROR(patterns("vocabulary_parameter_patterns", &info.vocabulary));
+  ValuePtr sub = Get(uc, "parameter_with_sub_params");
+  info.sub_params = sub && !sub->items.empty();
+  ValuePtr ovs = Get(uc, "original_vocab_size");
+  if (ovs && ovs->kind == Kind::kInt) info.original_vocab_size = ovs->i;
+  return info;
+}
+
+namespace {
+// Python's re.match: the pattern matches at the start of the name.
+bool MatchAny(const std::vector<std::regex>& ps, const std::string& name) {
+  for (const std::regex& p : ps) {
+    if (std::regex_search(name, p, std::regex_constants::match_continuous)) return true;
+  }
+  return false;
+}
+}  // namespace
+
+Result<Merge> UcInfo::Classify(const std::string& name) const {
+  Merge m;
+  if (MatchAny(replicated, name)) {
+    m.kind = Merge::kReplicated;
+  } else if (MatchAny(average, name)) {
+    return Invalid("parameter " + name + " is to be averaged over TP ranks "
+                   "(parameter_to_average_patterns), which takes arithmetic; not supported");
+  } else if (MatchAny(two_sub_params, name)) {
+    m.kind = Merge::kTwoSubParams;
+  } else if (sub_params) {
+    return Invalid("universal_checkpoint_info's parameter_with_sub_params is not supported");
+  } else {
+    m.cat_dim = MatchAny(row_parallel, name) ? 1 : 0;
+  }
+  m.vocab = MatchAny(vocabulary, name);
+  if (m.vocab && original_vocab_size < 0) {
+    return Invalid("vocabulary parameter " + name +
+                   " but universal_checkpoint_info has no original_vocab_size");
+  }
+  return m;
+}
+
+Result<std::vector<Located>> Locate(const Checkpoint& c, const std::string& name) {
+  std::vector<Located> out;
+  for (size_t t = 0; t < c.tp.size(); ++t) {
+    const TpRank& tr = c.tp[t];
+    const Param* found = nullptr;
+    size_t group = 0;
+    for (size_t g = 0; g < tr.groups.size() && !found; ++g) {
+      for (const Param& p : tr.groups[g]) {
+        if (p.name == name) {
+          found = &p;
+          group = g;
+          break;
+        }
+      }
+    }
+    if (!found) return Invalid("parameter " + name + " is missing from " + tr.model->name);
+    out.push_back(Located{&tr, group, found});
+  }
+  return out;
+}
+
+namespace {
+
+// The state tensor `key` ("fp32" or an optimizer state) of o's group g.
+const TorchTensor* Pick(const Optim& o, size_t g, const std::string& key) {
+  return key == "fp32" ? o.fp32[g] : Checkpoint::StateTensor(o, g, key);
+}
+
+// Cuts parts to their first `bytes` bytes.
+void Truncate(std::vector<Part>* parts, uint64_t bytes) {
+  uint64_t at = 0;
+  for (size_t i = 0; i < parts->size(); ++i) {
+    Part& p = (*parts)[i];
+    if (at + p.len >= bytes) {
+      p.len = bytes - at;
+      p.stride = p.len;
+      parts->resize(p.len ? i + 1 : i);
+      return;
+    }
+    at += p.len;
+  }
+}
+
+}  // namespace
+
+Result<FullTensor> Full(const Checkpoint& c, const std::vector<Located>& slices,
+                        const Merge& m, const std::string& key) {
+  const std::string what = "'" + key + "' of " + slices[0].p->name;
+  FullTensor full;
+  // The dp rank holding the first slice's first element supplies the tensor's type.
+  {
+    const Located& s = slices[0];
+    const Partitioning part(s.tr->totals[s.g], c.D);
+    const Optim& o = s.tr->optim[std::min<uint64_t>(s.p->offset / part.size, c.D - 1)];
+    full.like = Pick(o, s.g, key);
+    if (!full.like) return Invalid(o.file->name + " has no " + what);
+  }
+  const uint64_t item = DtypeSize(full.like->dtype);
+  if (item == 0) return Invalid(what + " has an unknown dtype " + full.like->dtype);
+  auto pick = [&](const Located& s) {
+    return [&key, g = s.g](const Optim& o) { return Pick(o, g, key); };
+  };
+  auto flat = [&](const Located& s, uint64_t from, uint64_t to, std::vector<Part>* parts) -> Status {
+    ASSIGN_OR_RETURN(std::vector<Part> more, c.Flat(*s.tr, s.g, from, to, pick(s), what));
+    parts->insert(parts->end(), more.begin(), more.end());
+    return Status::Ok();
+  };
+  const std::vector<Located> used =
+      m.kind == Merge::kReplicated ? std::vector<Located>{slices[0]} : slices;
+  full.shape = used[0].p->shape;
+  const size_t dim = m.cat_dim;
+  if (used.size() > 1) {
+    if (dim >= full.shape.size()) return Invalid(what + " has no dimension " + std::to_string(dim));
+    full.shape[dim] = 0;
+    for (const Located& s : used) {
+      const std::vector<int64_t>& sh = s.p->shape;
+      if (sh.size() != full.shape.size()) return Invalid(what + ": TP slices of different ranks");
+      for (size_t i = 0; i < sh.size(); ++i) {
+        if (i != dim && sh[i] != used[0].p->shape[i]) {
+          return Invalid(what + ": TP slices differ outside dimension " + std::to_string(dim));
+        }
+      }
+      full.shape[dim] += sh[dim];
+    }
+  }
+
+  if (dim == 1 && used.size() > 1) {
+    // Row-parallel: each row is the concatenation of every slice's row. Runs of rows that lie in
+    // one dp partition of every slice become one strided gather.
+    const uint64_t R = static_cast<uint64_t>(full.shape[0]);
+    std::vector<uint64_t> cols;
+    for (const Located& s : used) cols.push_back(R ? s.p->numel / R : 0);
+    for (uint64_t r = 0; r < R;) {
+      uint64_t k = R - r;
+      std::vector<Part> parts;
+      for (size_t i = 0; i < used.size(); ++i) {
+        const Located& s = used[i];
+        const Partitioning part(s.tr->totals[s.g], c.D);
+        const uint64_t e = s.p->offset + r * cols[i];
+        const uint64_t rank = e / part.size;
+        k = std::min(k, cols[i] ? (part.End(rank) - e) / cols[i] : k);
+        const TorchTensor* t = Pick(s.tr->optim[rank], s.g, key);
+        if (!t) return Invalid(s.tr->optim[rank].file->name + " has no " + what);
+        const uint64_t len = cols[i] * item;
+        parts.push_back(Part{s.tr->optim[rank].file->source,
+                             t->offset + (e - part.Begin(rank)) * item, len, len});
+      }
+      if (k >= 1) {
+        full.gathers.push_back(Gather{k, std::move(parts)});
+        r += k;
+        continue;
+      }
+      // This row crosses a partition boundary in some slice.
+      parts.clear();
+      for (size_t i = 0; i < used.size(); ++i) {
+        const uint64_t e = used[i].p->offset + r * cols[i];
+        RETURN_IF_ERROR(flat(used[i], e, e + cols[i], &parts));
+      }
+      full.gathers.push_back(Gather{1, std::move(parts)});
+      ++r;
+    }
+    return full;
+  }
+
+  // Dimension 0: the slices one after another (for two sub-parameters, every slice's first half,
+  // then every slice's second half).
+  std::vector<Part> parts;
+  const int halves = m.kind == Merge::kTwoSubParams ? 2 : 1;
+  for (int h = 0; h < halves; ++h) {
+    for (const Located& s : used) {
+      if (halves == 2 && (s.p->shape.empty() || s.p->shape[0] % 2 != 0)) {
+        return Invalid(what + " does not split in two halves");
+      }
+      const uint64_t n = s.p->numel / halves;
+      RETURN_IF_ERROR(flat(s, s.p->offset + h * n, s.p->offset + (h + 1) * n, &parts));
+    }
+  }
+  if (m.vocab) {
+    if (m.original_rows > full.shape[0]) {
+      return Invalid(what + ": original_vocab_size " + std::to_string(m.original_rows) +
+                     " exceeds its " + std::to_string(full.shape[0]) + " rows");
+    }
+    uint64_t row = item;
+    for (size_t i = 1; i < full.shape.size(); ++i) row *= static_cast<uint64_t>(full.shape[i]);
+    full.shape[0] = m.original_rows;
+    Truncate(&parts, row * static_cast<uint64_t>(m.original_rows));
+  }
+  if (!parts.empty()) full.gathers.push_back(Gather{1, std::move(parts)});
+  return full;
+}
+
+namespace {
+
+ValuePtr Str(std::string s) { return pickle::MakeStr(std::move(s)); }
+
+// The file of state `key` of a parameter: {[cat_dim, [param_n_sub_params]], [vocab_tensor],
+// param} in ds_to_universal's key order.
+Result<ViewEntry> StateFile(const Checkpoint& c, const std::vector<Located>& slices,
+                            const Merge& m, const std::string& key, const std::string& path) {
+  ASSIGN_OR_RETURN(FullTensor full, Full(c, slices, m, key));
+  uint64_t nbytes = DtypeSize(full.like->dtype);
+  for (int64_t x : full.shape) nbytes *= static_cast<uint64_t>(x);
+  TorchOut out;
+  out.set_location("cpu");  // ds_to_universal loads every source with map_location='cpu'
+  ValuePtr t = out.NewTensor(*full.like->node, std::move(full.gathers), full.shape,
+                             ContiguousStride(full.shape), nbytes);
+  std::vector<std::pair<ValuePtr, ValuePtr>> items;
+  if (m.kind == Merge::kCat || m.kind == Merge::kTwoSubParams) {
+    items.push_back({Str("cat_dim"), pickle::MakeInt(m.cat_dim)});
+  }
+  if (m.kind == Merge::kTwoSubParams) items.push_back({Str("param_n_sub_params"), pickle::MakeInt(2)});
+  if (m.vocab) items.push_back({Str("vocab_tensor"), pickle::MakeBool(true)});
+  items.push_back({Str("param"), t});
+  const Located& s = slices[0];
+  ASSIGN_OR_RETURN(ViewFile f, out.Finish(ArchivePrefix(path), pickle::MakeDict(std::move(items)),
+                                          s.tr->optim[0].file->extra_records));
+  return ViewEntry{path, std::move(f)};
+}
+
+// zero/optimizer_state.pt: dp rank 0's optimizer state dict without its partitioned entries,
+// group_paddings zeroed, the param groups appended.
+Result<ViewEntry> OptimizerState(const Checkpoint& c) {
+  const Optim& o0 = c.tp[0].optim[0];
+  TorchOut o;
+  o.set_location("cpu");
+  ValuePtr root = EmptyLike(o0.osd);
+  for (const auto& [k, v] : PairsOf(*o0.osd)) {
+    const std::string key = KeyName(k);
+    if (key == "base_optimizer_state" || key == "param_slice_mappings" ||
+        key == "single_partition_of_fp32_groups") {
+      continue;
+    }
+    if (key == "group_paddings" && v && v->kind == Kind::kList) {
+      Put(root, k, pickle::MakeList(std::vector<ValuePtr>(v->items.size(), pickle::MakeInt(0))));
+      continue;
+    }
+    ASSIGN_OR_RETURN(ValuePtr nv, o.Copy(o0.tensors, o0.file->source, v));
+    Put(root, k, nv);
+  }
+  ASSIGN_OR_RETURN(ValuePtr groups,
+                   o.Copy(o0.tensors, o0.file->source, Get(o0.base, "param_groups")));
+  Put(root, Str("param_groups"), groups);
+  const std::string path = c.src.tag + "/zero/optimizer_state.pt";
+  ASSIGN_OR_RETURN(ViewFile f, o.Finish(ArchivePrefix(path), root, o0.file->extra_records));
+  return ViewEntry{path, std::move(f)};
+}
+
+// The tensor state keys of group g, in the order the optimizer made them ('step' apart).
+Result<std::vector<std::string>> StateKeys(const TpRank& tr, size_t g) {
+  std::vector<std::string> keys;
+  for (const Optim& o : tr.optim) {
+    if (!o.group_state[g]) continue;
+    for (const auto& [k, v] : PairsOf(*o.group_state[g])) {
+      const std::string key = KeyName(k);
+      if (key == "step") continue;
+      auto t = o.tensors.find(v.get());
+      if (t == o.tensors.end() || t->second->shape.empty()) {
+        return Invalid("optimizer state '" + key +
+                       "' is not a tensor; the universal view cannot split it per parameter");
+      }
+      if (std::find(keys.begin(), keys.end(), key) == keys.end()) keys.push_back(key);
+    }
+  }
+  return keys;
+}
+
+}  // namespace
+
+Status PlanUniversal(const Checkpoint& c, std::vector<ViewEntry>* out) {
+  ASSIGN_OR_RETURN(UcInfo uc, UcInfo::Read(c));
+  out->push_back(ViewEntry{"latest_universal", {}});
+  out->back().file.recipe.AddLiteral(c.src.tag);
+  for (const TpRank& tr : c.tp) {
+    const DsSourceFile& m = *tr.model;
+    ViewEntry e{c.src.tag + "/" + m.name, {}};
+    e.file.recipe.AddGather(1, {Part{m.source, 0, m.size, m.size}});
+    out->push_back(std::move(e));
+  }
+  ASSIGN_OR_RETURN(ViewEntry opt, OptimizerState(c));
+  out->push_back(std::move(opt));
+
+  const TpRank& tr = c.tp[0];
+  for (size_t g = 0; g < tr.groups.size(); ++g) {
+    ASSIGN_OR_RETURN(std::vector<std::string> keys, StateKeys(tr, g));
+    for (const Param& p : tr.groups[g]) {
+      if (p.name.empty() || p.name.find('/') != std::string::npos || p.name == "." ||
+          p.name == "..") {
+        return Invalid("parameter name '" + p.name + "' cannot name a directory");
+      }
+      ASSIGN_OR_RETURN(Merge m, uc.Classify(p.name));
+      m.original_rows = uc.original_vocab_size;
+      ASSIGN_OR_RETURN(std::vector<Located> slices, Locate(c, p.name));
+      const std::string dir = c.src.tag + "/zero/" + p.name + "/";
+      keys.insert(keys.begin(), "fp32");
+      for (const std::string& key : keys) {
+        ASSIGN_OR_RETURN(ViewEntry e, StateFile(c, slices, m, key, dir + key + ".pt"));
+        out->push_back(std::move(e));
+      }
+      keys.erase(keys.begin());
+      // step.pt: the raw step of the first dp rank holding a piece of the parameter.
+      const Partitioning part(tr.totals[g], c.D);
+      const Optim& o = tr.optim[std::min<uint64_t>(p.offset / part.size, c.D - 1)];
+      if (ValuePtr step = Get(o.group_state[g], "step")) {
+        TorchOut so;
+        so.set_location("cpu");
+        ASSIGN_OR_RETURN(ValuePtr v, so.Copy(o.tensors, o.file->source, step));
+        const std::string path = dir + "step.pt";
+        ASSIGN_OR_RETURN(ViewFile f, so.Finish(ArchivePrefix(path), v, o.file->extra_records));
+        out->push_back(ViewEntry{path, std::move(f)});
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace ckptfs::reshard::ds

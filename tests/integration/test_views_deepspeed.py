@@ -1,0 +1,151 @@
+# Data-parallel and universal views of DeepSpeed ZeRO 1/2 checkpoints (docs/views.md) through a
+# real mount: a source written into the mount by tests/reshard/deepspeed_fixture.py (DeepSpeed's
+# own layout, every structural fact traced there to DeepSpeed's source), its ROOT/.views/dpD and
+# ROOT/.views/universal files loaded with torch.load and compared exactly with the references that
+# deepspeed_fixture computes in Python from the source files (independent of the C++ view code),
+# then loaded as DeepSpeed would at the new size and checked against the generator's model.
+# Runs in /usr/bin/python3.
+import errno
+import os
+import sys
+
+import pytest
+
+from conftest import REPO_ROOT, check_reads_are_stable, expect_errno, read_file, wait_for
+
+sys.path.insert(0, str(REPO_ROOT / "tests" / "reshard"))
+import deepspeed_fixture as df  # noqa: E402
+
+TAG = "global_step10"
+
+# source DP, view DP, generator options. Group sizes 235 / 17 (TP 2: 135 / 11): padded at every
+# DP, and at DP 4 and 8 whole trailing ranks of the no-decay group are padding.
+DP_CASES = {
+    "dp4-to-dp2-bf16-s2-fused-adam": (4, 2, dict()),
+    "dp4-to-dp1-fp16-s1-torch-adamw-amsgrad": (4, 1, dict(dtype="fp16", stage=1,
+                                                          optimizer="torch_adamw", amsgrad=True)),
+    "dp2-to-dp4-bf16-s1-sgd": (2, 4, dict(stage=1, optimizer="sgd")),
+    "dp3-to-dp8-fp16-s2-fused-adam-py311-enum": (3, 8, dict(dtype="fp16", enum_by_value=False)),
+    "dp4-to-dp4-identity-torch-adamw": (4, 4, dict(optimizer="torch_adamw")),
+    "dp4-to-dp2-cuda-locations": (4, 2, dict(optimizer="torch_adamw", cuda=True)),
+    "dp2-to-dp3-fp16-sgd-cuda": (2, 3, dict(dtype="fp16", optimizer="sgd", cuda=True)),
+    "dp2-to-dp1-tp2": (2, 1, dict(tp=2)),
+}
+
+UNIVERSAL_CASES = {
+    "dp4-bf16-s2-fused-adam": (4, dict()),
+    "dp1-fp16-s1-torch-adamw-py311-enum": (1, dict(dtype="fp16", stage=1,
+                                                   optimizer="torch_adamw", enum_by_value=False)),
+    "dp4-sgd-cuda-locations": (4, dict(optimizer="sgd", cuda=True)),
+    "dp3-tp1-universal-info-amsgrad": (3, dict(optimizer="torch_adamw", amsgrad=True,
+                                               uc_info=True)),
+    "dp2-tp2-fp16": (2, dict(tp=2, dtype="fp16")),
+}
+
+
+@pytest.mark.parametrize("case", list(DP_CASES))
+def test_dp_view_equals_reference(mnt, case):
+    S, D, kw = DP_CASES[case]
+    root = mnt / "ds"
+    g = df.generate(root, dp=S, **kw)
+    view = root / ".views" / f"dp{D}"
+    assert read_file(view / "latest") == read_file(root / "latest") == TAG.encode()
+    df.compare_dp(root, view, D, model=g)
+    prefix = "" if kw.get("dtype") == "fp16" else "bf16_"
+    check_reads_are_stable(view / TAG / f"{prefix}zero_pp_rank_{D - 1}_mp_rank_00_optim_states.pt")
+    check_reads_are_stable(view / TAG / "mp_rank_00_model_states.pt")
+
+
+@pytest.mark.parametrize("case", list(UNIVERSAL_CASES))
+def test_universal_view_equals_reference(mnt, case):
+    S, kw = UNIVERSAL_CASES[case]
+    root = mnt / "ds"
+    g = df.generate(root, dp=S, **kw)
+    view = root / ".views" / "universal"
+    assert read_file(view / "latest_universal") == TAG.encode()
+    df.compare_universal(root, view, model=g)
+    # the model-states files are the source's, byte for byte
+    assert read_file(view / TAG / "mp_rank_00_model_states.pt") == \
+        read_file(root / TAG / "mp_rank_00_model_states.pt")
+    check_reads_are_stable(view / TAG / "zero" / "optimizer_state.pt")
+
+
+def test_views_are_listed_and_others_resolve_on_lookup(mnt):
+    root = mnt / "ds"
+    df.generate(root, dp=4)
+    assert ".views" in os.listdir(root)
+    names = set(os.listdir(root / ".views"))
+    assert {"dp1", "dp2", "dp4", "dp8", "universal"} <= names, names
+    assert "dp3" not in names
+    dp3 = root / ".views" / "dp3"
+    assert os.path.isdir(dp3)
+    assert sorted(os.listdir(dp3)) == sorted(["latest", TAG])
+    assert sorted(os.listdir(dp3 / TAG)) == sorted(
+        ["mp_rank_00_model_states.pt"] +
+        [f"bf16_zero_pp_rank_{d}_mp_rank_00_optim_states.pt" for d in range(3)])
+    df.compare_dp(root, dp3, 3)
+    uni = root / ".views" / "universal"
+    assert sorted(os.listdir(uni)) == sorted(["latest_universal", TAG])
+    assert sorted(os.listdir(uni / TAG)) == ["mp_rank_00_model_states.pt", "zero"]
+    zero = sorted(os.listdir(uni / TAG / "zero"))
+    assert "optimizer_state.pt" in zero
+    assert "language_model.embedding.word_embeddings.weight" in zero
+    assert "language_model.embedding.tokentype_embeddings.weight" not in zero  # frozen
+    assert sorted(os.listdir(uni / TAG / "zero" / zero[0])) == [
+        "exp_avg.pt", "exp_avg_sq.pt", "fp32.pt", "step.pt"]
+
+
+def test_view_follows_a_new_save(mnt):
+    root = mnt / "ds"
+    df.generate(root, dp=4, step=10)
+    view = root / ".views" / "dp2"
+    assert read_file(view / "latest") == b"global_step10"
+    df.compare_dp(root, view, 2)
+    g = df.generate(root, dp=4, step=20, seed=99)  # a new tag, then `latest` moves
+    # The kernel keeps view entries for a second.
+    got = wait_for(lambda: read_file(view / "latest"), lambda b: b == b"global_step20",
+                   timeout=10)
+    assert got == b"global_step20"
+    assert sorted(os.listdir(view)) == ["global_step20", "latest"]
+    df.compare_dp(root, view, 2, model=g)
+    uni = root / ".views" / "universal"
+    assert read_file(uni / "latest_universal") == b"global_step20"
+    df.compare_universal(root, uni, model=g)
+
+
+def test_missing_optim_file_fails_with_einval_and_a_reason(mnt):
+    root = mnt / "ds"
+    df.generate(root, dp=4)
+    name = "bf16_zero_pp_rank_2_mp_rank_00_optim_states.pt"
+    os.unlink(root / TAG / name)
+    with pytest.raises(df.ViewError, match=name):
+        df.reference_dp(root, 2)  # the reference agrees
+    expect_errno(errno.EINVAL, os.stat, root / ".views" / "dp2")
+    why = os.getxattr(root / ".views", "user.ckptfs.view_errors").decode()
+    assert name in why, why
+
+
+def test_views_are_read_only(mnt):
+    root = mnt / "ds"
+    df.generate(root, dp=2)
+    view = root / ".views" / "dp2"
+    f = view / TAG / "mp_rank_00_model_states.pt"
+    expect_errno(errno.EROFS, open, view / TAG / "new.pt", "wb")
+    expect_errno(errno.EROFS, open, root / ".views" / "new", "wb")
+    expect_errno(errno.EROFS, open, f, "r+b")
+    with pytest.raises(OSError):
+        os.mkdir(view / "x")
+    with pytest.raises(OSError):
+        os.unlink(f)
+    with pytest.raises(OSError):
+        os.rename(f, view / TAG / "moved.pt")
+    assert os.path.exists(f)
+
+
+def test_directory_with_a_junk_latest_has_no_views(mnt):
+    d = mnt / "plain"
+    d.mkdir()
+    (d / "latest").write_bytes(b"junk\n")
+    (d / "notes.txt").write_bytes(b"hello")
+    assert ".views" not in os.listdir(d)
+    expect_errno(errno.ENOENT, os.stat, d / ".views")
