@@ -324,9 +324,17 @@ bool ParseDsSpec(std::string_view s, DsSpec* spec) {
     spec->D = 0;
     return true;
   }
-  unsigned d = 0;
+  unsigned t = 0, d = 0;
   char tail = 0;
   const std::string str(s);
+  if (std::sscanf(str.c_str(), "tp%u-dp%u%c", &t, &d, &tail) == 2) {
+    if (t == 0 || d == 0 || t > 4096 || d > 4096) return false;
+    if (str != "tp" + std::to_string(t) + "-dp" + std::to_string(d)) return false;
+    spec->kind = DsSpec::kTpDp;
+    spec->T = t;
+    spec->D = d;
+    return true;
+  }
   if (std::sscanf(str.c_str(), "dp%u%c", &d, &tail) != 1 || d == 0 || d > 4096) return false;
   if (str != "dp" + std::to_string(d)) return false;
   spec->kind = DsSpec::kDp;
@@ -340,6 +348,8 @@ Result<std::vector<ViewEntry>> PlanDeepSpeed(const DeepSpeedSource& src, const D
   std::vector<ViewEntry> out;
   if (spec.kind == DsSpec::kUniversal) {
     RETURN_IF_ERROR(ds::PlanUniversal(c, &out));
+  } else if (spec.kind == DsSpec::kTpDp) {
+    RETURN_IF_ERROR(ds::PlanTpDp(c, spec.T, spec.D, &out));
   } else {
     RETURN_IF_ERROR(ds::PlanDp(c, spec.D, &out));
   }

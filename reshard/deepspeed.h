@@ -38,10 +38,11 @@ struct DeepSpeedSource {
 bool IsDeepSpeedSourceName(std::string_view name);
 
 struct DsSpec {
-  enum Kind { kDp, kUniversal } kind = kDp;
-  uint32_t D = 0;  // kDp: the target data-parallel size
+  enum Kind { kDp, kTpDp, kUniversal } kind = kDp;
+  uint32_t T = 0;  // kTpDp: the target tensor-parallel size
+  uint32_t D = 0;  // kDp, kTpDp: the target data-parallel size
 };
-// "dpD" or "universal"; false for anything else.
+// "dpD", "tpT-dpD" or "universal"; false for anything else.
 bool ParseDsSpec(std::string_view s, DsSpec* spec);
 
 // A file of a view: its path relative to the spec directory ("latest",

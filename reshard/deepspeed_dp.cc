@@ -10,10 +10,13 @@ using pickle::Kind;
 using pickle::Value;
 using pickle::ValuePtr;
 
-Result<ViewEntry> PlanDpOptim(const Checkpoint& c, const TpRank& tr, uint32_t tp, uint32_t d,
-                              uint32_t D) {
+}  // namespace
+
+Result<ViewEntry> PlanOptimFile(const Checkpoint& c, const Target& target, uint32_t tp, uint32_t d,
+                                uint32_t D) {
+  const TpRank& tr = *target.primary;
   const Optim& o0 = tr.optim[0];
-  const size_t G = tr.groups.size();
+  const size_t G = target.groups.size();
   TorchOut out;
   auto copy = [&](const ValuePtr& v) { return out.Copy(o0.tensors, o0.file->source, v); };
 
@@ -21,7 +24,7 @@ Result<ViewEntry> PlanDpOptim(const Checkpoint& c, const TpRank& tr, uint32_t tp
   ValuePtr state = EmptyLike(o0.state);
   for (const auto& [gk, gs] : PairsOf(*o0.state)) {
     const size_t g = static_cast<size_t>(gk->i);
-    const Partitioning part(tr.totals[g], D);
+    const Partitioning part(target.totals[g], D);
     ValuePtr ns = EmptyLike(gs);
     for (const auto& [k, v] : PairsOf(*gs)) {
       auto t = o0.tensors.find(v.get());
@@ -32,12 +35,7 @@ Result<ViewEntry> PlanDpOptim(const Checkpoint& c, const TpRank& tr, uint32_t tp
       }
       const std::string key = KeyName(k);
       const uint64_t item = DtypeSize(t->second->dtype);
-      ASSIGN_OR_RETURN(std::vector<Part> parts,
-                       c.Flat(tr, g, part.Begin(d), part.End(d),
-                            [&](const Optim& o) { return Checkpoint::StateTensor(o, g, key); },
-                            "optimizer state '" + key + "' of group " + std::to_string(g)));
-      std::vector<Gather> gathers;
-      if (!parts.empty()) gathers.push_back(Gather{1, std::move(parts)});
+      ASSIGN_OR_RETURN(std::vector<Gather> gathers, target.range(g, key, part.Begin(d), part.End(d)));
       if (part.Padding(d)) gathers.push_back(Gather{1, {}, part.Padding(d) * item});
       const int64_t n = static_cast<int64_t>(part.size);
       Put(ns, k, out.NewTensor(*t->second->node, std::move(gathers), {n}, {1}, part.size * item));
@@ -63,20 +61,15 @@ Result<ViewEntry> PlanDpOptim(const Checkpoint& c, const TpRank& tr, uint32_t tp
     }
   }
   for (size_t g = 0; g < G; ++g) {
-    const Partitioning part(tr.totals[g], D);
+    const Partitioning part(target.totals[g], D);
     const TorchTensor& like = *o0.fp32[g];
-    ASSIGN_OR_RETURN(std::vector<Part> parts,
-                     c.Flat(tr, g, part.Begin(d), part.End(d),
-                          [&](const Optim& o) { return o.fp32[g]; },
-                          "fp32 partition of group " + std::to_string(g)));
-    std::vector<Gather> gathers;
-    if (!parts.empty()) gathers.push_back(Gather{1, std::move(parts)});
+    ASSIGN_OR_RETURN(std::vector<Gather> gathers, target.range(g, "fp32", part.Begin(d), part.End(d)));
     const int64_t n = static_cast<int64_t>(part.Real(d));
     fp32.push_back(out.NewTensor(*like.node, std::move(gathers), {n}, {1},
                                  part.Real(d) * DtypeSize(like.dtype)));
     paddings.push_back(pickle::MakeInt(static_cast<int64_t>(part.Padding(d))));
     ValuePtr m = EmptyLike(o0.mappings[g]);
-    for (const auto& [name, frag] : Fragments(tr.groups[g], part, d)) {
+    for (const auto& [name, frag] : Fragments(target.groups[g], part, d)) {
       if (!fragment_class) return Invalid("the source's param_slice_mappings are all empty");
       auto fa = std::make_shared<Value>(*fragment_class);
       ValuePtr st = fragment_class->state ? EmptyLike(fragment_class->state) : nullptr;
@@ -128,6 +121,8 @@ Result<ViewEntry> PlanDpOptim(const Checkpoint& c, const TpRank& tr, uint32_t tp
   return ViewEntry{c.src.tag + "/" + name, std::move(f)};
 }
 
+namespace {
+
 // A model-states file with dp_world_size set to D. Its storages are the source's records,
 // whole and under their own keys (so the module's tensors keep sharing their flat buffers).
 Result<ViewEntry> PlanModelStates(const Checkpoint& c, const TpRank& tr, uint32_t tp, uint32_t D) {
@@ -156,8 +151,25 @@ Status PlanDp(const Checkpoint& c, uint32_t D, std::vector<ViewEntry>* out) {
   for (uint32_t t = 0; t < c.tp.size(); ++t) {
     ASSIGN_OR_RETURN(ViewEntry m, PlanModelStates(c, c.tp[t], t, D));
     out->push_back(std::move(m));
+    const TpRank& tr = c.tp[t];
+    Target target;
+    target.primary = &tr;
+    target.groups = tr.groups;
+    target.totals = tr.totals;
+    target.range = [&c, &tr](size_t g, const std::string& key, uint64_t from,
+                             uint64_t to) -> Result<std::vector<Gather>> {
+      auto pick = [&](const Optim& o) {
+        return key == "fp32" ? o.fp32[g] : Checkpoint::StateTensor(o, g, key);
+      };
+      ASSIGN_OR_RETURN(std::vector<Part> parts,
+                       c.Flat(tr, g, from, to, pick,
+                              "'" + key + "' of group " + std::to_string(g)));
+      std::vector<Gather> gathers;
+      if (!parts.empty()) gathers.push_back(Gather{1, std::move(parts)});
+      return gathers;
+    };
     for (uint32_t d = 0; d < D; ++d) {
-      ASSIGN_OR_RETURN(ViewEntry e, PlanDpOptim(c, c.tp[t], t, d, D));
+      ASSIGN_OR_RETURN(ViewEntry e, PlanOptimFile(c, target, t, d, D));
       out->push_back(std::move(e));
     }
   }

@@ -4,7 +4,7 @@
 
 #include <cstdint>
 #include <functional>
-#include <regex>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -100,8 +100,9 @@ struct Merge {
 
 // universal_checkpoint_info's patterns (Python regular expressions matched at the name's start).
 struct UcInfo {
+  struct Patterns;  // compiled (deepspeed_universal.cc keeps <regex> out of this header)
   bool present = false;
-  std::vector<std::regex> replicated, average, two_sub_params, row_parallel, vocabulary;
+  std::shared_ptr<const Patterns> patterns;
   bool sub_params = false;
   int64_t original_vocab_size = -1;
   // From the first model-states file. Errors: a malformed entry.
@@ -130,8 +131,23 @@ struct FullTensor {
 Result<FullTensor> Full(const Checkpoint& c, const std::vector<Located>& slices, const Merge& m,
                         const std::string& key);
 
+// The flat buffers of a target TP rank: per group its parameters in order, and the gathers of any
+// element range of a state's buffer.
+struct Target {
+  const TpRank* primary = nullptr;  // whose dp rank 0 file gives every unpartitioned entry
+  std::vector<std::vector<Param>> groups;
+  std::vector<uint64_t> totals;
+  std::function<Result<std::vector<Gather>>(size_t g, const std::string& key, uint64_t from,
+                                            uint64_t to)>
+      range;
+};
+// Optimizer file `d` of D of target TP rank `tp` (docs/views.md, dpD).
+Result<ViewEntry> PlanOptimFile(const Checkpoint& c, const Target& target, uint32_t tp, uint32_t d,
+                                uint32_t D);
+
 // The views (docs/views.md), appended to *out.
 Status PlanDp(const Checkpoint& c, uint32_t D, std::vector<ViewEntry>* out);
 Status PlanUniversal(const Checkpoint& c, std::vector<ViewEntry>* out);
+Status PlanTpDp(const Checkpoint& c, uint32_t T, uint32_t D, std::vector<ViewEntry>* out);
 
 }  // namespace ckptfs::reshard::ds

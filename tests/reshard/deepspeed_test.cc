@@ -9,6 +9,7 @@
 #include <zlib.h>
 
 #include <cstring>
+#include <array>
 #include <map>
 #include <utility>
 #include <string>
@@ -38,31 +39,47 @@ struct P {
 struct Model {
   std::vector<std::vector<P>> groups;
   int64_t T = 1;
-  int64_t vocab = -1;  // original_vocab_size (rows of the vocabulary parameter to keep)
+  int64_t vocab = -1;  // original_vocab_size: the vocabulary parameter's real rows
+  Model WithT(int64_t t) const {
+    Model m = *this;
+    m.T = t;
+    return m;
+  }
 };
+
+// Megatron's vocabulary padding for TP T (make_vocab_size_divisible_by 2).
+int64_t PaddedVocab(const Model& m) { return (m.vocab + 2 * m.T - 1) / (2 * m.T) * (2 * m.T); }
 
 // Two groups whose sizes are not multiples of 2 * dp: padding on the last rank(s), and at
 // dp 4 a whole trailing rank of group 1 is padding.
 const Model kPlain = {{{{"embed.weight", {3, 5}}, {"layers.0.w", {7}}},
                        {{"layers.0.norm", {4}}, {"head.bias", {1}}}}};
 
-// TP 2 with universal_checkpoint_info: a vocabulary of 10 rows padded to 12, column, row,
-// replicated and SwiGLU (two sub-parameters) parameters.
-const Model kTp2 = {{{{"embed.weight", {12, 3}, Cut::kVocab},
-                      {"layers.0.qkv.weight", {6, 3}},
-                      {"layers.0.proj.weight", {3, 6}, Cut::kRow},
+// TP 2 with universal_checkpoint_info: a vocabulary of 10 rows (padded with zero rows for T),
+// column, row, replicated and SwiGLU (two sub-parameters) parameters.
+const Model kTp2 = {{{{"embed.weight", {10, 3}, Cut::kVocab},
+                      {"layers.0.qkv.weight", {8, 3}},
+                      {"layers.0.proj.weight", {3, 8}, Cut::kRow},
                       {"layers.0.fc1.weight", {8, 3}, Cut::kTwoSub}},
-                     {{"layers.0.norm.weight", {3}, Cut::kReplicated}, {"layers.0.qkv.bias", {6}}}},
+                     {{"layers.0.norm.weight", {3}, Cut::kReplicated}, {"layers.0.qkv.bias", {8}}}},
                     2,
                     10};
 
-// The full value of state `key` of parameter p: distinct per key, parameter and element.
+// The full value of state `key` ("module": the weights) of parameter p: distinct per key,
+// parameter and element; the vocabulary's padding rows for m.T are zero.
 T32 FullTensor(const Model& m, const std::string& key, const std::string& param) {
-  const uint32_t k = key == "fp32" ? 1 : key == "exp_avg" ? 2 : 3;
+  const uint32_t k = key == "fp32" ? 1 : key == "exp_avg" ? 2 : key == "exp_avg_sq" ? 3 : 4;
   uint32_t i = 0;
   for (const auto& g : m.groups) {
     for (const P& p : g) {
-      if (p.name == param) return Iota(p.shape, k * 1000000 + i * 10000);
+      if (p.name == param) {
+        T32 x = Iota(p.shape, k * 1000000 + i * 10000);
+        if (p.cut == Cut::kVocab) {
+          x.v.resize(static_cast<size_t>(PaddedVocab(m) * p.shape[1]), 0);
+          x.shape[0] = PaddedVocab(m);
+        }
+        return x;
+      }
       ++i;
     }
   }
@@ -166,7 +183,13 @@ Source Build(int64_t D, Options o = {}, const Model& m = kPlain) {
       std::vector<ValuePtr> shapes;
       for (size_t g = 0; g < m.groups.size(); ++g) {
         const int64_t align = 2 * D, padded = (total(g) + align - 1) / align * align;
-        fb.storages.push_back(Iota({padded}, 7000 + 100 * static_cast<uint32_t>(g)).Bytes());
+        T32 flat{{padded}, {}};
+        for (const P& p : m.groups[g]) {
+          T32 x = SliceOf(m, p, FullTensor(m, "module", p.name), t);
+          flat.v.insert(flat.v.end(), x.v.begin(), x.v.end());
+        }
+        flat.v.resize(static_cast<size_t>(padded), 0);
+        fb.storages.push_back(flat.Bytes());
         auto shape_map = OrderedDict();
         int64_t off = 0;
         for (const P& p : m.groups[g]) {
@@ -185,12 +208,17 @@ Source Build(int64_t D, Options o = {}, const Model& m = kPlain) {
           {S("mp_world_size"), I(m.T)},
           {S("ds_version"), S("0.16.5")}};
       if (m.vocab >= 0) {
+        root.insert(root.begin(),
+                    {S("args"), Obj("argparse", "Namespace",
+                                    {{S("tensor_model_parallel_size"), I(m.T)},
+                                     {S("make_vocab_size_divisible_by"), I(2)},
+                                     {S("padded_vocab_size"), I(PaddedVocab(m))}})});
         root.push_back(
             {S("universal_checkpoint_info"),
              pickle::MakeDict(
                  {{S("universal_checkpoint_version"), pickle::MakeFloat(0.2)},
                   {S("original_vocab_size"), I(m.vocab)},
-                  {S("padded_vocab_size"), I(12)},
+                  {S("padded_vocab_size"), I(PaddedVocab(m))},
                   {S("vocabulary_parameter_patterns"), StrList({"embed.weight"})},
                   {S("tp_replicated_parameter_patterns"), StrList({R"(layers.\d+.norm.weight)"})},
                   {S("parameter_with_row_parallelism_patterns"),
@@ -394,6 +422,39 @@ TEST(DeepSpeedDp, SameSizeIsTheSourceValueForValue) {
   }
 }
 
+Status PlanError(const Source& s, const std::string& spec);
+
+// A new TP and DP size: what the same model saved at that size holds (its vocabulary padded for
+// the new TP with zero rows, as DeepSpeed's universal loading pads it).
+void CheckTp(int64_t T0, int64_t D0, int64_t T1, int64_t D1) {
+  SCOPED_TRACE("tp" + std::to_string(T0) + "-dp" + std::to_string(D0) + " -> tp" +
+               std::to_string(T1) + "-dp" + std::to_string(D1));
+  const Source src = Build(D0, {}, kTp2.WithT(T0)), want = Build(D1, {}, kTp2.WithT(T1));
+  const auto view = Plan(src, "tp" + std::to_string(T1) + "-dp" + std::to_string(D1));
+  ASSERT_EQ(view.size(), want.src.files.size() + 1);
+  EXPECT_EQ(view.at("latest"), "global_step10");
+  for (size_t i = 0; i < want.src.files.size(); ++i) {
+    const std::string path = "global_step10/" + want.src.files[i].name;
+    ASSERT_TRUE(view.count(path)) << path;
+    EXPECT_EQ(CanonFile(view.at(path)), CanonFile(want.bytes[i])) << path;
+  }
+}
+
+TEST(DeepSpeedTp, ReshardsAsUniversalLoadingWould) {
+  for (auto [t0, d0, t1, d1] : std::vector<std::array<int64_t, 4>>{
+           {2, 2, 1, 2}, {2, 3, 4, 1}, {1, 4, 2, 2}, {4, 1, 2, 3}, {2, 2, 2, 2}, {2, 1, 2, 5}}) {
+    CheckTp(t0, d0, t1, d1);
+  }
+}
+
+TEST(DeepSpeedTp, RefusesWhatDoesNotSplit) {
+  Status st = PlanError(Build(2, {}, kTp2), "tp3-dp1");
+  EXPECT_EQ(st.code(), Code::kInvalid);
+  EXPECT_TRUE(Contains(st.message(), "does not split in 3")) << st.ToString();
+  st = PlanError(Build(2), "tp2-dp2");
+  EXPECT_TRUE(Contains(st.message(), "universal_checkpoint_info")) << st.ToString();
+}
+
 TEST(DeepSpeedDp, Deterministic) {
   const Source src = Build(4);
   EXPECT_EQ(Plan(src, "dp3"), Plan(src, "dp3"));
@@ -477,7 +538,11 @@ TEST(DeepSpeedSpec, Names) {
   EXPECT_EQ(s.D, 8u);
   EXPECT_TRUE(ParseDsSpec("universal", &s));
   EXPECT_EQ(s.kind, DsSpec::kUniversal);
-  for (const char* bad : {"dp0", "dp08", "dp", "dp2x", "tp2-dp2", "Universal"}) {
+  EXPECT_TRUE(ParseDsSpec("tp2-dp4", &s));
+  EXPECT_EQ(s.kind, DsSpec::kTpDp);
+  EXPECT_EQ(s.T, 2u);
+  EXPECT_EQ(s.D, 4u);
+  for (const char* bad : {"dp0", "dp08", "dp", "dp2x", "tp2-dp0", "tp02-dp2", "tp2", "Universal"}) {
     EXPECT_FALSE(ParseDsSpec(bad, &s)) << bad;
   }
   EXPECT_TRUE(IsDeepSpeedSourceName("mp_rank_00_model_states.pt"));

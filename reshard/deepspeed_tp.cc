@@ -1,0 +1,411 @@
+// The tpT-dpD view: a Megatron-DeepSpeed checkpoint as DeepSpeed holds it after loading its
+// universal form at TP=T, DP=D (deepspeed/checkpoint/universal_checkpoint.py): every parameter's
+// full tensor (merged by universal_checkpoint_info's patterns) cut again for T, the vocabulary
+// zero-padded to its padded size for T, then laid out in ZeRO partitions for D.
+#include <algorithm>
+#include <map>
+#include <memory>
+
+#include "reshard/deepspeed_internal.h"
+
+namespace ckptfs::reshard::ds {
+namespace {
+
+using pickle::Kind;
+using pickle::Value;
+using pickle::ValuePtr;
+
+uint64_t GatherBytes(const Gather& g) {
+  if (g.parts.empty()) return g.zeros;
+  uint64_t row = 0;
+  for (const Part& p : g.parts) row += p.len;
+  return g.rows * row;
+}
+
+// Bytes [from, to) of row r of gather g, as parts; `strided`: parts that go on to the next rows.
+std::vector<Part> RowPiece(const Gather& g, uint64_t r, uint64_t from, uint64_t to,
+                           bool strided = false) {
+  std::vector<Part> out;
+  uint64_t at = 0;
+  for (const Part& p : g.parts) {
+    const uint64_t a = std::max(from, at), b = std::min(to, at + p.len);
+    if (a < b) {
+      const uint64_t off = p.offset + r * p.stride + (a - at);
+      out.push_back(Part{p.source, off, b - a, strided ? p.stride : b - a});
+    }
+    at += p.len;
+  }
+  return out;
+}
+
+// Bytes [from, to) of the stream `gs` makes.
+std::vector<Gather> Cut(const std::vector<Gather>& gs, uint64_t from, uint64_t to) {
+  std::vector<Gather> out;
+  uint64_t at = 0;
+  for (const Gather& g : gs) {
+    const uint64_t size = GatherBytes(g);
+    const uint64_t a = std::max(from, at), b = std::min(to, at + size);
+    if (a < b) {
+      if (g.parts.empty()) {
+        out.push_back(Gather{1, {}, b - a});
+      } else {
+        const uint64_t row = size / g.rows;
+        uint64_t x = a - at;
+        const uint64_t end = b - at;
+        while (x < end) {
+          const uint64_t r = x / row, in = x % row;
+          if (in == 0 && end - x >= row) {  // whole rows
+            const uint64_t k = (end - x) / row;
+            std::vector<Part> parts;
+            for (const Part& p : g.parts) {
+              parts.push_back(Part{p.source, p.offset + r * p.stride, p.len, p.stride});
+            }
+            out.push_back(Gather{k, std::move(parts)});
+            x += k * row;
+          } else {
+            const uint64_t stop = std::min(end - r * row, row);
+            out.push_back(Gather{1, RowPiece(g, r, in, stop)});
+            x = r * row + stop;
+          }
+        }
+      }
+    }
+    at += size;
+  }
+  return out;
+}
+
+// Bytes [from, to) of every row of a tensor whose gathers each hold whole rows.
+std::vector<Gather> Columns(const std::vector<Gather>& gs, uint64_t from, uint64_t to) {
+  std::vector<Gather> out;
+  for (const Gather& g : gs) out.push_back(Gather{g.rows, RowPiece(g, 0, from, to, true)});
+  return out;
+}
+
+int64_t RoundUp(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+ValuePtr ArgsDict(const ValuePtr& args) {
+  if (args && args->kind == Kind::kObject && args->state && IsMapping(args->state)) {
+    return args->state;
+  }
+  return IsMapping(args) ? args : nullptr;
+}
+void Set(const ValuePtr& m, std::string_view key, ValuePtr v) {
+  if (!IsMapping(m)) return;
+  for (auto& [k, x] : PairsOf(*m)) {
+    if (KeyName(k) == key) x = v;
+  }
+}
+ValuePtr SizeLike(const std::vector<int64_t>& shape) {
+  std::vector<ValuePtr> xs;
+  for (int64_t x : shape) xs.push_back(pickle::MakeInt(x));
+  return pickle::MakeCall(pickle::MakeGlobal("torch", "Size"),
+                          pickle::MakeTuple({pickle::MakeTuple(std::move(xs))}));
+}
+
+// One parameter of the target: how it merges, the full tensor's shape, its shape for T.
+struct TargetParam {
+  std::string name;
+  Merge merge;
+  std::vector<Located> slices;
+  std::vector<int64_t> full_shape, shape;
+};
+
+class TpPlanner {
+ public:
+  TpPlanner(const Checkpoint& c, uint32_t T, uint32_t D) : c_(c), T_(T), D_(D) {}
+  Status Run(std::vector<ViewEntry>* out);
+
+ private:
+  // Target rank t's slice of a full tensor (shape as full_shape, bytes per element `item`).
+  std::vector<Gather> SliceOf(const TargetParam& p, const std::vector<Gather>& full,
+                              uint64_t item, uint32_t t) const;
+  Result<ViewEntry> ModelStates(uint32_t t, const std::vector<std::vector<TargetParam>>& groups);
+  // The module tensor at key path `name` of TP rank tr's module; nullptr when absent.
+  const TorchTensor* ModuleTensor(const TpRank& tr, const std::string& name) const;
+  Result<std::vector<Gather>> ModuleFull(const TargetParam& p, uint64_t* item,
+                                         const TorchTensor** like) const;
+
+  const Checkpoint& c_;
+  const uint32_t T_, D_;
+  UcInfo uc_;
+  int64_t padded_ = -1;  // vocabulary rows for T
+};
+
+std::vector<Gather> TpPlanner::SliceOf(const TargetParam& p, const std::vector<Gather>& full,
+                                       uint64_t item, uint32_t t) const {
+  uint64_t bytes = item;
+  for (int64_t x : p.full_shape) bytes *= static_cast<uint64_t>(x);
+  const Merge& m = p.merge;
+  if (m.kind == Merge::kReplicated && !m.vocab) return full;
+  if (m.vocab) {
+    const uint64_t row = bytes / static_cast<uint64_t>(p.full_shape[0]);
+    std::vector<Gather> padded = full;
+    const uint64_t extra = (static_cast<uint64_t>(padded_) - p.full_shape[0]) * row;
+    if (extra) padded.push_back(Gather{1, {}, extra});
+    if (m.kind == Merge::kReplicated) return padded;
+    const uint64_t per = static_cast<uint64_t>(padded_) / T_ * row;
+    return Cut(padded, t * per, (t + 1) * per);
+  }
+  if (m.kind == Merge::kTwoSubParams) {
+    const uint64_t half = bytes / 2, per = half / T_;
+    std::vector<Gather> a = Cut(full, t * per, (t + 1) * per);
+    std::vector<Gather> b = Cut(full, half + t * per, half + (t + 1) * per);
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  }
+  if (m.cat_dim == 1) {
+    const uint64_t cols = bytes / static_cast<uint64_t>(p.full_shape[0]) / T_;
+    return Columns(full, t * cols, (t + 1) * cols);
+  }
+  const uint64_t per = bytes / T_;
+  return Cut(full, t * per, (t + 1) * per);
+}
+
+const TorchTensor* TpPlanner::ModuleTensor(const TpRank& tr, const std::string& name) const {
+  // The module's nested dicts joined with '.' give the parameter's name.
+  std::vector<std::pair<ValuePtr, std::string>> todo = {{Get(tr.model->file->root, "module"), ""}};
+  while (!todo.empty()) {
+    auto [m, prefix] = todo.back();
+    todo.pop_back();
+    if (!IsMapping(m)) continue;
+    for (const auto& [k, v] : PairsOf(*m)) {
+      const std::string path = prefix + KeyName(k);
+      if (path == name) {
+        auto it = tr.model_tensors.find(v.get());
+        return it == tr.model_tensors.end() ? nullptr : it->second;
+      }
+      if (name.starts_with(path + ".")) todo.push_back({v, path + "."});
+    }
+  }
+  return nullptr;
+}
+
+Result<std::vector<Gather>> TpPlanner::ModuleFull(const TargetParam& p, uint64_t* item,
+                                                  const TorchTensor** like) const {
+  std::vector<const TorchTensor*> ts;
+  for (const Located& s : p.slices) {
+    const TorchTensor* t = ModuleTensor(*s.tr, p.name);
+    if (!t || !IsContiguous(t->shape, t->stride) || t->shape != s.p->shape) {
+      return Invalid("module tensor " + p.name + " of " + s.tr->model->name +
+                     " is missing or differs from param_shapes");
+    }
+    ts.push_back(t);
+    if (p.merge.kind == Merge::kReplicated) break;
+  }
+  *like = ts[0];
+  *item = DtypeSize(ts[0]->dtype);
+  std::vector<Gather> full;
+  if (p.merge.kind != Merge::kReplicated && p.merge.cat_dim == 1) {
+    const uint64_t R = static_cast<uint64_t>(p.full_shape[0]);
+    std::vector<Part> parts;
+    for (size_t i = 0; i < ts.size(); ++i) {
+      const uint64_t row = ts[i]->length / R;
+      parts.push_back(Part{p.slices[i].tr->model->source, ts[i]->offset, row, row});
+    }
+    full.push_back(Gather{R, std::move(parts)});
+    return full;
+  }
+  std::vector<Part> parts;
+  const int halves = p.merge.kind == Merge::kTwoSubParams ? 2 : 1;
+  for (int h = 0; h < halves; ++h) {
+    for (size_t i = 0; i < ts.size(); ++i) {
+      const uint64_t n = ts[i]->length / halves;
+      parts.push_back(Part{p.slices[i].tr->model->source, ts[i]->offset + h * n, n, n});
+    }
+  }
+  if (p.merge.vocab) {
+    uint64_t keep = *item;
+    for (int64_t x : p.full_shape) keep *= static_cast<uint64_t>(x);
+    uint64_t at = 0;
+    std::vector<Part> cut;
+    for (Part q : parts) {
+      if (at >= keep) break;
+      q.len = q.stride = std::min(q.len, keep - at);
+      at += q.len;
+      cut.push_back(q);
+    }
+    parts = std::move(cut);
+  }
+  full.push_back(Gather{1, std::move(parts)});
+  return full;
+}
+
+Result<ViewEntry> TpPlanner::ModelStates(uint32_t t,
+                                         const std::vector<std::vector<TargetParam>>& groups) {
+  const TpRank& primary = c_.tp[static_cast<size_t>(uint64_t{t} * c_.tp.size() / T_)];
+  const TorchFile& f = *primary.model->file;
+  TorchOut out;
+  std::unordered_map<std::string, const TargetParam*> by_name;
+  for (const auto& g : groups) {
+    for (const TargetParam& p : g) by_name[p.name] = &p;
+  }
+  // The module: every parameter cut for rank t, everything else from the primary rank.
+  std::function<Result<ValuePtr>(const ValuePtr&, const std::string&)> module =
+      [&](const ValuePtr& m, const std::string& prefix) -> Result<ValuePtr> {
+    ValuePtr n = EmptyLike(m);
+    for (const auto& [k, v] : PairsOf(*m)) {
+      const std::string path = prefix + KeyName(k);
+      auto p = by_name.find(path);
+      if (p != by_name.end()) {
+        uint64_t item = 0;
+        const TorchTensor* like = nullptr;
+        ASSIGN_OR_RETURN(std::vector<Gather> full, ModuleFull(*p->second, &item, &like));
+        uint64_t nbytes = item;
+        for (int64_t x : p->second->shape) nbytes *= static_cast<uint64_t>(x);
+        Put(n, k, out.NewTensor(*like->node, SliceOf(*p->second, full, item, t), p->second->shape,
+                                ContiguousStride(p->second->shape), nbytes));
+      } else if (IsMapping(v)) {
+        ASSIGN_OR_RETURN(ValuePtr nv, module(v, path + "."));
+        Put(n, k, nv);
+      } else {
+        ASSIGN_OR_RETURN(ValuePtr nv, out.Copy(primary.model_tensors, primary.model->source, v));
+        Put(n, k, nv);
+      }
+    }
+    return n;
+  };
+  ValuePtr root = EmptyLike(f.root);
+  ValuePtr src_shapes = Get(f.root, "param_shapes");
+  for (const auto& [k, v] : PairsOf(*f.root)) {
+    const std::string key = KeyName(k);
+    if (key == "module" && IsMapping(v)) {
+      ASSIGN_OR_RETURN(ValuePtr m, module(v, ""));
+      Put(root, k, m);
+    } else if (key == "param_shapes") {
+      std::vector<ValuePtr> gs;
+      for (size_t g = 0; g < groups.size(); ++g) {
+        ValuePtr m = EmptyLike(src_shapes->items[g]);
+        for (const TargetParam& p : groups[g]) Put(m, pickle::MakeStr(p.name), SizeLike(p.shape));
+        gs.push_back(m);
+      }
+      Put(root, k, pickle::MakeList(std::move(gs)));
+    } else if (key == "dp_world_size") {
+      Put(root, k, pickle::MakeInt(D_));
+    } else if (key == "mp_world_size") {
+      Put(root, k, pickle::MakeInt(T_));
+    } else {
+      ASSIGN_OR_RETURN(ValuePtr nv, out.Copy(primary.model_tensors, primary.model->source, v));
+      if (key == "checkpoint_parallel_dimensions") Set(nv, "tp_degree", pickle::MakeInt(T_));
+      if (key == "universal_checkpoint_info") Set(nv, "padded_vocab_size", pickle::MakeInt(padded_));
+      if (key == "args") {
+        ValuePtr a = ArgsDict(nv);
+        Set(a, "tensor_model_parallel_size", pickle::MakeInt(T_));
+        Set(a, "padded_vocab_size", pickle::MakeInt(padded_));
+      }
+      Put(root, k, nv);
+    }
+  }
+  ASSIGN_OR_RETURN(ViewFile vf, out.Finish(f.prefix, root, primary.model->extra_records));
+  return ViewEntry{c_.src.tag + "/" + ModelName(t), std::move(vf)};
+}
+
+Status TpPlanner::Run(std::vector<ViewEntry>* out) {
+  ASSIGN_OR_RETURN(uc_, UcInfo::Read(c_));
+  if (!uc_.present) {
+    return Invalid("a new TP size needs the checkpoint's universal_checkpoint_info (which "
+                   "Megatron-DeepSpeed writes) to know how each parameter is split");
+  }
+  const TpRank& tr0 = c_.tp[0];
+  for (const auto& [k, v] : PairsOf(*tr0.model->file->root)) {
+    if (KeyName(k) == "frozen_param_shapes" && v && !PairsOf(*v).empty()) {
+      return Invalid("frozen parameters (frozen_param_shapes) are not resharded yet");
+    }
+  }
+  // The target's vocabulary rows: Megatron's padding of original_vocab_size for T.
+  if (uc_.original_vocab_size > 0) {
+    ValuePtr args = ArgsDict(Get(tr0.model->file->root, "args"));
+    ValuePtr div = Get(args, "make_vocab_size_divisible_by");
+    const int64_t d = div && div->kind == Kind::kInt ? div->i : 128;
+    padded_ = RoundUp(uc_.original_vocab_size, d * T_);
+  }
+  std::vector<std::vector<TargetParam>> groups(tr0.groups.size());
+  for (size_t g = 0; g < tr0.groups.size(); ++g) {
+    for (const Param& sp : tr0.groups[g]) {
+      TargetParam p;
+      p.name = sp.name;
+      ASSIGN_OR_RETURN(p.merge, uc_.Classify(p.name));
+      p.merge.original_rows = uc_.original_vocab_size;
+      ASSIGN_OR_RETURN(p.slices, Locate(c_, p.name));
+      ASSIGN_OR_RETURN(FullTensor full, Full(c_, p.slices, p.merge, "fp32"));
+      p.full_shape = p.shape = full.shape;
+      const Merge& m = p.merge;
+      const std::string what = "parameter " + p.name;
+      if (m.vocab) {
+        if (m.kind == Merge::kCat && m.cat_dim != 0) return Invalid(what + ": a row-parallel vocabulary");
+        p.shape[0] = m.kind == Merge::kReplicated ? padded_ : padded_ / T_;
+      } else if (m.kind == Merge::kTwoSubParams) {
+        if (p.shape.empty() || p.shape[0] % (2 * T_) != 0) {
+          return Invalid(what + ": its two halves do not split in " + std::to_string(T_));
+        }
+        p.shape[0] /= T_;
+      } else if (m.kind == Merge::kCat) {
+        const size_t dim = static_cast<size_t>(m.cat_dim);
+        if (dim >= p.shape.size() || p.shape[dim] % T_ != 0) {
+          return Invalid(what + " (" + std::to_string(dim >= p.shape.size() ? 0 : p.shape[dim]) +
+                         " along dimension " + std::to_string(dim) + ") does not split in " +
+                         std::to_string(T_));
+        }
+        p.shape[dim] /= T_;
+      }
+      groups[g].push_back(std::move(p));
+    }
+  }
+
+  out->push_back(ViewEntry{"latest", {}});
+  out->back().file.recipe.AddLiteral(c_.src.tag);
+  for (uint32_t t = 0; t < T_; ++t) {
+    ASSIGN_OR_RETURN(ViewEntry ms, ModelStates(t, groups));
+    out->push_back(std::move(ms));
+    Target target;
+    target.primary = &c_.tp[static_cast<size_t>(uint64_t{t} * c_.tp.size() / T_)];
+    target.groups.resize(groups.size());
+    for (size_t g = 0; g < groups.size(); ++g) {
+      uint64_t off = 0;
+      for (const TargetParam& p : groups[g]) {
+        Param q;
+        q.name = p.name;
+        q.shape = p.shape;
+        q.numel = 1;
+        for (int64_t x : p.shape) q.numel *= static_cast<uint64_t>(x);
+        q.offset = off;
+        off += q.numel;
+        target.groups[g].push_back(std::move(q));
+      }
+      target.totals.push_back(off);
+    }
+    // Each (group, state) flat buffer, made on first use.
+    auto cache = std::make_shared<std::map<std::pair<size_t, std::string>,
+                                           std::pair<std::vector<Gather>, uint64_t>>>();
+    target.range = [this, &groups, cache, t](size_t g, const std::string& key, uint64_t from,
+                                             uint64_t to) -> Result<std::vector<Gather>> {
+      auto it = cache->find({g, key});
+      if (it == cache->end()) {
+        std::vector<Gather> flat;
+        uint64_t item = 0;
+        for (const TargetParam& p : groups[g]) {
+          ASSIGN_OR_RETURN(FullTensor full, Full(c_, p.slices, p.merge, key));
+          item = DtypeSize(full.like->dtype);
+          std::vector<Gather> s = SliceOf(p, full.gathers, item, t);
+          flat.insert(flat.end(), s.begin(), s.end());
+        }
+        it = cache->emplace(std::pair{g, key}, std::pair{std::move(flat), item}).first;
+      }
+      const uint64_t item = it->second.second;
+      return Cut(it->second.first, from * item, to * item);
+    };
+    for (uint32_t d = 0; d < D_; ++d) {
+      ASSIGN_OR_RETURN(ViewEntry e, PlanOptimFile(c_, target, t, d, D_));
+      out->push_back(std::move(e));
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status PlanTpDp(const Checkpoint& c, uint32_t T, uint32_t D, std::vector<ViewEntry>* out) {
+  return TpPlanner(c, T, D).Run(out);
+}
+
+}  // namespace ckptfs::reshard::ds
