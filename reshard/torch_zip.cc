@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <optional>
 #include <thread>
 
 #include "reshard/view_file.h"
@@ -185,27 +186,26 @@ ViewFile TorchZipWriter::Finish() {
 
 namespace {
 
-Result<uint32_t> TaskCrc(const ViewFile& f, const CrcTask& t, const SourceReadFn& read,
-                         const KnownCrcFn& known) {
+// A piece of a record's CRC: a known CRC, or bytes [offset, offset + len) of the view file.
+struct CrcUnit {
+  size_t task = 0;
+  std::optional<uint32_t> known;
+  uint64_t offset = 0, len = 0;
+};
+
+constexpr uint64_t kCrcUnit = 16 << 20;  // bytes one thread checksums at a time
+
+Result<uint32_t> UnitCrc(const ViewFile& f, const CrcUnit& u, const SourceReadFn& read) {
+  if (u.known) return *u.known;
   uLong crc = crc32(0L, Z_NULL, 0);
-  for (size_t i = t.first_segment; i < t.last_segment; ++i) {
-    const Segment& s = f.recipe.segments()[i];
-    if (known && s.rows == 1 && s.parts.size() == 1) {
-      const Part& p = s.parts[0];
-      if (auto k = known(p.source, p.offset, p.len)) {
-        crc = crc32_combine(crc, *k, static_cast<z_off_t>(p.len));
-        continue;
-      }
+  RETURN_IF_ERROR(f.recipe.Walk(u.offset, u.len, [&](const Piece& pc) -> Status {
+    if (pc.literal) {
+      crc = crc32_z(crc, pc.literal, pc.len);
+      return Status::Ok();
     }
-    RETURN_IF_ERROR(f.recipe.WalkSegments(i, i + 1, [&](const Piece& pc) -> Status {
-      if (pc.literal) {
-        crc = crc32_z(crc, pc.literal, pc.len);
-        return Status::Ok();
-      }
-      return read(pc.source, pc.offset, pc.len,
-                  [&](const uint8_t* b, size_t n) { crc = crc32_z(crc, b, n); });
-    }));
-  }
+    return read(pc.source, pc.offset, pc.len,
+                [&](const uint8_t* b, size_t n) { crc = crc32_z(crc, b, n); });
+  }));
   return static_cast<uint32_t>(crc);
 }
 
@@ -213,13 +213,40 @@ Result<uint32_t> TaskCrc(const ViewFile& f, const CrcTask& t, const SourceReadFn
 
 Status ComputeCrcs(ViewFile* f, const SourceReadFn& read, const KnownCrcFn& known,
                    size_t threads) {
-  const size_t n = f->crc_tasks.size();
+  // Each record's bytes in order, as units: whole source records whose CRC is known, and runs of
+  // other bytes cut at kCrcUnit, so that one large record spreads over the threads too.
+  std::vector<CrcUnit> units;
+  const auto& segs = f->recipe.segments();
+  for (size_t i = 0; i < f->crc_tasks.size(); ++i) {
+    const CrcTask& t = f->crc_tasks[i];
+    uint64_t run = 0, run_len = 0;  // a run of bytes not yet cut into units
+    auto flush = [&] {
+      for (uint64_t at = 0; at < run_len; at += kCrcUnit) {
+        units.push_back(CrcUnit{i, std::nullopt, run + at, std::min(kCrcUnit, run_len - at)});
+      }
+      run_len = 0;
+    };
+    for (size_t k = t.first_segment; k < t.last_segment; ++k) {
+      const Segment& s = segs[k];
+      if (known && s.rows == 1 && s.parts.size() == 1) {
+        if (auto c = known(s.parts[0].source, s.parts[0].offset, s.parts[0].len)) {
+          flush();
+          units.push_back(CrcUnit{i, c, s.start, s.size()});
+          continue;
+        }
+      }
+      if (run_len == 0) run = s.start;
+      run_len += s.size();
+    }
+    flush();
+  }
+  const size_t n = units.size();
   std::vector<uint32_t> crcs(n);
   std::vector<Status> errors(n);
   std::atomic<size_t> next{0};
   auto work = [&] {
     for (size_t i = next++; i < n; i = next++) {
-      auto c = TaskCrc(*f, f->crc_tasks[i], read, known);
+      auto c = UnitCrc(*f, units[i], read);
       if (c.ok()) {
         crcs[i] = *c;
       } else {
@@ -232,8 +259,15 @@ Status ComputeCrcs(ViewFile* f, const SourceReadFn& read, const KnownCrcFn& know
   work();
   for (std::thread& t : pool) t.join();
   for (const Status& st : errors) RETURN_IF_ERROR(st);
+  std::vector<uLong> task_crc(f->crc_tasks.size(), crc32(0L, Z_NULL, 0));
   for (size_t i = 0; i < n; ++i) {
-    for (auto [lit, pos] : f->crc_tasks[i].slots) f->recipe.PatchLiteral(lit, pos, crcs[i]);
+    uLong& c = task_crc[units[i].task];
+    c = crc32_combine(c, crcs[i], static_cast<z_off_t>(units[i].len));
+  }
+  for (size_t i = 0; i < f->crc_tasks.size(); ++i) {
+    for (auto [lit, pos] : f->crc_tasks[i].slots) {
+      f->recipe.PatchLiteral(lit, pos, static_cast<uint32_t>(task_crc[i]));
+    }
   }
   f->crc_tasks.clear();
   return Status::Ok();

@@ -147,6 +147,38 @@ TEST(TorchZip, MaterializedFileReadsBack) {
   ExpectArchive(file, "archive", s.want);
 }
 
+TEST(TorchZip, LargeRecordsChecksumInPiecesOnThreads) {
+  // Records past the 16 MiB unit: their CRCs are combined from pieces computed on 4 threads,
+  // with a known whole-record CRC in the middle of one of them.
+  std::vector<std::string> src{Source(40 << 20, 11), Source(3 << 20, 12)};
+  const uint32_t known_crc = static_cast<uint32_t>(
+      crc32_z(0, reinterpret_cast<const Bytef*>(src[1].data()), src[1].size()));
+  TorchZipWriter w("big");
+  w.AddGathers("data/0", {Gather{1, {Part{0, 0, 40 << 20, 40 << 20}}}});
+  w.AddGathers("data/1", {Gather{5, {Part{0, 7, 3 << 20, 5 << 20}}},
+                          Gather{1, {Part{1, 0, 3 << 20, 3 << 20}}},
+                          Gather{1, {}, 1000},
+                          Gather{2, {Part{0, 1, 9 << 20, 11 << 20}}}});
+  ViewFile f = w.Finish();
+  MemSources mem{src};
+  KnownCrcFn known = [&](uint32_t s, uint64_t off, uint64_t len) -> std::optional<uint32_t> {
+    if (s == 1 && off == 0 && len == src[1].size()) return known_crc;
+    return std::nullopt;
+  };
+  ASSERT_TRUE(ComputeCrcs(&f, mem.Fn(), known, 4).ok());
+  const std::string file = ReadView(f.recipe, src, 0, f.recipe.size());
+  auto dir = zip::ReadDirectory(file.size(), [&](uint64_t off, size_t len) -> Result<std::string> {
+    return file.substr(off, len);
+  });
+  ASSERT_TRUE(dir.ok()) << dir.status().ToString();
+  ASSERT_EQ(dir->entries.size(), 2u);
+  for (const zip::Entry& e : dir->entries) {
+    EXPECT_EQ(e.crc32, static_cast<uint32_t>(crc32_z(
+                           0, reinterpret_cast<const Bytef*>(file.data() + e.data_offset), e.size)))
+        << e.name;
+  }
+}
+
 TEST(TorchZip, DirectoryReadsThroughTheRecipe) {
   Sample s;
   ViewFile f = s.Build();
