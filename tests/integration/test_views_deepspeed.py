@@ -149,3 +149,65 @@ def test_directory_with_a_junk_latest_has_no_views(mnt):
     (d / "notes.txt").write_bytes(b"hello")
     assert ".views" not in os.listdir(d)
     expect_errno(errno.ENOENT, os.stat, d / ".views")
+
+
+# --- tpT-dpD: a new TP size (Megatron-DeepSpeed sources with universal_checkpoint_info) ---
+# source TP, source DP, view TP, view DP, generator options. ZeRO stage 1: stage 2 saves the
+# frozen tokentype embedding in frozen_param_shapes, which the view refuses. The sizes at TP 4
+# (vocabulary 16 or 512 rows, qkv 12 rows, dense 12 columns) divide.
+TP_CASES = {
+    "tp2-to-tp1-dp2-megatron-args": (2, 2, 1, 2, dict(megatron=True)),
+    "tp2-to-tp4-dp1-vocab-padded-to-512": (2, 2, 4, 1, dict()),
+    "tp1-to-tp2-dp3-uc-info-fp16-adamw-cuda": (1, 4, 2, 3, dict(
+        uc_info=True, dtype="fp16", optimizer="torch_adamw", amsgrad=True, cuda=True)),
+    "tp2-to-tp2-dp2-same-size": (2, 2, 2, 2, dict(megatron=True, optimizer="sgd")),
+    "tp4-to-tp2-dp4-megatron": (4, 1, 2, 4, dict(megatron=True)),
+}
+
+
+@pytest.mark.parametrize("case", list(TP_CASES))
+def test_tp_view_equals_reference(mnt, case):
+    Ts, S, T, D, kw = TP_CASES[case]
+    root = mnt / "ds"
+    g = df.generate(root, dp=S, tp=Ts, stage=1, **kw)
+    view = root / ".views" / f"tp{T}-dp{D}"
+    assert f"tp{T}-dp{D}" not in os.listdir(root / ".views")  # resolves on lookup only
+    assert read_file(view / "latest") == TAG.encode()
+    df.compare_tp(root, view, T, D, model=g)
+    prefix = "" if kw.get("dtype") == "fp16" else "bf16_"
+    check_reads_are_stable(view / TAG / f"{prefix}zero_pp_rank_{D - 1}_mp_rank_{T - 1:02d}"
+                           "_optim_states.pt")
+    check_reads_are_stable(view / TAG / f"mp_rank_{T - 1:02d}_model_states.pt")
+
+
+def test_tp_view_two_sub_params(mnt):
+    # qkv weight declared a two-sub-param (SwiGLU-like) tensor: the merge takes every slice's
+    # first half, then the second halves; the generator's layout is not that, so no model check
+    root = mnt / "ds"
+    df.generate(root, dp=2, tp=2, stage=1, megatron=True)
+    p = root / TAG / "mp_rank_00_model_states.pt"
+    ms = df.torch.load(p)
+    ms["universal_checkpoint_info"]["parameter_with_2_sub_params_cat_dim_0"] = [
+        r"language_model\.encoder\.layers\.\d+\.self_attention\.query_key_value\.weight"]
+    df.torch.save(ms, p)
+    df.compare_tp(root, root / ".views" / "tp1-dp2", 1, 2)
+    df.compare_tp(root, root / ".views" / "tp3-dp1", 3, 1)
+    # each half (6 rows) is cut in T: 4 does not divide it
+    with pytest.raises(df.ViewError, match="query_key_value.weight"):
+        df.reference_tp(root, 4, 1)
+    expect_errno(errno.EINVAL, os.stat, root / ".views" / "tp4-dp1")
+
+
+@pytest.mark.parametrize("what", ["no universal_checkpoint_info", "T does not divide", "frozen"])
+def test_tp_view_refusals(mnt, what):
+    root = mnt / "ds"
+    T, kw, reason = {"no universal_checkpoint_info": (2, dict(), "universal_checkpoint_info"),
+                     "T does not divide": (8, dict(uc_info=True), "query_key_value"),
+                     "frozen": (2, dict(uc_info=True, stage=2), "frozen")}[what]
+    df.generate(root, dp=2, tp=1, **{"stage": 1, **kw})
+    with pytest.raises(df.ViewError, match=reason):
+        df.reference_tp(root, T, 2)  # the reference agrees
+    expect_errno(errno.EINVAL, os.stat, root / ".views" / f"tp{T}-dp2")
+    why = os.getxattr(root / ".views", "user.ckptfs.view_errors").decode()
+    assert reason in why, why
+    assert os.path.isdir(root / ".views" / "dp2")  # the other views stay

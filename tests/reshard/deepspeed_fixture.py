@@ -8,20 +8,22 @@ Three parts:
   ROOT/latest, ROOT/global_stepN/mp_rank_TT_model_states.pt and
   ROOT/global_stepN/[bf16_]zero_pp_rank_D_mp_rank_TT_optim_states.pt.
 * The REFERENCE knows nothing of the generator: from the source files alone it computes what
-  ROOT/.views/dpD (`reference_dp`) and ROOT/.views/universal (`reference_universal`) must hold,
-  object by object.
-* COMPARE (`compare_dp`, `compare_universal`) holds a view directory against the reference (exact
-  types, key order, pickled classes, tensor bits, recorded storage locations, zip CRCs) and then
-  loads it as DeepSpeed would (rank files picked by dp_world_size, zero_to_fp32-style rebuild,
-  universal slicing) against the model.
+  ROOT/.views/dpD (`reference_dp`), ROOT/.views/universal (`reference_universal`) and
+  ROOT/.views/tpT-dpD (`reference_tp`) must hold, object by object.
+* COMPARE (`compare_dp`, `compare_universal`, `compare_tp`) holds a view directory against the
+  reference (exact types, key order, pickled classes, tensor bits, recorded storage locations,
+  zip CRCs) and then loads it as DeepSpeed would (rank files picked by dp_world_size,
+  zero_to_fp32-style rebuild, universal slicing) against the model.
 
 CLI (run with /usr/bin/python3, which has torch):
   deepspeed_fixture.py generate ROOT --dp 4 [--tp 2] [--step 10] [--dtype fp16] [--stage 1]
                        [--optimizer torch_adamw|sgd|fused_adam] [--amsgrad] [--uc-info] [--cuda]
-                       [--seed S] [--py311-enum]
+                       [--seed S] [--py311-enum] [--megatron]
   deepspeed_fixture.py compare-dp ROOT --dp 2 [--view DIR]     (default ROOT/.views/dp2)
   deepspeed_fixture.py compare-universal ROOT [--view DIR]     (default ROOT/.views/universal)
+  deepspeed_fixture.py compare-tp ROOT --tp 4 --dp 2 [--view DIR]  (default ROOT/.views/tp4-dp2)
   deepspeed_fixture.py reference-dp ROOT OUT --dp 2 | reference-universal ROOT OUT
+                       | reference-tp ROOT OUT --tp 4 --dp 2
 
 Facts taken from DeepSpeed's own code (deepspeedai/DeepSpeed 0.16.5 and 0.19.6; read, not copied):
   [ENGINE] runtime/engine.py: save_checkpoint (tag "global_step{N}"; `latest` = the tag, no
@@ -231,6 +233,9 @@ class Options:
     uc_info: bool = None         # Megatron-DeepSpeed's universal_checkpoint_info (default tp > 1)
     enum_by_value: bool = True   # ZeroStageEnum pickled as Python 3.10/3.12+ do (cls, (2,));
                                  # False: as 3.11 does, getattr(cls, 'gradients')
+    megatron: bool = False       # Megatron-DeepSpeed's `args` (make_vocab_size_divisible_by 4:
+                                 # padded 16 at TP 1, 2, 4) and zero vocabulary padding rows
+                                 # (as after a universal load)
 
     def __post_init__(self):
         if self.uc_info is None:
@@ -267,8 +272,8 @@ class FullModel:
     master (fp32; the 16-bit weight is its rounding), exp_avg, exp_avg_sq, max_exp_avg_sq,
     momentum_buffer, buffer)."""
 
-    def __init__(self, seed):
-        self.seed, self._cache = seed, {}
+    def __init__(self, seed, zero_vocab_pad=False):
+        self.seed, self._cache, self.zero_pad = seed, {}, zero_vocab_pad
 
     def full(self, name, kind):
         key = (name, kind)
@@ -284,6 +289,8 @@ class FullModel:
             else:
                 t = torch.randn(shape, generator=g) * {"master": 0.05, "exp_avg": 1e-3,
                                                        "momentum_buffer": 1e-2, "buffer": 1.0}[kind]
+            if self.zero_pad and SPLIT.get(name) == "vocab":
+                t[ORIG_VOCAB:] = 0
             self._cache[key] = t
         return self._cache[key]
 
@@ -453,6 +460,11 @@ def _write_tp_rank(o, model, tdir, tt, cfg):
         global_samples=o.step * 64, dp_world_size=o.dp, mp_world_size=o.tp, ds_config=cfg,
         ds_version=DS_VERSION)
     ms["iteration"] = o.step  # client_state
+    if o.megatron:
+        ms["args"] = argparse.Namespace(num_layers=1, hidden_size=5,
+                                        tensor_model_parallel_size=o.tp,
+                                        make_vocab_size_divisible_by=4,
+                                        padded_vocab_size=PADDED_VOCAB)
     if o.uc_info:
         ms["universal_checkpoint_info"] = uc_info(o)
     _save(ms, tdir / model_name(tt), list(sd.values()) if o.cuda else ())
@@ -531,10 +543,13 @@ class Generated:
 
 
 def generate(root, dp=4, tp=1, step=10, dtype="bf16", stage=2, optimizer="fused_adam",
-             amsgrad=False, seed=1234, cuda=False, uc_info=None, enum_by_value=True):
+             amsgrad=False, seed=1234, cuda=False, uc_info=None, enum_by_value=True,
+             megatron=False):
     """Writes ROOT/global_step{step}/... and then ROOT/latest; returns a Generated (the model)."""
-    o = Options(dp, tp, step, dtype, stage, optimizer, amsgrad, seed, cuda, uc_info, enum_by_value)
-    root, tag, model, cfg = Path(root), f"global_step{step}", FullModel(seed), ds_config(o)
+    o = Options(dp, tp, step, dtype, stage, optimizer, amsgrad, seed, cuda, uc_info, enum_by_value,
+                megatron)
+    root, tag, cfg = Path(root), f"global_step{step}", ds_config(o)
+    model = FullModel(seed, megatron)
     (root / tag).mkdir(parents=True, exist_ok=True)
     had = ZeroStageEnum.__dict__.get("__reduce_ex__")
     ZeroStageEnum.__reduce_ex__ = (lambda self, proto: (type(self), (self._value_,))) \
@@ -635,6 +650,17 @@ class Source:
         return out
 
 
+    def local(self, tt, name, key):
+        """Parameter `name`'s tensor of `key` on TP rank tt (from the merged partitions)."""
+        for g, shapes in enumerate(self.shapes(tt)):
+            off = 0
+            for n, s in shapes.items():
+                if n == name:
+                    return self.merged(tt, g, key).narrow(0, off, _numel(s)).view(s)
+                off += _numel(s)
+        raise KeyError(name)
+
+
 def _is_sharded(v):
     return isinstance(v, torch.Tensor) and v.dim() > 0
 
@@ -677,53 +703,58 @@ def reference_dp(root, D):
         ms["dp_world_size"] = D
         out[f"{src.tag}/{model_name(tt)}"] = ms
         _keep_locations(out, ms, src.models[tt])
-        groups = src.shapes(tt)
-        totals = [sum(_numel(s) for s in g.values()) for g in groups]
-        named = [[(n, _numel(s)) for n, s in g.items()] for g in groups]
-        sd0, l0 = src.osd(tt, 0), src.optim[tt][0]
-        keys = [list(sd0[BASE]["state"][g]) for g in range(len(groups))]
-        full = [{k: src.merged(tt, g, k) for k in ["fp32"] + keys[g]
-                 if k == "fp32" or _is_sharded(sd0[BASE]["state"][g][k])}
-                for g in range(len(groups))]
-        where = [{k: l0.location(sd0[SINGLE][g] if k == "fp32" else sd0[BASE]["state"][g][k])
-                  for k in full[g]} for g in range(len(groups))]
-        for d in range(D):
-            parts = []
-            for g, total in enumerate(totals):
-                ps, al = partition_size(total, D), aligned_numel(total, D)
-                p = {}
-                for k, v in full[g].items():
-                    padded = torch.cat([v, torch.zeros(al - total, dtype=v.dtype)])
-                    p[k] = padded[d * ps:(d + 1) * ps].clone()
-                    if where[g][k]:
-                        out.locations[id(p[k])] = where[g][k]
-                parts.append(p)
-            pads = [rank_padding(t, D, d) for t in totals]
-            osd = {}
-            for k, v in sd0.items():
-                if k == BASE:
-                    v = {kk: vv for kk, vv in v.items()}
-                    v["state"] = {g: {kk: parts[g][kk] if kk in parts[g] else vv
-                                      for kk, vv in st.items()} for g, st in v["state"].items()}
-                elif k == SINGLE:
-                    v = [parts[g]["fp32"][:parts[g]["fp32"].numel() - pads[g]]
-                         for g in range(len(groups))]
-                    for g, x in enumerate(v):
-                        if where[g]["fp32"]:
-                            out.locations[id(x)] = where[g]["fp32"]
-                elif k == "group_paddings":
-                    v = pads
-                elif k == "partition_count":
-                    v = [D] * len(v)
-                elif k == PSM:
-                    v = [slice_mappings(named[g], totals[g], D, d) for g in range(len(groups))]
-                else:
-                    _keep_locations(out, v, l0)
-                osd[k] = v
-            _keep_locations(out, osd[BASE]["state"], l0)  # the copied non-sharded tensors (step)
-            f = {k: (osd if k == "optimizer_state_dict" else v) for k, v in l0.obj.items()}
-            out[f"{src.tag}/{optim_name(src.bf16, d, tt)}"] = f
+        st0 = src.osd(tt, 0)[BASE]["state"]
+        full = [{k: src.merged(tt, g, k) for k in ["fp32"] + [k for k, v in st0[g].items()
+                                                               if _is_sharded(v)]}
+                for g in range(len(src.shapes(tt)))]
+        _optim_files(out, src, src.optim[tt][0], src.shapes(tt), full, D, tt)
     return out
+
+
+def _optim_files(out, src, l0, groups, full, D, tt):
+    """TP rank tt's D optimizer files: dp-0 file l0's, the partitioned entries cut for D from
+    full[g] ({'fp32' or state key: group g's unpadded flat tensor}); groups: the param_shapes."""
+    sd0 = l0.obj["optimizer_state_dict"]
+    totals = [sum(_numel(s) for s in g.values()) for g in groups]
+    named = [[(n, _numel(s)) for n, s in g.items()] for g in groups]
+    where = [{k: l0.location(sd0[SINGLE][g] if k == "fp32" else sd0[BASE]["state"][g][k])
+              for k in full[g]} for g in range(len(groups))]
+    for d in range(D):
+        parts = []
+        for g, total in enumerate(totals):
+            ps, al = partition_size(total, D), aligned_numel(total, D)
+            p = {}
+            for k, v in full[g].items():
+                padded = torch.cat([v, torch.zeros(al - total, dtype=v.dtype)])
+                p[k] = padded[d * ps:(d + 1) * ps].clone()
+                if where[g][k]:
+                    out.locations[id(p[k])] = where[g][k]
+            parts.append(p)
+        pads = [rank_padding(t, D, d) for t in totals]
+        osd = {}
+        for k, v in sd0.items():
+            if k == BASE:
+                v = {kk: vv for kk, vv in v.items()}
+                v["state"] = {g: {kk: parts[g][kk] if kk in parts[g] else vv
+                                  for kk, vv in st.items()} for g, st in v["state"].items()}
+            elif k == SINGLE:
+                v = [parts[g]["fp32"][:parts[g]["fp32"].numel() - pads[g]]
+                     for g in range(len(groups))]
+                for g, x in enumerate(v):
+                    if where[g]["fp32"]:
+                        out.locations[id(x)] = where[g]["fp32"]
+            elif k == "group_paddings":
+                v = pads
+            elif k == "partition_count":
+                v = [D] * len(v)
+            elif k == PSM:
+                v = [slice_mappings(named[g], totals[g], D, d) for g in range(len(groups))]
+            else:
+                _keep_locations(out, v, l0)
+            osd[k] = v
+        _keep_locations(out, osd[BASE]["state"], l0)  # the copied non-sharded tensors (step)
+        f = {k: (osd if k == "optimizer_state_dict" else v) for k, v in l0.obj.items()}
+        out[f"{src.tag}/{optim_name(src.bf16, d, tt)}"] = f
 
 
 def _matches(patterns, name):
@@ -790,6 +821,88 @@ def reference_universal(root):
         if name in steps:
             out[f"{tag}/zero/{name}/step.pt"] = steps[name]
     return out
+
+
+def padded_vocab(ms, T):
+    """Megatron's vocabulary padded for TP=T: original_vocab_size rounded up to a multiple of
+    args.make_vocab_size_divisible_by (default 128) x T."""
+    m = getattr(ms.get("args"), "make_vocab_size_divisible_by", 128) * T
+    return -(-ms["universal_checkpoint_info"]["original_vocab_size"] // m) * m
+
+
+def tp_cut(uc, name, slices, T, padded):
+    """The source TP slices of `name` merged as the universal view does, then cut for TP=T as
+    load_hp_checkpoint_state does (vocabulary zero-padded to `padded` rows): T tensors."""
+    if _matches(uc.get("tp_replicated_parameter_patterns"), name):
+        return [slices[0]] * T
+    dim = 1 if _matches(uc.get("parameter_with_row_parallelism_patterns"), name) else 0
+    if _matches(uc.get("parameter_with_2_sub_params_cat_dim_0"), name):
+        halves, dim = [s.chunk(2, 0) for s in slices], 0
+        subs = [torch.cat([h[i] for h in halves]) for i in (0, 1)]
+    else:
+        full = torch.cat(slices, dim)
+        if _matches(uc.get("vocabulary_parameter_patterns"), name):
+            full = full[:uc["original_vocab_size"]]
+            full = torch.cat([full, full.new_zeros((padded - len(full),) + full.shape[1:])])
+        subs = [full]
+    if any(s.shape[dim] % T for s in subs):
+        raise ViewError(f"{name}: dimension {dim} of {list(subs[0].shape)} does not divide by {T}")
+    return [torch.cat([s.chunk(T, dim)[t] for s in subs], dim) for t in range(T)]
+
+
+def reference_tp(root, T, D):
+    """What ROOT/.views/tpT-dpD must hold: DeepSpeed's files after loading the universal form at
+    TP=T, DP=D and saving again; rank t's files are templated on source TP rank t*T_s//T's."""
+    src = Source(root)
+    ms0, Ts, tag = src.models[0].obj, src.tp, src.tag
+    uc = ms0.get("universal_checkpoint_info")
+    if uc is None:
+        raise ViewError(f"{tag}/{model_name(0)} has no universal_checkpoint_info")
+    if any(m.obj.get("frozen_param_shapes") for m in src.models):
+        raise ViewError("frozen parameters (frozen_param_shapes)")
+    padded, cache = padded_vocab(ms0, T), {}
+    mods = [{p: d[k] for p, d, k in _leaves(m.obj["module"])} for m in src.models]
+
+    def cut(n, k):  # k: 'fp32', a state key or 'module'
+        if (n, k) not in cache:
+            cache[n, k] = tp_cut(uc, n, [mods[s][n] if k == "module" else src.local(s, n, k)
+                                         for s in range(Ts)], T, padded)
+        return cache[n, k]
+    out = Expected(tag)
+    out["latest"] = src.latest
+    for t in range(T):
+        lm = Loaded(src.root / tag / model_name(t * Ts // T))
+        ms, l0 = lm.obj, src.optim[t * Ts // T][0]
+        _keep_locations(out, ms, lm)
+        for p, d, k in list(_leaves(ms["module"])):
+            if any(p in shp for shp in src.shapes(0)):
+                old, d[k] = d[k], cut(p, "module")[t].clone()
+                if lm.location(old):
+                    out.locations[id(d[k])] = lm.location(old)
+        ms["param_shapes"] = [type(shp)((n, torch.Size(cut(n, "fp32")[t].shape)) for n in shp)
+                              for shp in src.shapes(0)]
+        ms["dp_world_size"], ms["mp_world_size"] = D, T
+        if isinstance(ms.get("args"), argparse.Namespace):
+            ms["args"].tensor_model_parallel_size, ms["args"].padded_vocab_size = T, padded
+        ms["universal_checkpoint_info"]["padded_vocab_size"] = padded
+        if "tp_degree" in (ms.get("checkpoint_parallel_dimensions") or {}):
+            ms["checkpoint_parallel_dimensions"]["tp_degree"] = T
+        out[f"{tag}/{model_name(t)}"] = ms
+        st0 = l0.obj["optimizer_state_dict"][BASE]["state"]
+        full = [{k: torch.cat([cut(n, k)[t].reshape(-1) for n in shp])
+                 for k in ["fp32"] + [k for k, v in st0[g].items() if _is_sharded(v)]}
+                for g, shp in enumerate(ms["param_shapes"])]
+        _optim_files(out, src, l0, ms["param_shapes"], full, D, t)
+    return out
+
+
+def _leaves(d, prefix=""):
+    """(key path joined with '.', dict, key) of every non-dict entry of a nested module dict."""
+    for k, v in d.items():
+        if isinstance(v, dict):
+            yield from _leaves(v, f"{prefix}{k}.")
+        else:
+            yield f"{prefix}{k}", d, k
 
 
 def write_expected(expected, out_dir):
@@ -919,13 +1032,7 @@ def _expected_local(src, model, tt, name, kind):
     else from the source files."""
     if model is not None:
         return model.local(name, "master" if kind == "fp32" else kind, tt)
-    for g, shapes in enumerate(src.shapes(tt)):
-        off = 0
-        for n, s in shapes.items():
-            if n == name:
-                return src.merged(tt, g, kind).narrow(0, off, _numel(s)).view(s)
-            off += _numel(s)
-    raise KeyError(name)
+    return src.local(tt, name, kind)
 
 
 def compare_dp(root, view_dir, D, model=None):
@@ -981,6 +1088,27 @@ def compare_universal(root, view_dir=None, model=None):
                         f"universal mp_rank {tt}: {name}/{f} loads wrong values"
 
 
+def compare_tp(root, view_dir, T, D, model=None):
+    """ROOT/.views/tpT-dpD (or view_dir) against reference_tp; with the model (a Generated whose
+    split rules the universal_checkpoint_info names), each target rank's fp32 masters rebuilt
+    zero_to_fp32-style from the D files equal the model's cut for T, vocabulary padding zero."""
+    root = Path(root)
+    view = Path(view_dir) if view_dir else root / ".views" / f"tp{T}-dp{D}"
+    ref = reference_tp(root, T, D)
+    compare_tree(view, ref)
+    if model is None:
+        return
+    src = Source(root)
+    orig, padded = ORIG_VOCAB, padded_vocab(src.models[0].obj, T)
+    for t in range(T):
+        for name, got in _zero_to_fp32(view / ref.tag, t, D, src.bf16, D).items():
+            want = model.model.full(name, "master")
+            if SPLIT[name] == "vocab":
+                want = torch.cat([want[:orig], want.new_zeros((padded - orig,) + want.shape[1:])])
+            want = split(want, SPLIT[name], T, t)
+            assert torch.equal(_bits(got), _bits(want)), f"tp{T}-dp{D} mp_rank {t}: {name} fp32"
+
+
 # ------------------------------------------------------------------------------------------------
 # CLI
 # ------------------------------------------------------------------------------------------------
@@ -1004,29 +1132,28 @@ def main(argv=None):
     g.add_argument("--cuda", action="store_true", help="record cuda:0 storage locations")
     g.add_argument("--py311-enum", action="store_true",
                    help="pickle ZeroStageEnum as Python 3.11 does: getattr(cls, name)")
-    for name in ("compare-dp", "compare-universal", "reference-dp", "reference-universal"):
-        c = sub.add_parser(name)
-        c.add_argument("root")
-        if name.startswith("reference"):
-            c.add_argument("out")
-        else:
-            c.add_argument("--view")
-        if name.endswith("dp"):
-            c.add_argument("--dp", type=int, required=True)
+    g.add_argument("--megatron", action="store_true", help="args; zero vocabulary padding rows")
+    for verb in ("compare", "reference"):
+        for kind in ("dp", "universal", "tp"):
+            c = sub.add_parser(f"{verb}-{kind}")
+            c.add_argument("root")
+            c.add_argument(*(["out"] if verb == "reference" else ["--view"]))
+            for sz in {"dp": ["dp"], "tp": ["tp", "dp"]}.get(kind, []):
+                c.add_argument(f"--{sz}", type=int, required=True)
     ns = ap.parse_args(argv)
     if ns.cmd == "generate":
         generate(ns.root, ns.dp, ns.tp, ns.step, ns.dtype, ns.stage, ns.optimizer, ns.amsgrad,
-                 ns.seed, ns.cuda, ns.uc_info, not ns.py311_enum)
+                 ns.seed, ns.cuda, ns.uc_info, not ns.py311_enum, ns.megatron)
         return 0
+    verb, kind = ns.cmd.split("-")
+    sizes = {"dp": [ns.dp] if kind == "dp" else [], "tp": [ns.tp, ns.dp] if kind == "tp" else []}
     try:
-        if ns.cmd == "reference-dp":
-            write_expected(reference_dp(ns.root, ns.dp), ns.out)
-        elif ns.cmd == "reference-universal":
-            write_expected(reference_universal(ns.root), ns.out)
-        elif ns.cmd == "compare-dp":
-            compare_dp(ns.root, ns.view, ns.dp)
-        else:
+        if verb == "reference":
+            write_expected(globals()[f"reference_{kind}"](ns.root, *sizes.get(kind, [])), ns.out)
+        elif kind == "universal":
             compare_universal(ns.root, ns.view)
+        else:
+            globals()[f"compare_{kind}"](ns.root, ns.view, *sizes[kind])
     except ViewError as e:
         print(f"invalid view: {e}", file=sys.stderr)
         return 1

@@ -349,3 +349,119 @@ def test_cli(tmp_path):
     assert df.main(["reference-universal", str(tmp_path / "src"), str(tmp_path / "u")]) == 0
     assert df.main(["compare-universal", str(tmp_path / "src"), "--view",
                     str(tmp_path / "u")]) == 0
+
+
+# --- tpT-dpD: a new TP size ---
+# ZeRO stage 1 (stage 2 has the frozen tokentype embedding in frozen_param_shapes: refused);
+# megatron=True: args with make_vocab_size_divisible_by 4 (padded 16 at TP 1, 2, 4) and zero
+# vocabulary padding rows, so the generator at the new TP is what the view must be.
+TP = dict(stage=1, uc_info=True, megatron=True)
+EMB = "language_model.embedding.word_embeddings.weight"
+
+
+@pytest.mark.parametrize("tp,dp", [(1, 3), (2, 2), (4, 1)])
+def test_reference_tp_of_the_source_size_is_the_source(tmp_path, tp, dp):
+    df.generate(tmp_path, dp=dp, tp=tp, dtype="fp16", optimizer="torch_adamw", **TP)
+    df.compare_tree(tmp_path, df.reference_tp(tmp_path, tp, dp), IGNORE)
+
+
+@pytest.mark.parametrize("Ts,S,T,D", [(2, 2, 4, 3), (2, 3, 1, 2), (1, 4, 2, 1), (4, 1, 2, 4),
+                                      (1, 2, 4, 2)])
+def test_reference_tp_equals_the_generator_at_the_new_tp(tmp_path, Ts, S, T, D):
+    df.generate(tmp_path / "src", dp=S, tp=Ts, optimizer="sgd" if D == 1 else "fused_adam", **TP)
+    g = df.generate(tmp_path / "want", dp=D, tp=T, optimizer="sgd" if D == 1 else "fused_adam",
+                    **TP)
+    ref = df.reference_tp(tmp_path / "src", T, D)
+    df.compare_tree(tmp_path / "want", ref, IGNORE)
+    df.write_expected(ref, tmp_path / "view")
+    df.compare_tp(tmp_path / "src", tmp_path / "view", T, D, model=g)
+
+
+def test_reference_tp_pads_the_vocabulary_to_128_times_t(tmp_path):
+    g = df.generate(tmp_path / "src", dp=2, tp=2, stage=1)  # no args: divisible by 128
+    emb = torch.load(tmp_path / "src" / "global_step10" / "mp_rank_01_model_states.pt")
+    assert (emb["module"][EMB][13 - 8:] != 0).all()  # the source's padding rows are not zero
+    ref = df.reference_tp(tmp_path / "src", 4, 2)
+    for t in range(4):
+        ms = ref[f"global_step10/mp_rank_{t:02d}_model_states.pt"]
+        assert ms["universal_checkpoint_info"]["padded_vocab_size"] == 512 and "args" not in ms
+        assert ms["param_shapes"][0][EMB] == torch.Size([128, 5])
+        assert (ms["mp_world_size"], ms["dp_world_size"]) == (4, 2)
+        w = ms["module"][EMB]
+        assert w.shape == (128, 5) and w.dtype == torch.bfloat16
+        assert (w[13:] == 0).all() if t == 0 else (w == 0).all()
+        if t == 0:
+            assert torch.equal(w[:13], g.model.full(EMB, "master")[:13].to(torch.bfloat16))
+    df.write_expected(ref, tmp_path / "view")
+    df.compare_tp(tmp_path / "src", tmp_path / "view", 4, 2, model=g)
+
+
+@pytest.mark.parametrize("what", ["no universal_checkpoint_info", "frozen", "T does not divide"])
+def test_reference_tp_refusals(tmp_path, what):
+    kw, T, match = {"no universal_checkpoint_info": (dict(stage=1), 2, "universal_checkpoint"),
+                    "frozen": (dict(uc_info=True), 2, "frozen"),
+                    "T does not divide": (TP, 8, "query_key_value.weight: dimension 0")}[what]
+    df.generate(tmp_path, dp=2, **kw)
+    with pytest.raises(df.ViewError, match=match):
+        df.reference_tp(tmp_path, T, 2)
+
+
+MS1 = "global_step10/mp_rank_01_model_states.pt"
+OPT01 = "global_step10/bf16_zero_pp_rank_0_mp_rank_01_optim_states.pt"
+TP_TAMPER = {
+    "vocab padding row": (MS1, lambda o: o["module"][EMB].__setitem__((-1, 0), 1.0),
+                          "values differ"),
+    "param_shapes": (MS1, lambda o: o["param_shapes"][0].__setitem__(EMB, torch.Size([5, 5])),
+                     "param_shapes"),
+    "mp_world_size": (MS1, lambda o: o.__setitem__("mp_world_size", 2), "mp_world_size"),
+    "args tp": (MS1, lambda o: setattr(o["args"], "tensor_model_parallel_size", 2),
+                "tensor_model_parallel_size"),
+    "uc padded": (MS1, lambda o: o["universal_checkpoint_info"].__setitem__(
+        "padded_vocab_size", 512), "padded_vocab_size"),
+    "fp32 byte": (OPT01, lambda o: _flip_tensor_byte(o["optimizer_state_dict"][df.SINGLE][0]),
+                  "values differ"),
+    "slice mappings": (OPT01, lambda o: o["optimizer_state_dict"][df.PSM].reverse(),
+                       "param_slice_mappings"),
+}
+
+
+@pytest.fixture(scope="module")
+def tp_case(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tp")
+    g = df.generate(root / "src", dp=2, tp=2, optimizer="torch_adamw", **TP)
+    df.write_expected(df.reference_tp(root / "src", 4, 3), root / "view")
+    df.compare_tp(root / "src", root / "view", 4, 3, model=g)  # the reference passes
+    return root, g
+
+
+@pytest.mark.parametrize("case", list(TP_TAMPER) + ["zip CRC", "a model-only check"])
+def test_compare_tp_rejects_a_changed_view(tp_case, tmp_path, case):
+    root, g = tp_case
+    view = tmp_path / "view"
+    shutil.copytree(root / "view", view)
+    if case == "zip CRC":
+        _flip_zip_data_byte(view / OPT01)
+        match, src = "CRC", root / "src"
+    elif case == "a model-only check":  # right for its source (another seed), not the model
+        df.generate(tmp_path / "other", dp=2, tp=2, optimizer="torch_adamw", seed=7, **TP)
+        shutil.rmtree(view)
+        df.write_expected(df.reference_tp(tmp_path / "other", 4, 3), view)
+        df.compare_tp(tmp_path / "other", view, 4, 3)
+        match, src = "fp32", tmp_path / "other"
+    else:
+        rel, change, match = TP_TAMPER[case]
+        _resave(view / rel, change)
+        src = root / "src"
+    with pytest.raises(AssertionError, match=match):
+        df.compare_tp(src, view, 4, 3, model=g)
+
+
+def test_cli_tp(tmp_path):
+    assert df.main(["generate", str(tmp_path / "src"), "--dp", "2", "--tp", "2", "--stage", "1",
+                    "--megatron"]) == 0
+    assert df.main(["reference-tp", str(tmp_path / "src"), str(tmp_path / "v"), "--tp", "1",
+                    "--dp", "3"]) == 0
+    assert df.main(["compare-tp", str(tmp_path / "src"), "--tp", "1", "--dp", "3", "--view",
+                    str(tmp_path / "v")]) == 0
+    assert df.main(["reference-tp", str(tmp_path / "src"), str(tmp_path / "w"), "--tp", "8",
+                    "--dp", "1"]) == 1  # qkv's 12 rows do not divide by 8
