@@ -1,17 +1,18 @@
 // The universal view: the directory DeepSpeed's ds_to_universal writes, planned over the tag
 // directory's files. Per parameter, each TP rank's slice is gathered from the dp partitions
 // that hold it, and the slices are merged as universal_checkpoint_info's patterns say.
-#include <algorithm>
-#include <map>
-#include <regex>
-
-#include "reshard/deepspeed_internal.h"
 
 // GCC 12 with -fsanitize (scripts/test.sh) reports a false maybe-uninitialized inside <regex>;
 // see reshard/rules.cc.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
+
+#include <algorithm>
+#include <map>
+#include <regex>
+
+#include "reshard/deepspeed_internal.h"
 
 namespace ckptfs::reshard::ds {
 
