@@ -367,19 +367,16 @@ Status ViewTree::PlanDcp(Node* spec) {
   return Status::Ok();
 }
 
-Status ViewTree::PlanDeepSpeed(Node* spec) {
-  if (spec->planned) return Status::Ok();
-  reshard::DsSpec ds;
-  if (!reshard::ParseDsSpec(spec->spec, &ds)) return NotFound(spec->spec);
+Result<reshard::DeepSpeedSource> ViewTree::ReadDeepSpeed(uint64_t root, Sources* sources,
+                                                         std::string* latest) {
   reshard::DeepSpeedSource src;
-  ASSIGN_OR_RETURN(src.tag, DeepSpeedTag(spec->root, &spec->tracker));
-  ASSIGN_OR_RETURN(InodeRecord dir, store_->Lookup(spec->root, src.tag));
+  ASSIGN_OR_RETURN(src.tag, DeepSpeedTag(root, latest));
+  ASSIGN_OR_RETURN(InodeRecord dir, store_->Lookup(root, src.tag));
   std::vector<std::string> names;
   RETURN_IF_ERROR(store_->ReadDir(dir.ino, 0, [&](const DirItem& item) {
     if (reshard::IsDeepSpeedSourceName(item.name)) names.emplace_back(item.name);
     return true;
   }));
-  auto sources = std::make_shared<Sources>();
   for (const std::string& name : names) {
     ASSIGN_OR_RETURN(InodeRecord f, store_->Lookup(dir.ino, name));
     ASSIGN_OR_RETURN(auto m, store_->CommittedManifest(f.ino));
@@ -387,10 +384,20 @@ Status ViewTree::PlanDeepSpeed(Node* spec) {
     sf.name = name;
     sf.source = sources->Add(f.ino, m);
     sf.size = m->size();
-    ASSIGN_OR_RETURN(sf.file, ReadSourceTorch(store_, sources.get(), sf.source,
-                                              src.tag + "/" + name, &sf.extra_records));
+    ASSIGN_OR_RETURN(sf.file, ReadSourceTorch(store_, sources, sf.source, src.tag + "/" + name,
+                                              &sf.extra_records));
     src.files.push_back(std::move(sf));
   }
+  return src;
+}
+
+Status ViewTree::PlanDeepSpeed(Node* spec) {
+  if (spec->planned) return Status::Ok();
+  reshard::DsSpec ds;
+  if (!reshard::ParseDsSpec(spec->spec, &ds)) return NotFound(spec->spec);
+  auto sources = std::make_shared<Sources>();
+  ASSIGN_OR_RETURN(reshard::DeepSpeedSource src,
+                   ReadDeepSpeed(spec->root, sources.get(), &spec->tracker));
   ASSIGN_OR_RETURN(std::vector<reshard::ViewEntry> entries, reshard::PlanDeepSpeed(src, ds));
   // The tree, directories made as the paths name them.
   for (reshard::ViewEntry& e : entries) {
@@ -605,8 +612,13 @@ Status ViewTree::ReadDir(uint64_t ino, uint64_t offset,
         if (n->kind == Kind::kDcp) {
           names.push_back({"consolidated", S_IFDIR});
         } else if (n->kind == Kind::kDeepSpeed) {
-          for (const char* s : {"dp1", "dp2", "dp4", "dp8", "universal"}) {
-            names.push_back({s, S_IFDIR});
+          // Offered when the checkpoint decodes (so that `ls -R` and `cp -r` meet no EINVAL).
+          Sources scratch;
+          auto src = ReadDeepSpeed(n->root, &scratch, nullptr);
+          if (src.ok() && reshard::CheckDeepSpeed(*src).ok()) {
+            for (const char* s : {"dp1", "dp2", "dp4", "dp8", "universal"}) {
+              names.push_back({s, S_IFDIR});
+            }
           }
         } else {
           // The source's own shape and every valid shape up to 8 x 8.

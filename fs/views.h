@@ -20,6 +20,7 @@
 #include <mutex>
 
 #include "common/log.h"
+#include "reshard/deepspeed.h"
 #include "reshard/megatron.h"
 #include "store/store.h"
 
@@ -28,6 +29,8 @@ namespace ckptfs::fs {
 inline constexpr uint64_t kViewInoBit = uint64_t{1} << 62;
 inline bool IsViewIno(uint64_t ino) { return (ino & kViewInoBit) != 0; }
 inline constexpr std::string_view kViewsName = ".views";
+
+struct Sources;  // the stored files a plan reads (views.cc)
 
 class ViewTree {
  public:
@@ -72,6 +75,9 @@ class ViewTree {
   Status PlanMegatronIter(Node* iter);  // REQUIRES: mu_ held
   Status PlanDcp(Node* spec);           // REQUIRES: mu_ held
   Status PlanDeepSpeed(Node* spec);     // REQUIRES: mu_ held
+  // The files of the tag `latest` in `root` names, read into *sources.
+  Result<reshard::DeepSpeedSource> ReadDeepSpeed(uint64_t root, Sources* sources,
+                                                 std::string* latest);
   // The tag directory DeepSpeed's `latest` in `root` names, when it holds a model-states file;
   // *latest (if given) gets the file's bytes.
   Result<std::string> DeepSpeedTag(uint64_t root, std::string* latest);

@@ -342,6 +342,8 @@ bool ParseDsSpec(std::string_view s, DsSpec* spec) {
   return true;
 }
 
+Status CheckDeepSpeed(const DeepSpeedSource& src) { return ds::Checkpoint(src).Decode(); }
+
 Result<std::vector<ViewEntry>> PlanDeepSpeed(const DeepSpeedSource& src, const DsSpec& spec) {
   ds::Checkpoint c(src);
   RETURN_IF_ERROR(c.Decode());

@@ -55,5 +55,8 @@ struct ViewEntry {
 // Plans every file of the view `spec` of `src`, in path order. Errors (kInvalid, naming the
 // file or the parameter): what the view cannot be made from (see docs/views.md).
 Result<std::vector<ViewEntry>> PlanDeepSpeed(const DeepSpeedSource& src, const DsSpec& spec);
+// Whether `src` is a ZeRO stage 1/2 checkpoint the views read (the errors PlanDeepSpeed gives for
+// the source itself, before any spec).
+Status CheckDeepSpeed(const DeepSpeedSource& src);
 
 }  // namespace ckptfs::reshard

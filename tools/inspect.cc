@@ -166,6 +166,10 @@ int InspectDir(const std::string& path, bool as_json) {
   for (auto it = fs::recursive_directory_iterator(path, ec); !ec && it != fs::end(it);
        it.increment(ec)) {
     if (listing.size() == kMaxEntries) return Fail(path + ": more than a million entries");
+    if (it->path().filename() == ".views") {  // ckptfs's virtual views are not the checkpoint
+      it.disable_recursion_pending();
+      continue;
+    }
     layout::Entry e;
     e.path = fs::relative(it->path(), path, ec).generic_string();
     e.is_dir = it->is_directory(ec);

@@ -151,6 +151,23 @@ def test_directory_with_a_junk_latest_has_no_views(mnt):
     expect_errno(errno.ENOENT, os.stat, d / ".views")
 
 
+def test_undecodable_checkpoint_lists_no_specs(mnt):
+    # DeepSpeed's names, but not a ZeRO stage 1/2 checkpoint (no dp_world_size, no param_shapes):
+    # .views is there and empty, so walking the directory meets no EINVAL.
+    import torch
+    d = mnt / "ds-odd"
+    (d / TAG).mkdir(parents=True)
+    torch.save({"module": {"w": torch.ones(2)}}, d / TAG / "mp_rank_00_model_states.pt")
+    torch.save({"optimizer_state_dict": {}}, d / TAG / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
+    (d / "latest").write_bytes(TAG.encode())
+    assert ".views" in os.listdir(d)
+    assert os.listdir(d / ".views") == []
+    walked = [os.path.relpath(os.path.join(r, f), d) for r, _, fs in os.walk(d) for f in fs]
+    assert sorted(walked) == sorted(["latest", f"{TAG}/mp_rank_00_model_states.pt",
+                                     f"{TAG}/zero_pp_rank_0_mp_rank_00_optim_states.pt"])
+    expect_errno(errno.EINVAL, os.stat, d / ".views" / "dp2")
+
+
 # --- tpT-dpD: a new TP size (Megatron-DeepSpeed sources with universal_checkpoint_info) ---
 # source TP, source DP, view TP, view DP, generator options. ZeRO stage 1: stage 2 saves the
 # frozen tokentype embedding in frozen_param_shapes, which the view refuses. The sizes at TP 4
