@@ -38,12 +38,17 @@ struct MemSources {
   std::vector<std::string> data;
   std::vector<std::tuple<uint32_t, uint64_t, uint64_t>> reads;
   std::optional<size_t> fail_at;  // the read (0-based) that fails
+  // ComputeCrcs may call the reader from several threads at once.
+  std::mutex mu;
 
   SourceReadFn Fn() {
     return [this](uint32_t source, uint64_t offset, uint64_t len,
                   const std::function<void(const uint8_t*, size_t)>& sink) -> Status {
-      if (fail_at && reads.size() == *fail_at) return IoError("source read failed");
-      reads.emplace_back(source, offset, len);
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (fail_at && reads.size() == *fail_at) return IoError("source read failed");
+        reads.emplace_back(source, offset, len);
+      }
       EXPECT_LE(offset + len, data[source].size());
       const auto* p = reinterpret_cast<const uint8_t*>(data[source].data()) + offset;
       for (uint64_t done = 0; done < len; done += 7)
