@@ -92,10 +92,17 @@ std::string ArchivePrefix(std::string_view file_name);
 
 // How ds_to_universal merges a parameter's TP slices into the full tensor.
 struct Merge {
-  enum Kind { kCat, kReplicated, kTwoSubParams } kind = kCat;
+  enum Kind { kCat, kReplicated, kTwoSubParams, kSubParams } kind = kCat;
   int cat_dim = 0;            // kCat, kTwoSubParams
   bool vocab = false;         // then cut to original_rows rows
   int64_t original_rows = -1;
+  // kSubParams (parameter_with_sub_params): the full tensor viewed as `sub_shape` holds the
+  // sub-parameters one after another along `partition_dim`, `subs` elements each, and every TP
+  // rank holds its 1/T of each. `sub_spec` is the entry as universal_checkpoint_info gives it
+  // (patterns, shape, partition_dim), written back into the universal files.
+  std::vector<int64_t> sub_shape, subs;
+  size_t partition_dim = 0;
+  pickle::ValuePtr sub_spec;
 };
 
 // universal_checkpoint_info's patterns (Python regular expressions matched at the name's start).
@@ -103,14 +110,40 @@ struct UcInfo {
   struct Patterns;  // compiled (deepspeed_universal.cc keeps <regex> out of this header)
   bool present = false;
   std::shared_ptr<const Patterns> patterns;
-  bool sub_params = false;
   int64_t original_vocab_size = -1;
   // From the first model-states file. Errors: a malformed entry.
   static Result<UcInfo> Read(const Checkpoint& c);
-  // The merge of parameter `name` (without original_rows). Errors: averaged and sub-parameter
-  // patterns, a vocabulary parameter without original_vocab_size.
+  // The merge of parameter `name` (without original_rows). Errors: averaged parameters, a
+  // vocabulary parameter without original_vocab_size.
   Result<Merge> Classify(const std::string& name) const;
 };
+
+// A merge as rows of pieces: the full tensor (`shape`) is `rows` rows, and row r is, in order,
+// for each piece, elements [r * widths[slice] + from, + len) of that TP slice (row-major). For
+// kReplicated only slice 0 is used.
+struct MergeLayout {
+  struct Piece {
+    size_t slice = 0;
+    uint64_t from = 0, len = 0;
+  };
+  std::vector<int64_t> shape;
+  uint64_t rows = 1;
+  std::vector<uint64_t> widths;  // elements per row, by slice
+  std::vector<Piece> pieces;
+};
+// Errors: slices that do not fit the merge (`what` names the tensor).
+Result<MergeLayout> LayoutOf(const Merge& m, const std::vector<std::vector<int64_t>>& slices,
+                             const std::string& what);
+
+// Gather streams: the bytes of a gather; bytes [from, to) of row r of g as parts (`strided`:
+// parts that go on to the next rows); bytes [from, to) of the stream gs makes; and for a stream
+// of whole rows, the byte ranges `ranges` of every row, in order.
+uint64_t GatherBytes(const Gather& g);
+std::vector<Part> RowPiece(const Gather& g, uint64_t r, uint64_t from, uint64_t to,
+                           bool strided = false);
+std::vector<Gather> Cut(const std::vector<Gather>& gs, uint64_t from, uint64_t to);
+std::vector<Gather> Columns(const std::vector<Gather>& gs,
+                            const std::vector<std::pair<uint64_t, uint64_t>>& ranges);
 
 // A parameter's slice in one TP rank.
 struct Located {

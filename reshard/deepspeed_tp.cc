@@ -15,73 +15,6 @@ using pickle::Kind;
 using pickle::Value;
 using pickle::ValuePtr;
 
-uint64_t GatherBytes(const Gather& g) {
-  if (g.parts.empty()) return g.zeros;
-  uint64_t row = 0;
-  for (const Part& p : g.parts) row += p.len;
-  return g.rows * row;
-}
-
-// Bytes [from, to) of row r of gather g, as parts; `strided`: parts that go on to the next rows.
-std::vector<Part> RowPiece(const Gather& g, uint64_t r, uint64_t from, uint64_t to,
-                           bool strided = false) {
-  std::vector<Part> out;
-  uint64_t at = 0;
-  for (const Part& p : g.parts) {
-    const uint64_t a = std::max(from, at), b = std::min(to, at + p.len);
-    if (a < b) {
-      const uint64_t off = p.offset + r * p.stride + (a - at);
-      out.push_back(Part{p.source, off, b - a, strided ? p.stride : b - a});
-    }
-    at += p.len;
-  }
-  return out;
-}
-
-// Bytes [from, to) of the stream `gs` makes.
-std::vector<Gather> Cut(const std::vector<Gather>& gs, uint64_t from, uint64_t to) {
-  std::vector<Gather> out;
-  uint64_t at = 0;
-  for (const Gather& g : gs) {
-    const uint64_t size = GatherBytes(g);
-    const uint64_t a = std::max(from, at), b = std::min(to, at + size);
-    if (a < b) {
-      if (g.parts.empty()) {
-        out.push_back(Gather{1, {}, b - a});
-      } else {
-        const uint64_t row = size / g.rows;
-        uint64_t x = a - at;
-        const uint64_t end = b - at;
-        while (x < end) {
-          const uint64_t r = x / row, in = x % row;
-          if (in == 0 && end - x >= row) {  // whole rows
-            const uint64_t k = (end - x) / row;
-            std::vector<Part> parts;
-            for (const Part& p : g.parts) {
-              parts.push_back(Part{p.source, p.offset + r * p.stride, p.len, p.stride});
-            }
-            out.push_back(Gather{k, std::move(parts)});
-            x += k * row;
-          } else {
-            const uint64_t stop = std::min(end - r * row, row);
-            out.push_back(Gather{1, RowPiece(g, r, in, stop)});
-            x = r * row + stop;
-          }
-        }
-      }
-    }
-    at += size;
-  }
-  return out;
-}
-
-// Bytes [from, to) of every row of a tensor whose gathers each hold whole rows.
-std::vector<Gather> Columns(const std::vector<Gather>& gs, uint64_t from, uint64_t to) {
-  std::vector<Gather> out;
-  for (const Gather& g : gs) out.push_back(Gather{g.rows, RowPiece(g, 0, from, to, true)});
-  return out;
-}
-
 int64_t RoundUp(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 ValuePtr ArgsDict(const ValuePtr& args) {
@@ -154,9 +87,30 @@ std::vector<Gather> TpPlanner::SliceOf(const TargetParam& p, const std::vector<G
     a.insert(a.end(), b.begin(), b.end());
     return a;
   }
+  if (m.kind == Merge::kSubParams) {
+    // Every row of the dimensions before partition_dim: rank t's share of each sub-parameter.
+    uint64_t inner = item;
+    for (size_t i = m.partition_dim + 1; i < p.full_shape.size(); ++i) {
+      inner *= static_cast<uint64_t>(p.full_shape[i]);
+    }
+    std::vector<std::pair<uint64_t, uint64_t>> ranges;
+    uint64_t at = 0;
+    for (int64_t sub : m.subs) {
+      const uint64_t share = static_cast<uint64_t>(sub) / T_ * inner;
+      ranges.push_back({at + t * share, at + (t + 1) * share});
+      at += static_cast<uint64_t>(sub) * inner;
+    }
+    if (m.partition_dim > 0) return Columns(full, ranges);
+    std::vector<Gather> out;
+    for (const auto& [from, to] : ranges) {
+      std::vector<Gather> more = Cut(full, from, to);
+      out.insert(out.end(), more.begin(), more.end());
+    }
+    return out;
+  }
   if (m.cat_dim == 1) {
     const uint64_t cols = bytes / static_cast<uint64_t>(p.full_shape[0]) / T_;
-    return Columns(full, t * cols, (t + 1) * cols);
+    return Columns(full, {{t * cols, (t + 1) * cols}});
   }
   const uint64_t per = bytes / T_;
   return Cut(full, t * per, (t + 1) * per);
@@ -195,39 +149,21 @@ Result<std::vector<Gather>> TpPlanner::ModuleFull(const TargetParam& p, uint64_t
   }
   *like = ts[0];
   *item = DtypeSize(ts[0]->dtype);
-  std::vector<Gather> full;
-  if (p.merge.kind != Merge::kReplicated && p.merge.cat_dim == 1) {
-    const uint64_t R = static_cast<uint64_t>(p.full_shape[0]);
-    std::vector<Part> parts;
-    for (size_t i = 0; i < ts.size(); ++i) {
-      const uint64_t row = ts[i]->length / R;
-      parts.push_back(Part{p.slices[i].tr->model->source, ts[i]->offset, row, row});
-    }
-    full.push_back(Gather{R, std::move(parts)});
-    return full;
-  }
+  std::vector<std::vector<int64_t>> shapes;
+  for (const Located& s : p.slices) shapes.push_back(s.p->shape);
+  ASSIGN_OR_RETURN(MergeLayout l, LayoutOf(p.merge, shapes, "module tensor " + p.name));
+  // The module tensors are contiguous: the full tensor is one gather of the layout's rows.
   std::vector<Part> parts;
-  const int halves = p.merge.kind == Merge::kTwoSubParams ? 2 : 1;
-  for (int h = 0; h < halves; ++h) {
-    for (size_t i = 0; i < ts.size(); ++i) {
-      const uint64_t n = ts[i]->length / halves;
-      parts.push_back(Part{p.slices[i].tr->model->source, ts[i]->offset + h * n, n, n});
-    }
+  for (const MergeLayout::Piece& pc : l.pieces) {
+    parts.push_back(Part{p.slices[pc.slice].tr->model->source, ts[pc.slice]->offset + pc.from * *item,
+                         pc.len * *item, l.widths[pc.slice] * *item});
   }
+  std::vector<Gather> full{Gather{l.rows, std::move(parts)}};
   if (p.merge.vocab) {
     uint64_t keep = *item;
     for (int64_t x : p.full_shape) keep *= static_cast<uint64_t>(x);
-    uint64_t at = 0;
-    std::vector<Part> cut;
-    for (Part q : parts) {
-      if (at >= keep) break;
-      q.len = q.stride = std::min(q.len, keep - at);
-      at += q.len;
-      cut.push_back(q);
-    }
-    parts = std::move(cut);
+    full = Cut(full, 0, keep);
   }
-  full.push_back(Gather{1, std::move(parts)});
   return full;
 }
 
@@ -333,7 +269,23 @@ Status TpPlanner::Run(std::vector<ViewEntry>* out) {
       const std::string what = "parameter " + p.name;
       if (m.vocab) {
         if (m.kind == Merge::kCat && m.cat_dim != 0) return Invalid(what + ": a row-parallel vocabulary");
+        if (m.kind == Merge::kSubParams) return Invalid(what + ": a vocabulary of sub-parameters");
         p.shape[0] = m.kind == Merge::kReplicated ? padded_ : padded_ / T_;
+      } else if (m.kind == Merge::kSubParams) {
+        // The target's slice keeps the source slice's shape but for partition_dim.
+        std::vector<int64_t> want = m.sub_shape;
+        want[m.partition_dim] /= static_cast<int64_t>(c_.tp.size());
+        if (p.slices[0].p->shape != want) {
+          return Invalid(what + ": its TP slice's shape is not parameter_with_sub_params' shape "
+                         "cut along partition_dim, which a new TP size needs");
+        }
+        for (int64_t sub : m.subs) {
+          if (sub % T_ != 0) {
+            return Invalid(what + ": sub-parameter of " + std::to_string(sub) +
+                           " does not split in " + std::to_string(T_));
+          }
+        }
+        p.shape[m.partition_dim] /= T_;
       } else if (m.kind == Merge::kTwoSubParams) {
         if (p.shape.empty() || p.shape[0] % (2 * T_) != 0) {
           return Invalid(what + ": its two halves do not split in " + std::to_string(T_));

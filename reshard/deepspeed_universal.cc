@@ -18,10 +18,62 @@ namespace ckptfs::reshard::ds {
 
 struct UcInfo::Patterns {
   std::vector<std::regex> replicated, average, two_sub_params, row_parallel, vocabulary;
+  // parameter_with_sub_params: per entry its patterns and the merge they give.
+  std::vector<std::pair<std::vector<std::regex>, Merge>> sub_params;
 };
 
 using pickle::Kind;
 using pickle::ValuePtr;
+
+namespace {
+
+// One entry of parameter_with_sub_params, as DeepSpeed's SubparamShape takes it: patterns, a shape
+// whose entries are sizes or tuples of sub-parameter sizes, and the dimension TP partitions.
+Result<Merge> SubParams(const ValuePtr& e) {
+  const std::string what = "universal_checkpoint_info's parameter_with_sub_params entry";
+  if (!IsMapping(e) || PairsOf(*e).size() != 3) {
+    return Invalid(what + " is not a dict of patterns, shape and partition_dim");
+  }
+  ValuePtr shape = Get(e, "shape"), dim = Get(e, "partition_dim");
+  if (!Get(e, "patterns") || !shape || !dim || dim->kind != Kind::kInt ||
+      (shape->kind != Kind::kList && shape->kind != Kind::kTuple) || dim->i < 0 ||
+      static_cast<size_t>(dim->i) >= shape->items.size()) {
+    return Invalid(what + " is malformed (patterns, shape, partition_dim)");
+  }
+  Merge m;
+  m.kind = Merge::kSubParams;
+  m.sub_spec = e;
+  m.partition_dim = static_cast<size_t>(dim->i);
+  for (size_t i = 0; i < shape->items.size(); ++i) {
+    const ValuePtr& d = shape->items[i];
+    std::vector<int64_t> parts;
+    if (d && d->kind == Kind::kInt && i == m.partition_dim) {
+      // DeepSpeed has read an integer here as one sub-parameter's size and, since universal
+      // checkpoint version 0.4, as a count of equal sub-parameters: refused rather than guessed.
+      return Invalid(what + " has an integer at partition_dim, which DeepSpeed versions read "
+                     "differently; a tuple of sizes is needed");
+    } else if (d && d->kind == Kind::kInt) {
+      parts.push_back(d->i);
+    } else if (d && d->kind == Kind::kTuple) {  // a list is one size to DeepSpeed, and fails
+      for (const ValuePtr& x : d->items) {
+        if (!x || x->kind != Kind::kInt) return Invalid(what + "'s shape holds a non-integer");
+        parts.push_back(x->i);
+      }
+    } else {
+      return Invalid(what + "'s shape holds a non-integer");
+    }
+    int64_t sum = 0;
+    for (int64_t x : parts) {
+      if (x <= 0) return Invalid(what + "'s shape holds a size below 1");
+      sum += x;
+    }
+    m.sub_shape.push_back(sum);
+    if (i == m.partition_dim) m.subs = parts;
+  }
+  return m;
+}
+
+}  // namespace
 
 Result<UcInfo> UcInfo::Read(const Checkpoint& c) {
   UcInfo info;
@@ -31,9 +83,8 @@ Result<UcInfo> UcInfo::Read(const Checkpoint& c) {
   if (!uc || uc->kind == Kind::kNone) return info;
   if (!IsMapping(uc)) return Invalid("universal_checkpoint_info is not a dict");
   info.present = true;
-  auto patterns = [&](std::string_view key, std::vector<std::regex>* out) -> Status {
-    ValuePtr v = Get(uc, key);
-    if (!v) return Status::Ok();
+  auto compile = [&](std::string_view key, const ValuePtr& v,
+                     std::vector<std::regex>* out) -> Status {
     if (v->kind != Kind::kList && v->kind != Kind::kTuple) {
       return Invalid("universal_checkpoint_info's " + std::string(key) + " is not a list");
     }
@@ -50,13 +101,30 @@ Result<UcInfo> UcInfo::Read(const Checkpoint& c) {
     }
     return Status::Ok();
   };
+  auto patterns = [&](std::string_view key, std::vector<std::regex>* out) -> Status {
+    ValuePtr v = Get(uc, key);
+    return v ? compile(key, v, out) : Status::Ok();
+  };
   RETURN_IF_ERROR(patterns("tp_replicated_parameter_patterns", &pats->replicated));
   RETURN_IF_ERROR(patterns("parameter_to_average_patterns", &pats->average));
   RETURN_IF_ERROR(patterns("parameter_with_2_sub_params_cat_dim_0", &pats->two_sub_params));
   RETURN_IF_ERROR(patterns("parameter_with_row_parallelism_patterns", &pats->row_parallel));
   RETURN_IF_ERROR(patterns("vocabulary_parameter_patterns", &pats->vocabulary));
-  ValuePtr sub = Get(uc, "parameter_with_sub_params");
-  info.sub_params = sub && !sub->items.empty();
+  if (ValuePtr sub = Get(uc, "parameter_with_sub_params")) {
+    if (sub->kind != Kind::kList && sub->kind != Kind::kTuple) {
+      return Invalid("universal_checkpoint_info's parameter_with_sub_params is not a list");
+    }
+    for (const ValuePtr& e : sub->items) {
+      ASSIGN_OR_RETURN(Merge m, SubParams(e));
+      std::vector<std::regex> ps;
+      RETURN_IF_ERROR(compile("parameter_with_sub_params", Get(e, "patterns"), &ps));
+      pats->sub_params.emplace_back(std::move(ps), std::move(m));
+    }
+  }
+  if (ValuePtr w = Get(uc, "sub_param_shard_widths"); w && IsMapping(w) && !PairsOf(*w).empty()) {
+    return Invalid("universal_checkpoint_info's sub_param_shard_widths (uneven sub-parameters) "
+                   "is not supported");
+  }
   ValuePtr ovs = Get(uc, "original_vocab_size");
   if (ovs && ovs->kind == Kind::kInt) info.original_vocab_size = ovs->i;
   return info;
@@ -69,6 +137,13 @@ bool MatchAny(const std::vector<std::regex>& ps, const std::string& name) {
     if (std::regex_search(name, p, std::regex_constants::match_continuous)) return true;
   }
   return false;
+}
+// The first parameter_with_sub_params entry with a pattern matching `name`, as DeepSpeed looks.
+const Merge* MatchSubParams(const UcInfo::Patterns& p, const std::string& name) {
+  for (const auto& [patterns, merge] : p.sub_params) {
+    if (MatchAny(patterns, name)) return &merge;
+  }
+  return nullptr;
 }
 }  // namespace
 
@@ -83,12 +158,16 @@ Result<Merge> UcInfo::Classify(const std::string& name) const {
                    "(parameter_to_average_patterns), which takes arithmetic; not supported");
   } else if (MatchAny(p.two_sub_params, name)) {
     m.kind = Merge::kTwoSubParams;
-  } else if (sub_params) {
-    return Invalid("universal_checkpoint_info's parameter_with_sub_params is not supported");
+  } else if (const Merge* sub = MatchSubParams(p, name)) {
+    m = *sub;
   } else {
     m.cat_dim = MatchAny(p.row_parallel, name) ? 1 : 0;
   }
   m.vocab = MatchAny(p.vocabulary, name);
+  if (m.vocab && m.kind == Merge::kSubParams && m.partition_dim != 0) {
+    return Invalid("vocabulary parameter " + name + " has sub-parameters along dimension " +
+                   std::to_string(m.partition_dim) + "; not supported");
+  }
   if (m.vocab && original_vocab_size < 0) {
     return Invalid("vocabulary parameter " + name +
                    " but universal_checkpoint_info has no original_vocab_size");
@@ -124,21 +203,6 @@ const TorchTensor* Pick(const Optim& o, size_t g, const std::string& key) {
   return key == "fp32" ? o.fp32[g] : Checkpoint::StateTensor(o, g, key);
 }
 
-// Cuts parts to their first `bytes` bytes.
-void Truncate(std::vector<Part>* parts, uint64_t bytes) {
-  uint64_t at = 0;
-  for (size_t i = 0; i < parts->size(); ++i) {
-    Part& p = (*parts)[i];
-    if (at + p.len >= bytes) {
-      p.len = bytes - at;
-      p.stride = p.len;
-      parts->resize(p.len ? i + 1 : i);
-      return;
-    }
-    at += p.len;
-  }
-}
-
 }  // namespace
 
 Result<FullTensor> Full(const Checkpoint& c, const std::vector<Located>& slices,
@@ -155,96 +219,59 @@ Result<FullTensor> Full(const Checkpoint& c, const std::vector<Located>& slices,
   }
   const uint64_t item = DtypeSize(full.like->dtype);
   if (item == 0) return Invalid(what + " has an unknown dtype " + full.like->dtype);
-  auto pick = [&](const Located& s) {
-    return [&key, g = s.g](const Optim& o) { return Pick(o, g, key); };
-  };
-  auto flat = [&](const Located& s, uint64_t from, uint64_t to, std::vector<Part>* parts) -> Status {
-    ASSIGN_OR_RETURN(std::vector<Part> more, c.Flat(*s.tr, s.g, from, to, pick(s), what));
-    parts->insert(parts->end(), more.begin(), more.end());
-    return Status::Ok();
-  };
-  const std::vector<Located> used =
-      m.kind == Merge::kReplicated ? std::vector<Located>{slices[0]} : slices;
-  full.shape = used[0].p->shape;
-  const size_t dim = m.cat_dim;
-  if (used.size() > 1) {
-    if (dim >= full.shape.size()) return Invalid(what + " has no dimension " + std::to_string(dim));
-    full.shape[dim] = 0;
-    for (const Located& s : used) {
-      const std::vector<int64_t>& sh = s.p->shape;
-      if (sh.size() != full.shape.size()) return Invalid(what + ": TP slices of different ranks");
-      for (size_t i = 0; i < sh.size(); ++i) {
-        if (i != dim && sh[i] != used[0].p->shape[i]) {
-          return Invalid(what + ": TP slices differ outside dimension " + std::to_string(dim));
-        }
-      }
-      full.shape[dim] += sh[dim];
-    }
-  }
+  std::vector<std::vector<int64_t>> shapes;
+  for (const Located& s : slices) shapes.push_back(s.p->shape);
+  ASSIGN_OR_RETURN(MergeLayout l, LayoutOf(m, shapes, what));
+  full.shape = l.shape;
 
-  if (dim == 1) {
-    if (full.shape.size() < 2) return Invalid(what + " is row-parallel but has one dimension");
-    // Row-parallel: each row is the concatenation of every slice's row. Runs of rows that lie in
-    // one dp partition of every slice become one strided gather.
-    const uint64_t R = static_cast<uint64_t>(full.shape[0]);
-    std::vector<uint64_t> cols;
-    for (const Located& s : used) cols.push_back(R ? s.p->numel / R : 0);
-    for (uint64_t r = 0; r < R;) {
-      uint64_t k = R - r;
-      std::vector<Part> parts;
-      for (size_t i = 0; i < used.size(); ++i) {
-        const Located& s = used[i];
-        const Partitioning part(s.tr->totals[s.g], c.D);
-        const uint64_t e = s.p->offset + r * cols[i];
-        const uint64_t rank = e / part.size;
-        k = std::min(k, cols[i] ? (part.End(rank) - e) / cols[i] : k);
-        const TorchTensor* t = Pick(s.tr->optim[rank], s.g, key);
-        if (!t) return Invalid(s.tr->optim[rank].file->name + " has no " + what);
-        const uint64_t len = cols[i] * item;
-        parts.push_back(Part{s.tr->optim[rank].file->source,
-                             t->offset + (e - part.Begin(rank)) * item, len, len});
-      }
-      if (k >= 1) {
-        full.gathers.push_back(Gather{k, std::move(parts)});
-        r += k;
-        continue;
-      }
-      // This row crosses a partition boundary in some slice.
-      parts.clear();
-      for (size_t i = 0; i < used.size(); ++i) {
-        const uint64_t e = used[i].p->offset + r * cols[i];
-        RETURN_IF_ERROR(flat(used[i], e, e + cols[i], &parts));
-      }
-      full.gathers.push_back(Gather{1, std::move(parts)});
-      ++r;
+  // Runs of rows that lie in one dp partition of every slice become one strided gather; a row
+  // that crosses a partition boundary in some slice is gathered piece by piece.
+  for (uint64_t r = 0; r < l.rows;) {
+    uint64_t k = l.rows - r;
+    std::vector<uint64_t> base(l.widths.size());  // the row's first element in its partition
+    std::vector<const Optim*> in(l.widths.size());
+    for (size_t i = 0; i < l.widths.size(); ++i) {
+      const Located& s = slices[i];
+      const Partitioning part(s.tr->totals[s.g], c.D);
+      const uint64_t e = s.p->offset + r * l.widths[i];
+      const uint64_t rank = std::min<uint64_t>(e / part.size, c.D - 1);
+      k = std::min(k, l.widths[i] ? (part.End(rank) - std::min(part.End(rank), e)) / l.widths[i] : k);
+      base[i] = e - part.Begin(rank);
+      in[i] = &s.tr->optim[rank];
     }
-    return full;
-  }
-
-  // Dimension 0: the slices one after another (for two sub-parameters, every slice's first half,
-  // then every slice's second half).
-  std::vector<Part> parts;
-  const int halves = m.kind == Merge::kTwoSubParams ? 2 : 1;
-  for (int h = 0; h < halves; ++h) {
-    for (const Located& s : used) {
-      if (halves == 2 && (s.p->shape.empty() || s.p->shape[0] % 2 != 0)) {
-        return Invalid(what + " does not split in two halves");
+    std::vector<Part> parts;
+    if (k >= 1) {
+      for (const MergeLayout::Piece& pc : l.pieces) {
+        const TorchTensor* t = Pick(*in[pc.slice], slices[pc.slice].g, key);
+        if (!t) return Invalid(in[pc.slice]->file->name + " has no " + what);
+        parts.push_back(Part{in[pc.slice]->file->source, t->offset + (base[pc.slice] + pc.from) * item,
+                             pc.len * item, l.widths[pc.slice] * item});
       }
-      const uint64_t n = s.p->numel / halves;
-      RETURN_IF_ERROR(flat(s, s.p->offset + h * n, s.p->offset + (h + 1) * n, &parts));
+      full.gathers.push_back(Gather{k, std::move(parts)});
+      r += k;
+      continue;
     }
+    for (const MergeLayout::Piece& pc : l.pieces) {
+      const Located& s = slices[pc.slice];
+      const uint64_t e = s.p->offset + r * l.widths[pc.slice] + pc.from;
+      ASSIGN_OR_RETURN(std::vector<Part> more,
+                       c.Flat(*s.tr, s.g, e, e + pc.len,
+                              [&key, g = s.g](const Optim& o) { return Pick(o, g, key); }, what));
+      parts.insert(parts.end(), more.begin(), more.end());
+    }
+    full.gathers.push_back(Gather{1, std::move(parts)});
+    ++r;
   }
   if (m.vocab) {
     if (m.original_rows > full.shape[0]) {
       return Invalid(what + ": original_vocab_size " + std::to_string(m.original_rows) +
                      " exceeds its " + std::to_string(full.shape[0]) + " rows");
     }
-    uint64_t row = item;
-    for (size_t i = 1; i < full.shape.size(); ++i) row *= static_cast<uint64_t>(full.shape[i]);
+    uint64_t bytes = item;
+    for (size_t i = 1; i < full.shape.size(); ++i) bytes *= static_cast<uint64_t>(full.shape[i]);
     full.shape[0] = m.original_rows;
-    Truncate(&parts, row * static_cast<uint64_t>(m.original_rows));
+    full.gathers = Cut(full.gathers, 0, bytes * static_cast<uint64_t>(m.original_rows));
   }
-  if (!parts.empty()) full.gathers.push_back(Gather{1, std::move(parts)});
   return full;
 }
 
@@ -252,8 +279,22 @@ namespace {
 
 ValuePtr Str(std::string s) { return pickle::MakeStr(std::move(s)); }
 
-// The file of state `key` of a parameter: {[cat_dim, [param_n_sub_params]], [vocab_tensor],
-// param} in ds_to_universal's key order.
+// DeepSpeed's SubparamShape dataclass of a sub-parameter merge, pickled as Python pickles it:
+// the class called with no arguments, then its fields set.
+ValuePtr SubparamShape(const Merge& m) {
+  auto v = std::make_shared<pickle::Value>();
+  v->kind = Kind::kObject;
+  v->op = pickle::ObjectOp::kNewObj;
+  v->callable = pickle::MakeGlobal("deepspeed.checkpoint.universal_checkpoint", "SubparamShape");
+  v->args = pickle::MakeTuple({});
+  v->state = pickle::MakeDict({{Str("patterns"), Get(m.sub_spec, "patterns")},
+                               {Str("shape"), Get(m.sub_spec, "shape")},
+                               {Str("partition_dim"), Get(m.sub_spec, "partition_dim")}});
+  return v;
+}
+
+// The file of state `key` of a parameter: {[cat_dim, [param_n_sub_params]] or [sub_param_shape],
+// [vocab_tensor], param} in ds_to_universal's key order.
 Result<ViewEntry> StateFile(const Checkpoint& c, const std::vector<Located>& slices,
                             const Merge& m, const std::string& key, const std::string& path) {
   ASSIGN_OR_RETURN(FullTensor full, Full(c, slices, m, key));
@@ -268,6 +309,7 @@ Result<ViewEntry> StateFile(const Checkpoint& c, const std::vector<Located>& sli
     items.push_back({Str("cat_dim"), pickle::MakeInt(m.cat_dim)});
   }
   if (m.kind == Merge::kTwoSubParams) items.push_back({Str("param_n_sub_params"), pickle::MakeInt(2)});
+  if (m.kind == Merge::kSubParams) items.push_back({Str("sub_param_shape"), SubparamShape(m)});
   if (m.vocab) items.push_back({Str("vocab_tensor"), pickle::MakeBool(true)});
   items.push_back({Str("param"), t});
   const Located& s = slices[0];

@@ -9,6 +9,7 @@
 #include <zlib.h>
 
 #include <cstring>
+#include <algorithm>
 #include <array>
 #include <map>
 #include <utility>
@@ -28,12 +29,15 @@ using pickle::Kind;
 using pickle::ValuePtr;
 
 // How a parameter is cut over TP ranks (Megatron-DeepSpeed's patterns).
-enum class Cut { kCat0, kRow, kReplicated, kTwoSub, kVocab };
+enum class Cut { kCat0, kRow, kReplicated, kTwoSub, kVocab, kSubParams };
 
 struct P {
   std::string name;
   std::vector<int64_t> shape;  // the full tensor's
   Cut cut = Cut::kCat0;
+  // kSubParams (parameter_with_sub_params): the sub-parameters' sizes along dimension `dim`.
+  std::vector<int64_t> subs = {};
+  size_t dim = 0;
 };
 
 struct Model {
@@ -56,11 +60,14 @@ const Model kPlain = {{{{"embed.weight", {3, 5}}, {"layers.0.w", {7}}},
                        {{"layers.0.norm", {4}}, {"head.bias", {1}}}}};
 
 // TP 2 with universal_checkpoint_info: a vocabulary of 10 rows (padded with zero rows for T),
-// column, row, replicated and SwiGLU (two sub-parameters) parameters.
+// column, row, replicated and SwiGLU (two sub-parameters) parameters, and sub-parameters of
+// unequal sizes along dimension 0 (grouped-query attention's q, k, v) and along dimension 1.
 const Model kTp2 = {{{{"embed.weight", {10, 3}, Cut::kVocab},
                       {"layers.0.qkv.weight", {8, 3}},
                       {"layers.0.proj.weight", {3, 8}, Cut::kRow},
-                      {"layers.0.fc1.weight", {8, 3}, Cut::kTwoSub}},
+                      {"layers.0.fc1.weight", {8, 3}, Cut::kTwoSub},
+                      {"layers.0.gqa.weight", {16, 3}, Cut::kSubParams, {8, 4, 4}, 0},
+                      {"layers.0.mix.weight", {3, 12}, Cut::kSubParams, {4, 8}, 1}},
                      {{"layers.0.norm.weight", {3}, Cut::kReplicated}, {"layers.0.qkv.bias", {8}}}},
                     2,
                     10};
@@ -99,9 +106,23 @@ T32 SliceOf(const Model& m, const P& p, const T32& full, int64_t t) {
       return RefShard(Rule::kSwiglu, full, m.T, t);
     case Cut::kReplicated:
       return full;
+    case Cut::kSubParams: {
+      T32 out;
+      int64_t at = 0;
+      for (int64_t sub : p.subs) {
+        T32 x = Chunk(Slice(full, p.dim, at, at + sub), p.dim, m.T, t);
+        out = out.shape.empty() ? x : Cat(out, x, p.dim);
+        at += sub;
+      }
+      return out;
+    }
   }
   return full;
 }
+
+// parameter_with_sub_params' entry of p: {patterns, shape (sizes, a tuple of them at p.dim),
+// partition_dim}.
+ValuePtr SubParamsEntry(const P& p);
 
 // What the universal view's file of p holds: the full tensor (the vocabulary cut to its rows).
 T32 UniversalOf(const Model& m, const P& p, const T32& full) {
@@ -110,6 +131,8 @@ T32 UniversalOf(const Model& m, const P& p, const T32& full) {
 
 struct Options {
   bool missing_optim = false, zero3 = false, elastic = false, short_fp32 = false;
+  // Entries of universal_checkpoint_info that replace (or join) the model's.
+  std::vector<std::pair<std::string, pickle::ValuePtr>> uc = {};
 };
 
 ValuePtr S(const std::string& s) { return pickle::MakeStr(s); }
@@ -153,6 +176,29 @@ ValuePtr StrList(const std::vector<std::string>& xs) {
   std::vector<ValuePtr> items;
   for (const auto& x : xs) items.push_back(S(x));
   return pickle::MakeList(std::move(items));
+}
+
+ValuePtr SubParamsEntry(const P& p) {
+  std::vector<ValuePtr> shape, subs;
+  for (int64_t x : p.subs) subs.push_back(I(x));
+  for (size_t d = 0; d < p.shape.size(); ++d) {
+    shape.push_back(d == p.dim ? pickle::MakeTuple(subs) : I(p.shape[d]));
+  }
+  return pickle::MakeDict({{S("patterns"), StrList({R"(layers\.\d+\.)" + p.name.substr(9)})},
+                           {S("shape"), pickle::MakeTuple(shape)},
+                           {S("partition_dim"), I(static_cast<int64_t>(p.dim))}});
+}
+
+// The SubparamShape object the universal files hold for p.
+ValuePtr SubparamShape(const P& p) {
+  auto v = std::make_shared<pickle::Value>();
+  v->kind = Kind::kObject;
+  v->op = pickle::ObjectOp::kNewObj;
+  v->callable = pickle::MakeGlobal("deepspeed.checkpoint.universal_checkpoint", "SubparamShape");
+  v->args = pickle::MakeTuple({});
+  ValuePtr e = SubParamsEntry(p);
+  v->state = pickle::MakeDict(e->pairs);
+  return v;
 }
 
 std::string TwoDigits(int64_t t) { return (t < 10 ? "0" : "") + std::to_string(t); }
@@ -213,9 +259,7 @@ Source Build(int64_t D, Options o = {}, const Model& m = kPlain) {
                                     {{S("tensor_model_parallel_size"), I(m.T)},
                                      {S("make_vocab_size_divisible_by"), I(2)},
                                      {S("padded_vocab_size"), I(PaddedVocab(m))}})});
-        root.push_back(
-            {S("universal_checkpoint_info"),
-             pickle::MakeDict(
+        std::vector<std::pair<ValuePtr, ValuePtr>> uc =
                  {{S("universal_checkpoint_version"), pickle::MakeFloat(0.2)},
                   {S("original_vocab_size"), I(m.vocab)},
                   {S("padded_vocab_size"), I(PaddedVocab(m))},
@@ -224,7 +268,20 @@ Source Build(int64_t D, Options o = {}, const Model& m = kPlain) {
                   {S("parameter_with_row_parallelism_patterns"),
                    StrList({R"(layers.\d+.proj.weight)"})},
                   {S("parameter_with_2_sub_params_cat_dim_0"),
-                   StrList({R"(layers.\d+.fc1.weight)"})}})});
+                   StrList({R"(layers.\d+.fc1.weight)"})},
+                  {S("parameter_with_sub_params"),
+                   pickle::MakeList({SubParamsEntry(m.groups[0][4]),
+                                     SubParamsEntry(m.groups[0][5])})}};
+        for (const auto& [key, value] : o.uc) {
+          auto at = std::find_if(uc.begin(), uc.end(),
+                                 [&key](const auto& kv) { return kv.first->str == key; });
+          if (at == uc.end()) {
+            uc.push_back({S(key), value});
+          } else {
+            at->second = value;
+          }
+        }
+        root.push_back({S("universal_checkpoint_info"), pickle::MakeDict(std::move(uc))});
       }
       const std::string name = "mp_rank_" + TwoDigits(t) + "_model_states";
       s.Add(name + ".pt", fb.Write(pickle::MakeDict(root), name));
@@ -478,7 +535,9 @@ void CheckUniversal(const Model& m, int64_t D) {
         ASSERT_TRUE(view.count(path)) << path;
         FileBuilder fb;
         std::vector<std::pair<ValuePtr, ValuePtr>> items;
-        if (p.cut != Cut::kReplicated) {
+        if (p.cut == Cut::kSubParams) {
+          items.push_back({S("sub_param_shape"), SubparamShape(p)});
+        } else if (p.cut != Cut::kReplicated) {
           items.push_back({S("cat_dim"), I(p.cut == Cut::kRow ? 1 : 0)});
         }
         if (p.cut == Cut::kTwoSub) items.push_back({S("param_n_sub_params"), I(2)});
@@ -530,6 +589,39 @@ TEST(DeepSpeedErrors, Refusals) {
   EXPECT_TRUE(Contains(st.message(), "elastic"));
   st = PlanError(Build(2, {.short_fp32 = true}), "dp4");
   EXPECT_TRUE(Contains(st.message(), "fp32 elements"));
+}
+
+TEST(DeepSpeedErrors, UniversalInfoThatCannotBeGathered) {
+  // Averaging takes arithmetic; uneven sub-parameters and an integer at partition_dim are not
+  // described well enough to gather. Each refusal names what it refuses, in both TP views.
+  ValuePtr scalar_sub = pickle::MakeList({pickle::MakeDict(
+      {{S("patterns"), StrList({R"(layers\.\d+\.gqa\.weight)"})},
+       {S("shape"), pickle::MakeTuple({I(16), I(3)})},
+       {S("partition_dim"), I(0)}})});
+  const std::vector<std::pair<Options, std::string>> cases = {
+      {{.uc = {{"parameter_to_average_patterns", StrList({R"(layers.\d+.qkv.bias)"})}}},
+       "parameter_to_average_patterns"},
+      {{.uc = {{"sub_param_shard_widths",
+                pickle::MakeDict({{S("gqa"), pickle::MakeList({I(4), I(4)})}})}}},
+       "sub_param_shard_widths"},
+      {{.uc = {{"parameter_with_sub_params", scalar_sub}}}, "integer at partition_dim"},
+      {{.uc = {{"parameter_with_sub_params", StrList({"x"})}}}, "parameter_with_sub_params"},
+  };
+  for (const auto& [o, want] : cases) {
+    for (const char* spec : {"universal", "tp1-dp2"}) {
+      Status st = PlanError(Build(2, o, kTp2), spec);
+      EXPECT_EQ(st.code(), Code::kInvalid) << spec << ": " << st.ToString();
+      EXPECT_TRUE(Contains(st.message(), want)) << spec << ": " << st.ToString();
+    }
+  }
+  // Sub-parameters that do not split in the source's TP size.
+  ValuePtr odd = pickle::MakeList({pickle::MakeDict(
+      {{S("patterns"), StrList({R"(layers\.\d+\.gqa\.weight)"})},
+       {S("shape"), pickle::MakeTuple({pickle::MakeTuple({I(9), I(3), I(4)}), I(3)})},
+       {S("partition_dim"), I(0)}})});
+  Status st = PlanError(Build(2, {.uc = {{"parameter_with_sub_params", odd}}}, kTp2), "universal");
+  EXPECT_EQ(st.code(), Code::kInvalid);
+  EXPECT_TRUE(Contains(st.message(), "does not split")) << st.ToString();
 }
 
 TEST(DeepSpeedSpec, Names) {

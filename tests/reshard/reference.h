@@ -62,6 +62,23 @@ inline T32 Cat0(const T32& a, const T32& b) {
   return out;
 }
 
+// a and b one after the other along dimension d.
+inline T32 Cat(const T32& a, const T32& b, size_t d) {
+  int64_t outer = 1, ia = 1, ib = 1;
+  for (size_t i = 0; i < d; ++i) outer *= a.shape[i];
+  for (size_t i = d; i < a.shape.size(); ++i) {
+    ia *= a.shape[i];
+    ib *= b.shape[i];
+  }
+  T32 out{a.shape, {}};
+  out.shape[d] += b.shape[d];
+  for (int64_t o = 0; o < outer; ++o) {
+    out.v.insert(out.v.end(), a.v.begin() + o * ia, a.v.begin() + (o + 1) * ia);
+    out.v.insert(out.v.end(), b.v.begin() + o * ib, b.v.begin() + (o + 1) * ib);
+  }
+  return out;
+}
+
 inline T32 Chunk(const T32& x, size_t d, int64_t n, int64_t i) {
   const int64_t k = x.shape[d] / n;
   return Slice(x, d, i * k, (i + 1) * k);
