@@ -1,9 +1,10 @@
 // The computed attributes: what ckptfs knows about a checkpoint file, for loaders, the GPU module
-// and `ckptfs inspect`. They describe the file's committed bytes, are computed on first use and
-// cached per (inode, size, mtime), and are not listed by listxattr (so `getfattr -d` over a tree
-// does not parse every file).
+// and `ckptfs inspect`. They describe the file's committed bytes (a view file's: its recipe's), are
+// computed on first use and cached per (inode, size, mtime), and are not listed by listxattr (so
+// `getfattr -d` over a tree does not parse every file).
 #include <spdlog/spdlog.h>
 
+#include <functional>
 #include <list>
 #include <mutex>
 #include <string>
@@ -61,12 +62,13 @@ class FileInfoCache {
 
 namespace {
 
-// Reads the committed bytes through one manifest snapshot.
-Result<FileDescription> DescribeOnce(Store& store, const Manifest& m) {
-  return DescribeFile("", m.size(), [&](uint64_t off, size_t len) -> Result<std::string> {
-    if (off > m.size() || len > m.size() - off) return Corrupt("read past the end of the file");
+// Describes a file of `size` bytes whose ranges `read` hands over as slices, without a copy.
+Result<FileDescription> DescribeSlices(
+    uint64_t size, const std::function<Status(uint64_t, size_t, std::vector<ReadSlice>*)>& read) {
+  return DescribeFile("", size, [&](uint64_t off, size_t len) -> Result<std::string> {
+    if (off > size || len > size - off) return Corrupt("read past the end of the file");
     std::vector<ReadSlice> slices;
-    RETURN_IF_ERROR(store.ReadCommitted(m, off, len, &slices));
+    RETURN_IF_ERROR(read(off, len, &slices));
     std::string out;
     out.reserve(len);
     for (const ReadSlice& s : slices) out.append(reinterpret_cast<const char*>(s.data), s.len);
@@ -74,15 +76,38 @@ Result<FileDescription> DescribeOnce(Store& store, const Manifest& m) {
   });
 }
 
+// Reads the committed bytes through one manifest snapshot.
+Result<FileDescription> DescribeOnce(Store& store, const Manifest& m) {
+  return DescribeSlices(m.size(), [&](uint64_t off, size_t len, std::vector<ReadSlice>* out) {
+    return store.ReadCommitted(m, off, len, out);
+  });
+}
+
+// A view file's bytes, read through its recipe (opening it first computes its CRCs, once: the
+// cost its first read would pay anyway).
+Result<FileDescription> DescribeView(ViewTree& views, fuse_ino_t ino, uint64_t size) {
+  Status open = views.Open(ino);
+  if (open.code() == Code::kIsDir) return Status(Code::kNoData, "a directory");
+  RETURN_IF_ERROR(open);
+  return DescribeSlices(size, [&](uint64_t off, size_t len, std::vector<ReadSlice>* out) {
+    return views.Read(ino, off, len, out);
+  });
+}
+
 Result<std::shared_ptr<const Described>> Describe(Context& ctx, fuse_ino_t ino) {
-  ASSIGN_OR_RETURN(InodeRecord rec, ctx.store->GetAttr(ino));
+  const bool view = IsViewIno(ino);
+  ASSIGN_OR_RETURN(InodeRecord rec, view ? ctx.views->GetAttr(ino) : ctx.store->GetAttr(ino));
   if (auto hit = ctx.info->Get(rec)) return hit;
   auto d = std::make_shared<Described>();
   d->ino = rec.ino;
   d->size = rec.size;
   d->mtime_ns = rec.mtime_ns;
+  if (view) {
+    d->desc = DescribeView(*ctx.views, ino, rec.size);
+    if (!d->desc.ok() && d->desc.status().code() == Code::kNoData) return d->desc.status();
+  }
   // A chunk may be reclaimed under a snapshot when the file is replaced meanwhile: retry.
-  for (int attempt = 0;; ++attempt) {
+  for (int attempt = 0; !view; ++attempt) {
     ASSIGN_OR_RETURN(auto m, ctx.store->CommittedManifest(ino));
     d->desc = DescribeOnce(*ctx.store, *m);
     if (d->desc.ok() || d->desc.status().code() != Code::kNotFound || attempt == 2) break;
@@ -112,6 +137,10 @@ bool IsComputedXattr(std::string_view name) {
 
 Result<std::string> ComputedXattr(Context& ctx, fuse_ino_t ino, std::string_view name) {
   if (!IsComputedXattr(name)) return Status(Code::kNoData, "not a computed attribute");
+  // A view file has no chunks, remote state or cache of its own: only what it holds.
+  if (IsViewIno(ino) && name != kFormat && name.substr(0, kTensors.size()) != kTensors) {
+    return Status(Code::kNoData, "not an attribute of a view file");
+  }
   if (name == kState) return ctx.store->RemoteState(ino);
   if (name == kPrefetchXattr) return std::string(ctx.store->Prefetching(ino) ? "1" : "0");
   if (name == kCached) {

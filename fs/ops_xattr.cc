@@ -48,6 +48,12 @@ void SetXattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char* valu
 
 void GetXattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
   if (IsViewIno(ino)) {
+    // A view file's format and tensor index, as a stored file's (the GPU loader reads views too).
+    if (IsComputedXattr(name)) {
+      auto v = ComputedXattr(Ctx(req), ino, name);
+      if (!v.ok()) return ReplyError(req, v.status(), "getxattr", ino);
+      return ReplySized(req, *v, size);
+    }
     // user.ckptfs.view_errors on a .views directory: why the specs looked up there failed.
     if (std::string_view(name) != "user.ckptfs.view_errors") {
       return static_cast<void>(fuse_reply_err(req, ENODATA));
