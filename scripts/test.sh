@@ -18,10 +18,21 @@ ninja -C build-asan tests/all
 echo "== unit tests under ASan/UBSan"
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
    ctest --output-on-failure -j "$jobs" -E '^integration$')
-echo "== build ckptfs (optimized)"
+echo "== build ckptfs and libckptfs_gpu.so (optimized)"
 configure build ""
-ninja -C build ckptfs
+ninja -C build ckptfs ckptfs_gpu
+if command -v hipcc >/dev/null; then
+  echo "== build libckptfs_gpu.so with HIP (compiles the device path; running it needs a GPU)"
+  cmake -S . -B build-hip -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPTFS_BUILD_TESTS=OFF \
+    -DCKPTFS_WITH_HIP=ON >/dev/null
+  ninja -C build-hip ckptfs_gpu
+fi
 echo "== fuzz every parser for a bounded time (libFuzzer, clang, ASan)"
 FUZZ_SECONDS=${FUZZ_SECONDS:-10} bash scripts/fuzz.sh
 echo "== real-mount integration tests"
 (cd build && ctest --output-on-failure -R '^integration$')
+if [[ -f build-hip/gpu/libckptfs_gpu.so ]]; then
+  echo "== the GPU loader's mount tests again, with the HIP build of libckptfs_gpu.so"
+  CKPTFS_BIN="$PWD/build/tools/ckptfs" CKPTFS_GPU_LIB="$PWD/build-hip/gpu/libckptfs_gpu.so" \
+    /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/integration/test_gpu_loader.py
+fi
