@@ -12,7 +12,7 @@ printing `load ckptfs_gpu/torch.load = R` (R > 1: ckptfs_gpu is faster) with bot
 result is checked bitwise against torch.load's once, outside the timings.
 
 Usage: /usr/bin/python3 bench/bench_gpu_load.py [--gib 4] [--dir /var/tmp/ckptfs-gpu-bench]
-       [--repeat 1] [--bin build/tools/ckptfs] [--lib build/gpu/libckptfs_gpu.so]
+       [--repeat 1] [--bin build/tools/ckptfs] [--lib build/gpu/libckptfs_gpu.so] [--ablate]
 """
 import argparse
 import os
@@ -60,6 +60,9 @@ def main():
     ap.add_argument("--lib", default=os.environ.get("CKPTFS_GPU_LIB",
                                                     os.path.join(ROOT, "build/gpu/libckptfs_gpu.so")))
     ap.add_argument("-o", dest="opts", default="")
+    ap.add_argument("--ablate", action="store_true",
+                    help="also time the host load without huge-page advice and with 32 reads in "
+                         "flight, each against torch.load")
     args = ap.parse_args()
     os.environ["CKPTFS_GPU_LIB"] = os.path.abspath(args.lib)
     sys.path.insert(0, os.path.join(ROOT, "gpu"))
@@ -114,6 +117,10 @@ def main():
                   f"GB/s, ckptfs_gpu {size / o / 1e9:.2f} GB/s)", flush=True)
 
         compare("load", lambda: torch.load(path), lambda: ckptfs_gpu.load(path, device="cpu"))
+        if args.ablate:
+            for label, opts in (("no-huge", {"no_huge_pages": 1}), ("qd32", {"queue_depth": 32})):
+                compare(label, lambda: torch.load(path),
+                        lambda: ckptfs_gpu.load(path, device="cpu", options=opts))
         if gpu:
             compare("load-gpu", lambda: torch.load(path, map_location="cuda"),
                     lambda: ckptfs_gpu.load(path, device="cuda"), sync=True)

@@ -35,6 +35,7 @@ ckptfs::gpu::LoadOptions ToOptions(const ckptfs_gpu_options* o) {
   if (o->staging_bytes) out.staging_bytes = static_cast<size_t>(o->staging_bytes);
   out.max_op_bytes = static_cast<size_t>(o->max_op_bytes);
   if (o->use_pread) out.engine = "pread";
+  if (o->no_huge_pages) out.huge_pages = false;
   return out;
 }
 

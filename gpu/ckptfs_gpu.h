@@ -32,13 +32,13 @@ typedef struct ckptfs_gpu_extent {
 
 /* Tuning; a zero field takes its default. NULL options: all defaults. */
 typedef struct ckptfs_gpu_options {
-  uint32_t queue_depth;     /* reads in flight (32) */
+  uint32_t queue_depth;     /* reads in flight (4) */
   uint32_t staging_buffers; /* device reads: pinned host buffers (4) */
   uint64_t piece_bytes;     /* largest single read request (4 MiB) */
   uint64_t staging_bytes;   /* device reads: bytes per staging buffer (16 MiB) */
   uint64_t max_op_bytes;    /* testing aid: cap every request, exercising short reads (none) */
   int32_t use_pread;        /* 1: plain pread instead of io_uring */
-  int32_t reserved;         /* 0 */
+  int32_t no_huge_pages;    /* 1: do not advise huge pages for host destinations */
 } ckptfs_gpu_options;
 
 int ckptfs_gpu_abi_version(void);

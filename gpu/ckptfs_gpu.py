@@ -43,7 +43,7 @@ class _Options(ctypes.Structure):
     _fields_ = [("queue_depth", ctypes.c_uint32), ("staging_buffers", ctypes.c_uint32),
                 ("piece_bytes", ctypes.c_uint64), ("staging_bytes", ctypes.c_uint64),
                 ("max_op_bytes", ctypes.c_uint64), ("use_pread", ctypes.c_int32),
-                ("reserved", ctypes.c_int32)]
+                ("no_huge_pages", ctypes.c_int32)]
 
 
 # torch's dtype names, as the index spells them; those this torch lacks are left out.
@@ -198,7 +198,7 @@ def load(path, names=None, device=None, *, options=None):
     device: None means 'cuda' when torch sees a GPU and the library has HIP, else 'cpu'. A CUDA
     device with a library built without HIP reads into host memory and copies with .to(device).
     options: a dict of the library's tuning fields (queue_depth, piece_bytes, staging_buffers,
-    staging_bytes, use_pread, max_op_bytes); None for the defaults.
+    staging_bytes, use_pread, max_op_bytes, no_huge_pages); None for the defaults.
     Bytes are loaded as stored: the tensors are bitwise what torch.load returns."""
     device = _resolve_device(device)
     tensors = index(path, names)

@@ -2,11 +2,13 @@
 #include "gpu/loader.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
@@ -45,6 +47,14 @@ std::string Describe(const Extent& e, size_t i) {
 Status ShorterThanIndex(const std::string& path, const Extent& e, size_t i, uint64_t size) {
   return Corrupt(path + ": file is shorter than its tensor index says: " + Describe(e, i) +
                  " ends past the end of the file (" + std::to_string(size) + " bytes)");
+}
+
+// Advice only: its failure (not anonymous memory, no THP in this kernel) changes nothing.
+void AdviseHugePages(void* dst, uint64_t len) {
+  constexpr uintptr_t kHuge = uintptr_t{2} << 20;
+  const uintptr_t p = reinterpret_cast<uintptr_t>(dst);
+  const uintptr_t from = (p + kHuge - 1) & ~(kHuge - 1), to = (p + len) & ~(kHuge - 1);
+  if (to > from) (void)::madvise(reinterpret_cast<void*>(from), to - from, MADV_HUGEPAGE);
 }
 
 // Checks every extent before any byte moves: a truncated file fails at once, not after reading
@@ -149,6 +159,9 @@ Status ReadToHost(const std::string& path, std::span<const Extent> extents,
   File f;
   RETURN_IF_ERROR(f.Open(path));
   RETURN_IF_ERROR(CheckExtents(path, extents, f.size()));
+  if (options.huge_pages) {
+    for (const Extent& e : extents) AdviseHugePages(e.dst, e.length);
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<ExtentReader> reader, NewExtentReader(options));
   std::vector<ReadOp> ops;
   for (size_t i = 0; i < extents.size(); ++i) {

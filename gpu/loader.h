@@ -65,8 +65,10 @@ struct Extent {
 };
 
 struct LoadOptions {
-  // io_uring requests in flight at once (the ring's depth).
-  unsigned queue_depth = 32;
+  // io_uring requests in flight at once (the ring's depth). Four 4 MiB requests keep a mount's
+  // read path busy; far more outrun its read-ahead and RAM cache (bench/RESULTS.md: 32 in
+  // flight read a cold file at half the rate of 4 on the 2-core development machine).
+  unsigned queue_depth = 4;
   // Each extent is read in requests of at most this many bytes, so one large tensor still has
   // several reads in flight.
   size_t piece_bytes = size_t{4} << 20;
@@ -80,6 +82,11 @@ struct LoadOptions {
   // Testing aid: no request moves more than this many bytes (0: no limit), which sends every
   // larger request through the short-read path.
   size_t max_op_bytes = 0;
+  // Host reads: advise transparent huge pages (MADV_HUGEPAGE) over the 2 MiB-aligned part of
+  // every destination, before the first byte lands. Fresh memory is faulted in as the reads fill
+  // it, and 4 KiB faults cost more than the reads on some machines (virtual ones above all);
+  // the advice is ignored where it does not apply (memory that is not anonymous, THP off).
+  bool huge_pages = true;
 };
 
 // Reads every extent of the file at `path` into host memory.

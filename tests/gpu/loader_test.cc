@@ -1,11 +1,13 @@
 #include "gpu/loader.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -339,6 +341,48 @@ TEST(ReadToHost, MissingFileAndNullDestination) {
   extents = {{0, 10, nullptr, "a"}};
   st = ReadToHost(f.path, extents);
   EXPECT_EQ(st.code(), Code::kInvalid) << st.ToString();
+}
+
+// The VmFlags of the mapping holding `addr`, from /proc/self/smaps.
+std::string VmFlagsAt(const void* addr) {
+  std::ifstream smaps("/proc/self/smaps");
+  const auto a = reinterpret_cast<uintptr_t>(addr);
+  bool inside = false;
+  for (std::string line; std::getline(smaps, line);) {
+    unsigned long from = 0, to = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &from, &to) == 2 && line.find(':') > line.find(' ')) {
+      inside = a >= from && a < to;
+    } else if (inside && line.rfind("VmFlags:", 0) == 0) {
+      return line;
+    }
+  }
+  return "";
+}
+
+TEST(ReadToHost, AdvisesHugePagesOverTheAlignedPartOfEachDestination) {
+  constexpr size_t kHuge = size_t{2} << 20;
+  File f(5 * kHuge);
+  for (bool huge : {true, false}) {
+    SCOPED_TRACE(huge ? "huge_pages" : "no huge_pages");
+    // Anonymous memory with room for a destination that starts 4 KiB past a 2 MiB boundary.
+    const size_t map_len = 8 * kHuge;
+    void* map = ::mmap(nullptr, map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ASSERT_NE(map, MAP_FAILED);
+    const auto base = (reinterpret_cast<uintptr_t>(map) + kHuge - 1) & ~(kHuge - 1);
+    auto* dst = reinterpret_cast<uint8_t*>(base + 4096);
+    std::vector<Extent> extents = {{0, 4 * kHuge, dst, "big"}, {100, 4096, reinterpret_cast<uint8_t*>(map), "small"}};
+    LoadOptions o;
+    o.huge_pages = huge;
+    ASSERT_TRUE(ReadToHost(f.path, extents, o).ok());
+    EXPECT_EQ(std::memcmp(dst, f.bytes.data(), 4 * kHuge), 0);
+    EXPECT_EQ(std::memcmp(map, f.bytes.data() + 100, 4096), 0);
+    // The advice covers [next 2 MiB boundary, last one) of the big destination, nothing else.
+    EXPECT_EQ(Contains(VmFlagsAt(reinterpret_cast<void*>(base + kHuge)), " hg"), huge);
+    EXPECT_EQ(Contains(VmFlagsAt(reinterpret_cast<void*>(base + 4 * kHuge - 1)), " hg"), huge);
+    EXPECT_FALSE(Contains(VmFlagsAt(dst), " hg"));
+    EXPECT_FALSE(Contains(VmFlagsAt(reinterpret_cast<void*>(base + 4 * kHuge)), " hg"));
+    ::munmap(map, map_len);
+  }
 }
 
 TEST(ReadToDevice, WithoutHipIsAClearError) {
