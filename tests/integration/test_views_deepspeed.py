@@ -215,6 +215,39 @@ def test_tp_view_two_sub_params(mnt):
     expect_errno(errno.EINVAL, os.stat, root / ".views" / "tp4-dp1")
 
 
+def test_sub_params_views(mnt):
+    # qkv weight (12 rows) declared three sub-parameters of 4 rows (parameter_with_sub_params,
+    # as for grouped-query attention's q, k, v): each TP 2 slice holds 2 rows of each. The
+    # universal file regroups them and records the SubparamShape; a TP change cuts each one.
+    root = mnt / "ds"
+    df.generate(root, dp=2, tp=2, stage=1, megatron=True)
+    p = root / TAG / "mp_rank_00_model_states.pt"
+    ms = df.torch.load(p)
+    qkv = "language_model.encoder.layers.0.self_attention.query_key_value.weight"
+    ms["universal_checkpoint_info"]["parameter_with_sub_params"] = [
+        {"patterns": [r"language_model\.encoder\.layers\.\d+\.self_attention\.query_key_value"
+                      r"\.weight"], "shape": ((4, 4, 4), 5), "partition_dim": 0}]
+    df.torch.save(ms, p)
+    df.compare_universal(root)
+    u = df.torch.load(root / ".views" / "universal" / TAG / "zero" / qkv / "fp32.pt")
+    assert list(u) == ["sub_param_shape", "param"]
+    assert vars(u["sub_param_shape"]) == {"patterns": ms["universal_checkpoint_info"][
+        "parameter_with_sub_params"][0]["patterns"], "shape": ((4, 4, 4), 5), "partition_dim": 0}
+    # rows 0-1 of the q block are rank 0's first two rows, rows 2-3 rank 1's first two
+    src = df.Source(root)
+    r0, r1 = src.local(0, qkv, "fp32"), src.local(1, qkv, "fp32")
+    assert df.torch.equal(u["param"][:4], df.torch.cat([r0[:2], r1[:2]]))
+    assert df.torch.equal(u["param"][8:], df.torch.cat([r0[4:], r1[4:]]))
+    df.compare_tp(root, root / ".views" / "tp1-dp2", 1, 2)
+    df.compare_tp(root, root / ".views" / "tp4-dp1", 4, 1)
+    # 4 rows do not cut in 3
+    with pytest.raises(df.ViewError, match="query_key_value"):
+        df.reference_tp(root, 3, 1)
+    expect_errno(errno.EINVAL, os.stat, root / ".views" / "tp3-dp1")
+    why = os.getxattr(root / ".views", "user.ckptfs.view_errors").decode()
+    assert "sub-parameter of 4 does not split in 3" in why, why
+
+
 @pytest.mark.parametrize("what", ["no universal_checkpoint_info", "T does not divide", "frozen"])
 def test_tp_view_refusals(mnt, what):
     root = mnt / "ds"

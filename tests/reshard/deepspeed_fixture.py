@@ -135,6 +135,21 @@ except ImportError:
     _TF.fragment_address = fragment_address
 
 
+try:  # universal_checkpoint_info's parameter_with_sub_params entries, as the universal files keep them
+    from deepspeed.checkpoint.universal_checkpoint import SubparamShape
+except ImportError:
+    _UC = _stand_in("deepspeed.checkpoint.universal_checkpoint")
+
+    @dataclass
+    class SubparamShape:
+        __module__ = _UC.__name__
+        patterns: list
+        shape: tuple
+        partition_dim: int
+
+    _UC.SubparamShape = SubparamShape
+
+
 def _obj(cls, **attrs):
     """An instance with exactly this __dict__ (in this order), as __init__ would leave it."""
     o = cls.__new__(cls)
@@ -761,6 +776,49 @@ def _matches(patterns, name):
     return any(re.match(p, name) for p in patterns or ())
 
 
+def _sub_params(uc, name):
+    """The first parameter_with_sub_params entry with a pattern matching name (ds_to_universal's
+    get_matched_sub_params_pattern), or None."""
+    for e in uc.get("parameter_with_sub_params") or ():
+        if _matches(e["patterns"], name):
+            return e
+    return None
+
+
+def _sub_sizes(e, name, T):
+    """The sub-parameters' sizes along partition_dim (a tuple there), each divisible by T."""
+    sizes = e["shape"][e["partition_dim"]]
+    if not isinstance(sizes, tuple):
+        raise ViewError(f"{name}: an integer at partition_dim")
+    if any(s % T for s in sizes):
+        raise ViewError(f"{name}: sub-parameter sizes {sizes} do not split in {T}")
+    return sizes
+
+
+def sub_merge(e, name, slices):
+    """ds_to_universal's merge of TP slices holding every sub-parameter's 1/T along
+    partition_dim: each slice viewed as the entry's shape with that dimension cut in T, then per
+    sub-parameter every slice's share in turn."""
+    dim, T = e["partition_dim"], len(slices)
+    sizes = _sub_sizes(e, name, T)
+    logical = [sum(d) if isinstance(d, tuple) else d for d in e["shape"]]
+    logical[dim] //= T
+    views = [s.reshape(logical) for s in slices]
+    pieces, off = [], 0
+    for size in sizes:
+        pieces += [v.narrow(dim, off, size // T) for v in views]
+        off += size // T
+    return torch.cat(pieces, dim)
+
+
+def sub_cut(e, name, full, T):
+    """The full tensor cut for TP=T as DeepSpeed's universal loading cuts it: every
+    sub-parameter in T along partition_dim, rank t's shares concatenated. T tensors."""
+    dim, sizes = e["partition_dim"], _sub_sizes(e, name, T)
+    subs = full.split(list(sizes), dim)
+    return [torch.cat([s.chunk(T, dim)[t] for s in subs], dim) for t in range(T)]
+
+
 def reference_universal(root):
     """What ROOT/.views/universal must hold: ds_to_universal.py --inject_missing_state's output
     for the latest tag, generalised to every tensor state key."""
@@ -809,6 +867,10 @@ def reference_universal(root):
                         raise ViewError(f"{name}: {k} differs between TP ranks, but the "
                                         f"universal_checkpoint_info says it is replicated")
                 param = slices[0]
+            elif (e := _sub_params(uc, name)) is not None:
+                d["sub_param_shape"] = SubparamShape(patterns=e["patterns"], shape=e["shape"],
+                                                     partition_dim=e["partition_dim"])
+                param = sub_merge(e, name, slices)
             else:
                 d["cat_dim"] = 1 if _matches(uc.get("parameter_with_row_parallelism_patterns"),
                                              name) else 0
@@ -835,6 +897,8 @@ def tp_cut(uc, name, slices, T, padded):
     load_hp_checkpoint_state does (vocabulary zero-padded to `padded` rows): T tensors."""
     if _matches(uc.get("tp_replicated_parameter_patterns"), name):
         return [slices[0]] * T
+    if (e := _sub_params(uc, name)) is not None:
+        return sub_cut(e, name, sub_merge(e, name, slices), T)
     dim = 1 if _matches(uc.get("parameter_with_row_parallelism_patterns"), name) else 0
     if _matches(uc.get("parameter_with_2_sub_params_cat_dim_0"), name):
         halves, dim = [s.chunk(2, 0) for s in slices], 0
@@ -1083,7 +1147,11 @@ def compare_universal(root, view_dir=None, model=None):
                         first = t * shape[0]  # rows past the original vocabulary come back 0
                         want[max(0, ORIG_VOCAB - first):] = 0
                     assert full.numel() == T * _numel(shape), f"{name}/{f}: numel"
-                    got = full.chunk(T, obj.get("cat_dim", 0))[t]
+                    if "sub_param_shape" in obj:
+                        e = vars(obj["sub_param_shape"])
+                        got = sub_cut(e, name, full, T)[t].reshape(shape)
+                    else:
+                        got = full.chunk(T, obj.get("cat_dim", 0))[t]
                     assert got.shape == shape and torch.equal(_bits(got), _bits(want)), \
                         f"universal mp_rank {tt}: {name}/{f} loads wrong values"
 
