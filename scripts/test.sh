@@ -29,10 +29,10 @@ if command -v hipcc >/dev/null; then
 fi
 echo "== fuzz every parser for a bounded time (libFuzzer, clang, ASan)"
 FUZZ_SECONDS=${FUZZ_SECONDS:-10} bash scripts/fuzz.sh
-echo "== real-mount integration tests"
-(cd build && ctest --output-on-failure -R '^integration$')
 if [[ -f build-hip/gpu/libckptfs_gpu.so ]]; then
-  echo "== the GPU loader's mount tests again, with the HIP build of libckptfs_gpu.so"
+  echo "== the GPU loader's mount tests with the HIP build of libckptfs_gpu.so"
   CKPTFS_BIN="$PWD/build/tools/ckptfs" CKPTFS_GPU_LIB="$PWD/build-hip/gpu/libckptfs_gpu.so" \
     /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/integration/test_gpu_loader.py
 fi
+echo "== real-mount integration tests"
+(cd build && ctest --output-on-failure -R '^integration$')
