@@ -10,6 +10,7 @@
 #include <string>
 #include <string_view>
 
+#include "common/xattr.h"
 #include "formats/describe.h"
 #include "fs/fs_ops.h"
 
@@ -17,9 +18,9 @@ namespace ckptfs::fs {
 
 namespace {
 
-constexpr std::string_view kFormat = "user.ckptfs.format";
-constexpr std::string_view kTensors = "user.ckptfs.tensors";
-constexpr std::string_view kPages = "user.ckptfs.tensors.pages";
+constexpr std::string_view kFormat = kXattrFormat;
+constexpr std::string_view kTensors = kXattrTensors;
+constexpr std::string_view kPages = kXattrTensorPages;
 constexpr std::string_view kChunks = "user.ckptfs.chunks";
 constexpr std::string_view kState = "user.ckptfs.state";
 constexpr std::string_view kCached = "user.ckptfs.cached";

@@ -1,6 +1,4 @@
 // The tensor index: user.ckptfs.tensors read from the mount and parsed, selection by name.
-#include <sys/xattr.h>
-
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -8,15 +6,13 @@
 #include <string>
 #include <unordered_map>
 
+#include "common/xattr.h"
 #include "formats/json.h"
 #include "gpu/loader.h"
 
 namespace ckptfs::gpu {
 namespace {
 
-constexpr const char* kTensors = "user.ckptfs.tensors";
-constexpr const char* kPages = "user.ckptfs.tensors.pages";
-constexpr const char* kFormat = "user.ckptfs.format";
 // Pages are at most 64 KiB each; a count beyond this is not a list the mount wrote.
 constexpr int64_t kMaxPages = 1 << 20;
 
@@ -71,26 +67,13 @@ Status ParseEntry(const json::Value& e, std::string_view file, size_t i, TensorI
   return Status::Ok();
 }
 
-// A failed getxattr: EIO is the mount saying the checkpoint does not decode (kCorrupt); every
-// other errno maps through FromErrno (which would call EACCES an I/O error too).
-Status AttrError(int err, const char* name) {
-  if (err == EIO) return Corrupt(std::string(name) + ": " + std::strerror(err));
-  return Status::FromErrno(err, name);
-}
-
-// One attribute's value.
-Result<std::string> GetAttr(const std::string& path, const char* name) {
-  for (int attempt = 0; attempt < 3; ++attempt) {
-    ssize_t n = ::getxattr(path.c_str(), name, nullptr, 0);
-    if (n < 0) return AttrError(errno, name);
-    std::string v(static_cast<size_t>(n), '\0');
-    ssize_t got = ::getxattr(path.c_str(), name, v.data(), v.size());
-    if (got < 0 && errno == ERANGE) continue;  // the file changed between the calls
-    if (got < 0) return AttrError(errno, name);
-    v.resize(static_cast<size_t>(got));
-    return v;
-  }
-  return Status(Code::kBusy, path + ": " + name + " keeps changing");
+// One attribute's value. EIO is the mount saying the checkpoint does not decode (kCorrupt);
+// FromErrno would call it, and EACCES too, an I/O error.
+Result<std::string> GetAttr(const std::string& path, std::string_view name) {
+  int err = 0;
+  auto v = ReadXattr(path, std::string(name), &err);
+  if (!v.ok() && err == EIO) return Corrupt(std::string(name) + ": " + std::strerror(err));
+  return v;
 }
 
 // Turns a failed attribute read into the error a loader's user can act on.
@@ -100,7 +83,7 @@ Status Explain(const std::string& path, const Status& st) {
       return NotFound(path + ": no such file");
     case Code::kNoData:
     case Code::kUnsupported:
-      return Status(Code::kNoData, path + ": no tensor index (" + kTensors +
+      return Status(Code::kNoData, path + ": no tensor index (" + std::string(kXattrTensors) +
                                        "): the file is not on a ckptfs mount");
     case Code::kCorrupt:
       return Corrupt(path + ": the mount cannot list this checkpoint's tensors (EIO): the file "
@@ -111,18 +94,18 @@ Status Explain(const std::string& path, const Status& st) {
 }
 
 Result<std::vector<TensorInfo>> ReadPages(const std::string& path) {
-  auto pages = GetAttr(path, kPages);
+  auto pages = GetAttr(path, kXattrTensorPages);
   if (!pages.ok()) return Explain(path, pages.status());
   int64_t n = 0;
   for (char c : *pages) {
-    if (c < '0' || c > '9' || n > kMaxPages) return Corrupt(path + ": bad " + kPages);
+    if (c < '0' || c > '9' || n > kMaxPages) return Corrupt(path + ": bad " + std::string(kXattrTensorPages));
     n = n * 10 + (c - '0');
   }
-  if (pages->empty() || n > kMaxPages) return Corrupt(path + ": bad " + kPages);
+  if (pages->empty() || n > kMaxPages) return Corrupt(path + ": bad " + std::string(kXattrTensorPages));
   std::vector<TensorInfo> all;
   for (int64_t i = 0; i < n; ++i) {
-    const std::string attr = std::string(kTensors) + "." + std::to_string(i);
-    auto page = GetAttr(path, attr.c_str());
+    const std::string attr = std::string(kXattrTensors) + "." + std::to_string(i);
+    auto page = GetAttr(path, attr);
     if (!page.ok()) return Explain(path, page.status());
     ASSIGN_OR_RETURN(std::vector<TensorInfo> part,
                      ParseTensorIndex(*page, path + " (" + attr + ")"));
@@ -152,7 +135,7 @@ Result<std::vector<TensorInfo>> ParseTensorIndex(std::string_view json_text,
 
 Result<std::vector<TensorInfo>> ReadTensorIndex(const std::string& path) {
   std::vector<TensorInfo> tensors;
-  auto one = GetAttr(path, kTensors);
+  auto one = GetAttr(path, kXattrTensors);
   if (one.ok()) {
     ASSIGN_OR_RETURN(tensors, ParseTensorIndex(*one, path));
   } else if (one.status().code() == Code::kValueTooLarge) {
@@ -162,7 +145,7 @@ Result<std::vector<TensorInfo>> ReadTensorIndex(const std::string& path) {
   }
   if (!tensors.empty()) return tensors;
   // An empty list: a checkpoint with no tensors, or a file that is no checkpoint at all.
-  auto format = GetAttr(path, kFormat);
+  auto format = GetAttr(path, kXattrFormat);
   if (!format.ok()) return Explain(path, format.status());
   if (*format == "unknown") {
     return Status(Code::kNoData,

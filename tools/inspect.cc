@@ -1,6 +1,5 @@
 #include <fcntl.h>
 #include <sys/stat.h>
-#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -12,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/xattr.h"
 #include "formats/dcp.h"
 #include "formats/describe.h"
 #include "formats/json.h"
@@ -22,27 +22,17 @@ namespace ckptfs {
 namespace {
 
 // A computed attribute of the file at `path`; errors carry the daemon's errno.
-Result<std::string> Attr(const std::string& path, const std::string& name) {
-  for (int attempt = 0; attempt < 3; ++attempt) {
-    ssize_t n = ::getxattr(path.c_str(), name.c_str(), nullptr, 0);
-    if (n < 0) return Status::FromErrno(errno, name);
-    std::string v(static_cast<size_t>(n), '\0');
-    ssize_t got = ::getxattr(path.c_str(), name.c_str(), v.data(), v.size());
-    if (got < 0 && errno == ERANGE) continue;  // the file changed between the calls
-    if (got < 0) return Status::FromErrno(errno, name);
-    v.resize(static_cast<size_t>(got));
-    return v;
-  }
-  return Status(Code::kBusy, name + " keeps changing");
+Result<std::string> Attr(const std::string& path, std::string_view name) {
+  return ReadXattr(path, std::string(name));
 }
 
 // All tensors, as JSON values, reading the pages when one attribute cannot hold the list.
 Result<json::Array> Tensors(const std::string& path) {
-  ASSIGN_OR_RETURN(std::string pages, Attr(path, "user.ckptfs.tensors.pages"));
+  ASSIGN_OR_RETURN(std::string pages, Attr(path, kXattrTensorPages));
   json::Array all;
   const int n = std::atoi(pages.c_str());
   for (int i = 0; i < n; ++i) {
-    ASSIGN_OR_RETURN(std::string page, Attr(path, "user.ckptfs.tensors." + std::to_string(i)));
+    ASSIGN_OR_RETURN(std::string page, Attr(path, std::string(kXattrTensors) + "." + std::to_string(i)));
     ASSIGN_OR_RETURN(json::Value v, json::Parse(page));
     if (!v.is_array()) return Corrupt("tensor page " + std::to_string(i) + " is not a list");
     for (const json::Value& t : v.as_array()) all.push_back(t);
@@ -257,7 +247,7 @@ int Inspect(const std::vector<std::string>& args) {
   if (::stat(path.c_str(), &st) != 0) return Fail(path + ": " + std::strerror(errno));
   if (S_ISDIR(st.st_mode)) return InspectDir(path, as_json);
   if (!S_ISREG(st.st_mode)) return Fail(path + ": not a regular file or directory");
-  auto format = Attr(path, "user.ckptfs.format");
+  auto format = Attr(path, kXattrFormat);
   if (!format.ok()) {
     return Fail(path + ": not on a ckptfs mount (" + format.status().ToString() + ")");
   }
