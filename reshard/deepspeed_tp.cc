@@ -65,55 +65,55 @@ class TpPlanner {
   int64_t padded_ = -1;  // vocabulary rows for T
 };
 
+// Rank t's share of `full`, a tensor of `shape` with `item`-byte elements, when each of `subs`
+// (sizes along dimension `dim`, one after another) is cut in T: the shares one after another.
+// One sub-parameter is a plain row- or column-parallel cut, two are SwiGLU's halves.
+std::vector<Gather> Shares(const std::vector<Gather>& full, const std::vector<int64_t>& shape,
+                           uint64_t item, size_t dim, const std::vector<int64_t>& subs, uint32_t T,
+                           uint32_t t) {
+  uint64_t inner = item;  // bytes per index of `dim`, within one row of the dimensions before it
+  for (size_t i = dim + 1; i < shape.size(); ++i) inner *= static_cast<uint64_t>(shape[i]);
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  uint64_t at = 0;
+  for (int64_t sub : subs) {
+    const uint64_t share = static_cast<uint64_t>(sub) / T * inner;
+    ranges.push_back({at + t * share, at + (t + 1) * share});
+    at += static_cast<uint64_t>(sub) * inner;
+  }
+  if (dim > 0) return Columns(full, ranges);
+  std::vector<Gather> out;
+  for (const auto& [from, to] : ranges) {
+    std::vector<Gather> more = Cut(full, from, to);
+    out.insert(out.end(), more.begin(), more.end());
+  }
+  return out;
+}
+
 std::vector<Gather> TpPlanner::SliceOf(const TargetParam& p, const std::vector<Gather>& full,
                                        uint64_t item, uint32_t t) const {
-  uint64_t bytes = item;
-  for (int64_t x : p.full_shape) bytes *= static_cast<uint64_t>(x);
   const Merge& m = p.merge;
   if (m.kind == Merge::kReplicated && !m.vocab) return full;
   if (m.vocab) {
-    const uint64_t row = bytes / static_cast<uint64_t>(p.full_shape[0]);
+    // Zero rows up to padded_, then (unless replicated) rank t's rows.
+    std::vector<int64_t> shape = p.full_shape;
+    uint64_t row = item;
+    for (size_t i = 1; i < shape.size(); ++i) row *= static_cast<uint64_t>(shape[i]);
     std::vector<Gather> padded = full;
-    const uint64_t extra = (static_cast<uint64_t>(padded_) - p.full_shape[0]) * row;
+    const uint64_t extra = static_cast<uint64_t>(padded_ - shape[0]) * row;
     if (extra) padded.push_back(Gather{1, {}, extra});
     if (m.kind == Merge::kReplicated) return padded;
-    const uint64_t per = static_cast<uint64_t>(padded_) / T_ * row;
-    return Cut(padded, t * per, (t + 1) * per);
-  }
-  if (m.kind == Merge::kTwoSubParams) {
-    const uint64_t half = bytes / 2, per = half / T_;
-    std::vector<Gather> a = Cut(full, t * per, (t + 1) * per);
-    std::vector<Gather> b = Cut(full, half + t * per, half + (t + 1) * per);
-    a.insert(a.end(), b.begin(), b.end());
-    return a;
+    shape[0] = padded_;
+    return Shares(padded, shape, item, 0, {padded_}, T_, t);
   }
   if (m.kind == Merge::kSubParams) {
-    // Every row of the dimensions before partition_dim: rank t's share of each sub-parameter.
-    uint64_t inner = item;
-    for (size_t i = m.partition_dim + 1; i < p.full_shape.size(); ++i) {
-      inner *= static_cast<uint64_t>(p.full_shape[i]);
-    }
-    std::vector<std::pair<uint64_t, uint64_t>> ranges;
-    uint64_t at = 0;
-    for (int64_t sub : m.subs) {
-      const uint64_t share = static_cast<uint64_t>(sub) / T_ * inner;
-      ranges.push_back({at + t * share, at + (t + 1) * share});
-      at += static_cast<uint64_t>(sub) * inner;
-    }
-    if (m.partition_dim > 0) return Columns(full, ranges);
-    std::vector<Gather> out;
-    for (const auto& [from, to] : ranges) {
-      std::vector<Gather> more = Cut(full, from, to);
-      out.insert(out.end(), more.begin(), more.end());
-    }
-    return out;
+    return Shares(full, p.full_shape, item, m.partition_dim, m.subs, T_, t);
   }
-  if (m.cat_dim == 1) {
-    const uint64_t cols = bytes / static_cast<uint64_t>(p.full_shape[0]) / T_;
-    return Columns(full, {{t * cols, (t + 1) * cols}});
-  }
-  const uint64_t per = bytes / T_;
-  return Cut(full, t * per, (t + 1) * per);
+  const size_t dim = m.kind == Merge::kTwoSubParams ? 0 : static_cast<size_t>(m.cat_dim);
+  const int64_t n = p.full_shape[dim];
+  return Shares(full, p.full_shape, item, dim,
+                m.kind == Merge::kTwoSubParams ? std::vector<int64_t>{n / 2, n / 2}
+                                               : std::vector<int64_t>{n},
+                T_, t);
 }
 
 const TorchTensor* TpPlanner::ModuleTensor(const TpRank& tr, const std::string& name) const {
