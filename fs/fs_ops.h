@@ -22,6 +22,7 @@ struct Context {
   Logger log;
   std::shared_ptr<FileInfoCache> info;  // descriptions of checkpoint files (file_info.cc)
   std::shared_ptr<ViewTree> views;      // the virtual .views directories (views.h)
+  fuse_session* session = nullptr;      // for notifications to the kernel; set before mounting
 };
 
 inline Context& Ctx(fuse_req_t req) { return *static_cast<Context*>(fuse_req_userdata(req)); }

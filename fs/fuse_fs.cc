@@ -64,6 +64,7 @@ Status ServeMount(Store* store, const Config& cfg, const std::function<void()>& 
 
   fuse_session* se = fuse_session_new(&args, &ops, sizeof(ops), &ctx);
   if (!se) return Invalid("libfuse rejected the mount options: " + opts);
+  ctx.session = se;
   Status result;
   if (fuse_set_signal_handlers(se) != 0) {
     fuse_session_destroy(se);

@@ -716,7 +716,7 @@ Status ReadSource(Store* store, const Sources& src, uint32_t s, uint64_t off, ui
 
 }  // namespace
 
-Status ViewTree::Open(uint64_t ino) {
+Status ViewTree::Open(uint64_t ino, const reshard::ViewBytesFn& seen) {
   ASSIGN_OR_RETURN(std::shared_ptr<Body> body, BodyOf(ino));
   std::lock_guard lock(body->mu);
   if (body->ready) return Status::Ok();
@@ -734,7 +734,7 @@ Status ViewTree::Open(uint64_t ino) {
       return std::nullopt;
     };
     // Several records at once: the pass is bound by reading the sources.
-    RETURN_IF_ERROR(reshard::ComputeCrcs(&body->file, read, known, kCrcThreads));
+    RETURN_IF_ERROR(reshard::ComputeCrcs(&body->file, read, known, kCrcThreads, seen));
   }
   body->ready = true;
   return Status::Ok();

@@ -4,8 +4,9 @@
 // Virtual inodes carry kViewInoBit, so they never meet the store's inode numbers; a node, once
 // looked up, keeps its number for the life of the mount. Plans are built on lookup of a spec
 // (so an impossible one fails there, with the reason in the log) and cached; a view file's
-// CRC-32s are computed on its first open. Reads walk the file's recipe and read the source
-// byte ranges through the store: nothing is materialized.
+// CRC-32s are computed on its first open (whose caller may keep the bytes that pass read).
+// Reads walk the file's recipe and read the source byte ranges through the store: nothing is
+// materialized.
 //
 // Thread-safe: one mutex guards the tree and planning; reads of a planned file take none.
 #pragma once
@@ -22,6 +23,7 @@
 #include "common/log.h"
 #include "reshard/deepspeed.h"
 #include "reshard/megatron.h"
+#include "reshard/view_file.h"
 #include "store/store.h"
 
 namespace ckptfs::fs {
@@ -49,8 +51,9 @@ class ViewTree {
   Result<InodeRecord> Lookup(uint64_t parent, std::string_view name);
   Result<InodeRecord> GetAttr(uint64_t ino);
   Status ReadDir(uint64_t dir, uint64_t offset, const std::function<bool(const DirItem&)>& fn);
-  // Readies a view file for reads (its CRCs, once). kIsDir for a directory.
-  Status Open(uint64_t ino);
+  // Readies a view file for reads (its CRCs, once). kIsDir for a directory. The bytes the CRC
+  // pass reads go to `seen` (if given), so that the caller can keep them for the reads to come.
+  Status Open(uint64_t ino, const reshard::ViewBytesFn& seen = nullptr);
   // Appends slices of bytes [offset, offset + len) of view file `ino` to *out, without copying:
   // literal bytes and the source chunks' buffers, kept alive by the slices. REQUIRES: Open
   // succeeded.

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
+#include <memory>
 #include <optional>
 #include <thread>
 
@@ -195,34 +197,46 @@ struct CrcUnit {
 
 constexpr uint64_t kCrcUnit = 16 << 20;  // bytes one thread checksums at a time
 
-Result<uint32_t> UnitCrc(const ViewFile& f, const CrcUnit& u, const SourceReadFn& read) {
+// The CRC of unit `u`; with `keep`, its bytes are also gathered there (u.len bytes).
+Result<uint32_t> UnitCrc(const ViewFile& f, const CrcUnit& u, const SourceReadFn& read,
+                         uint8_t* keep) {
   if (u.known) return *u.known;
   uLong crc = crc32(0L, Z_NULL, 0);
+  size_t kept = 0;
+  auto take = [&](const uint8_t* b, size_t n) {
+    crc = crc32_z(crc, b, n);
+    if (keep && kept + n <= u.len) std::memcpy(keep + kept, b, n);
+    kept += n;
+  };
   RETURN_IF_ERROR(f.recipe.Walk(u.offset, u.len, [&](const Piece& pc) -> Status {
     if (pc.literal) {
-      crc = crc32_z(crc, pc.literal, pc.len);
+      take(pc.literal, pc.len);
       return Status::Ok();
     }
-    return read(pc.source, pc.offset, pc.len,
-                [&](const uint8_t* b, size_t n) { crc = crc32_z(crc, b, n); });
+    return read(pc.source, pc.offset, pc.len, take);
   }));
+  if (kept != u.len) return Internal("a source read gave a view record the wrong byte count");
   return static_cast<uint32_t>(crc);
 }
 
 }  // namespace
 
 Status ComputeCrcs(ViewFile* f, const SourceReadFn& read, const KnownCrcFn& known,
-                   size_t threads) {
+                   size_t threads, const ViewBytesFn& seen) {
   // Each record's bytes in order, as units: whole source records whose CRC is known, and runs of
-  // other bytes cut at kCrcUnit, so that one large record spreads over the threads too.
+  // other bytes cut at multiples of kCrcUnit of the file, so that one large record spreads over
+  // the threads too and the units `seen` gets start on page boundaries.
   std::vector<CrcUnit> units;
   const auto& segs = f->recipe.segments();
   for (size_t i = 0; i < f->crc_tasks.size(); ++i) {
     const CrcTask& t = f->crc_tasks[i];
     uint64_t run = 0, run_len = 0;  // a run of bytes not yet cut into units
     auto flush = [&] {
-      for (uint64_t at = 0; at < run_len; at += kCrcUnit) {
-        units.push_back(CrcUnit{i, std::nullopt, run + at, std::min(kCrcUnit, run_len - at)});
+      const uint64_t end = run + run_len;
+      for (uint64_t at = run; at < end;) {
+        const uint64_t cut = std::min(end, (at / kCrcUnit + 1) * kCrcUnit);
+        units.push_back(CrcUnit{i, std::nullopt, at, cut - at});
+        at = cut;
       }
       run_len = 0;
     };
@@ -245,10 +259,16 @@ Status ComputeCrcs(ViewFile* f, const SourceReadFn& read, const KnownCrcFn& know
   std::vector<Status> errors(n);
   std::atomic<size_t> next{0};
   auto work = [&] {
+    // This thread's copy of a unit for `seen`, reused; not zeroed (every byte is written).
+    std::unique_ptr<uint8_t[]> keep;
     for (size_t i = next++; i < n; i = next++) {
-      auto c = UnitCrc(*f, units[i], read);
+      const CrcUnit& u = units[i];
+      const bool show = seen && !u.known;
+      if (show && !keep) keep.reset(new uint8_t[kCrcUnit]);
+      auto c = UnitCrc(*f, u, read, show ? keep.get() : nullptr);
       if (c.ok()) {
         crcs[i] = *c;
+        if (show) seen(u.offset, keep.get(), u.len);
       } else {
         errors[i] = c.status();
       }

@@ -43,12 +43,17 @@ using SourceReadFn = std::function<Status(uint32_t source, uint64_t offset, uint
 using KnownCrcFn = std::function<std::optional<uint32_t>(uint32_t source, uint64_t offset,
                                                          uint64_t len)>;
 
+// Bytes [offset, offset + len) of a view file.
+using ViewBytesFn = std::function<void(uint64_t offset, const uint8_t* data, size_t len)>;
+
 // Computes every pending CRC of `f` and patches its headers; reads through `read` what `known`
-// cannot tell. The records are spread over `threads` threads (the caller's included), so `read`
-// and `known` must be thread-safe when threads > 1. Errors: those of `read`. On error `f` is
-// unchanged.
+// cannot tell. The records are spread over `threads` threads (the caller's included), so `read`,
+// `known` and `seen` must be thread-safe when threads > 1. `seen`, when given, gets the record
+// bytes the pass read, in pieces of up to 16 MiB that start at multiples of 16 MiB of the file
+// except where a record starts, so that the caller can keep them for the reads that follow.
+// Errors: those of `read`. On error `f` is unchanged.
 Status ComputeCrcs(ViewFile* f, const SourceReadFn& read, const KnownCrcFn& known,
-                   size_t threads = 1);
+                   size_t threads = 1, const ViewBytesFn& seen = nullptr);
 
 // Writes a torch zip (all records stored, data aligned to 64 bytes, CRCs and sizes in the local
 // headers, zip64 where needed) as a ViewFile.

@@ -4,7 +4,9 @@
 # with torch.load and compared bit for bit with the reference that megatron_fixture computes in
 # Python from the source files (independent of the C++ view code). Runs in /usr/bin/python3.
 import argparse
+import ctypes
 import errno
+import mmap
 import os
 import shutil
 import struct
@@ -284,3 +286,85 @@ def test_unknown_parameter_fails_the_view_naming_it(mnt):
     assert name in log, log[-2000:]
     bad = run([CKPTFS_BIN, "inspect", root, "--view", "tp1-pp1"], check=False)
     assert bad.returncode == 1 and name in bad.stdout + bad.stderr, bad
+
+
+def _resident_pages(fd, size):
+    """Which pages of the open file `fd` the kernel's page cache holds (mincore), without
+    reading any."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+    assert addr not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
+    try:
+        pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+        vec = (ctypes.c_ubyte * pages)()
+        rc = libc.mincore(ctypes.c_void_p(addr), ctypes.c_size_t(size), vec)
+        assert rc == 0, os.strerror(ctypes.get_errno())
+        return [b & 1 for b in vec]
+    finally:
+        libc.munmap(ctypes.c_void_p(addr), ctypes.c_size_t(size))
+
+
+def _records(path):
+    """[(name, data offset, bytes)] of a stored zip."""
+    out = []
+    with open(path, "rb") as raw, zipfile.ZipFile(path) as z:
+        for info in z.infolist():
+            raw.seek(info.header_offset)
+            head = raw.read(30)
+            name_len, extra_len = struct.unpack("<HH", head[26:30])
+            out.append((info.filename, info.header_offset + 30 + name_len + extra_len,
+                        z.read(info)))
+    return out
+
+
+def test_first_open_puts_gathered_records_in_the_page_cache(mnt):
+    # A view file's first open reads each record it cannot checksum from the sources' known
+    # CRCs (a gather: row-parallel cuts, merged optimizer states); those bytes go to the kernel's
+    # page cache then, so the reads that follow need not reach the daemon. Whole source records
+    # within a record are not read at open (their CRCs are known), so not expected to be cached.
+    root = mnt / "ckpt"
+    make_source(root, dict(era="mcore", hidden_size=256, ffn_hidden_size=512, num_layers=2),
+                (2, 1))
+    whole = set()
+    for rank in ("mp_rank_00", "mp_rank_01"):
+        for _, _, b in _records(root / ITER / rank / mf.FILE):
+            whole.add(b)
+
+    def whole_records_in(b):
+        """[start, end) of every whole source record found in b: bytes the open checksums from
+        the source's known CRC, without reading them."""
+        spans = []
+        for w in whole:
+            at = b.find(w) if w else -1
+            while at >= 0:
+                spans.append((at, at + len(w)))
+                at = b.find(w, at + 1)
+        return spans
+
+    path = root / ".views" / "tp1-pp1" / ITER / "mp_rank_00" / mf.FILE
+    size = os.stat(path).st_size
+    fd = os.open(path, os.O_RDONLY)  # the first open of this view file
+    try:
+        resident = _resident_pages(fd, size)
+    finally:
+        os.close(fd)
+    expected, gathered = 0, 0
+    page = mmap.PAGESIZE
+    for name, off, b in _records(path):
+        if "/data/" not in name:
+            continue  # the pickle and the small records are written, not gathered
+        known = whole_records_in(b)
+        first, end = -(-off // page), (off + len(b)) // page
+        pages = [p for p in range(first, end)  # wholly inside the record, off known records
+                 if not any(s < (p + 1) * page - off and p * page - off < e for s, e in known)]
+        gathered += bool(pages)
+        expected += len(pages)
+        for p in pages:
+            assert resident[p], f"{name}: page {p} not cached after the first open"
+    assert gathered >= 4 and expected >= 4 * 16, (gathered, expected)
+    # What the cache serves is the view's bytes.
+    check_view(root, (2, 1), (1, 1), ITER)
+    check_reads_are_stable(path)

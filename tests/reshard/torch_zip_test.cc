@@ -152,25 +152,38 @@ TEST(TorchZip, MaterializedFileReadsBack) {
   ExpectArchive(file, "archive", s.want);
 }
 
+// Two records past the 16 MiB unit, the second with a known whole source record (source 1,
+// 3 MiB) 15 MiB into its data.
+struct LargeRecords {
+  std::vector<std::string> src{Source(40 << 20, 11), Source(3 << 20, 12)};
+
+  ViewFile Build() const {
+    TorchZipWriter w("big");
+    w.AddGathers("data/0", {Gather{1, {Part{0, 0, 40 << 20, 40 << 20}}}});
+    w.AddGathers("data/1", {Gather{5, {Part{0, 7, 3 << 20, 5 << 20}}},
+                            Gather{1, {Part{1, 0, 3 << 20, 3 << 20}}},
+                            Gather{1, {}, 1000},
+                            Gather{2, {Part{0, 1, 9 << 20, 11 << 20}}}});
+    return w.Finish();
+  }
+  KnownCrcFn Known() const {
+    const uint32_t crc = Crc(src[1]);
+    const uint64_t len = src[1].size();
+    return [crc, len](uint32_t s, uint64_t off, uint64_t n) -> std::optional<uint32_t> {
+      if (s == 1 && off == 0 && n == len) return crc;
+      return std::nullopt;
+    };
+  }
+};
+
 TEST(TorchZip, LargeRecordsChecksumInPiecesOnThreads) {
   // Records past the 16 MiB unit: their CRCs are combined from pieces computed on 4 threads,
   // with a known whole-record CRC in the middle of one of them.
-  std::vector<std::string> src{Source(40 << 20, 11), Source(3 << 20, 12)};
-  const uint32_t known_crc = static_cast<uint32_t>(
-      crc32_z(0, reinterpret_cast<const Bytef*>(src[1].data()), src[1].size()));
-  TorchZipWriter w("big");
-  w.AddGathers("data/0", {Gather{1, {Part{0, 0, 40 << 20, 40 << 20}}}});
-  w.AddGathers("data/1", {Gather{5, {Part{0, 7, 3 << 20, 5 << 20}}},
-                          Gather{1, {Part{1, 0, 3 << 20, 3 << 20}}},
-                          Gather{1, {}, 1000},
-                          Gather{2, {Part{0, 1, 9 << 20, 11 << 20}}}});
-  ViewFile f = w.Finish();
+  const LargeRecords big;
+  const auto& src = big.src;
+  ViewFile f = big.Build();
   MemSources mem{src};
-  KnownCrcFn known = [&](uint32_t s, uint64_t off, uint64_t len) -> std::optional<uint32_t> {
-    if (s == 1 && off == 0 && len == src[1].size()) return known_crc;
-    return std::nullopt;
-  };
-  ASSERT_TRUE(ComputeCrcs(&f, mem.Fn(), known, 4).ok());
+  ASSERT_TRUE(ComputeCrcs(&f, mem.Fn(), big.Known(), 4).ok());
   const std::string file = ReadView(f.recipe, src, 0, f.recipe.size());
   auto dir = zip::ReadDirectory(file.size(), [&](uint64_t off, size_t len) -> Result<std::string> {
     return file.substr(off, len);
@@ -182,6 +195,45 @@ TEST(TorchZip, LargeRecordsChecksumInPiecesOnThreads) {
                            0, reinterpret_cast<const Bytef*>(file.data() + e.data_offset), e.size)))
         << e.name;
   }
+}
+
+TEST(TorchZip, SeenGetsEachByteReadOnceInPiecesOnPageBoundaries) {
+  // `seen` gets every byte the pass read, and only those, at its offset;
+  // the known record in the middle of data/1 is not read, so it is not seen either.
+  const LargeRecords big;
+  const auto& src = big.src;
+  ViewFile f = big.Build();
+  MemSources mem{src};
+  std::mutex mu;
+  std::map<uint64_t, std::string> pieces;
+  ViewBytesFn seen = [&](uint64_t off, const uint8_t* data, size_t len) {
+    std::lock_guard lock(mu);
+    EXPECT_TRUE(pieces.emplace(off, std::string(reinterpret_cast<const char*>(data), len)).second)
+        << "seen twice at " << off;
+  };
+  ASSERT_TRUE(ComputeCrcs(&f, mem.Fn(), big.Known(), 4, seen).ok());
+  const std::string file = ReadView(f.recipe, src, 0, f.recipe.size());
+  auto dir = zip::ReadDirectory(file.size(), [&](uint64_t off, size_t len) -> Result<std::string> {
+    return file.substr(off, len);
+  });
+  ASSERT_TRUE(dir.ok()) << dir.status().ToString();
+  ASSERT_EQ(dir->entries.size(), 2u);
+  const uint64_t d0 = dir->entries[0].data_offset, d1 = dir->entries[1].data_offset;
+  const uint64_t known_at = d1 + (15 << 20), known_end = known_at + (3 << 20);
+  const uint64_t unit = 16 << 20;
+  uint64_t end = 0, total = 0;
+  for (const auto& [off, bytes] : pieces) {
+    SCOPED_TRACE(off);
+    EXPECT_GE(off, end) << "pieces overlap";
+    EXPECT_LE(bytes.size(), unit);
+    EXPECT_TRUE(off % unit == 0 || off == d0 || off == d1 || off == known_end)
+        << "a piece starts off a 16 MiB boundary inside a run";
+    EXPECT_TRUE(off + bytes.size() <= known_at || off >= known_end) << "the known record was seen";
+    EXPECT_TRUE(bytes == file.substr(off, bytes.size())) << "seen bytes differ from the file's";
+    end = off + bytes.size();
+    total += bytes.size();
+  }
+  EXPECT_EQ(total, dir->entries[0].size + dir->entries[1].size - (3 << 20));
 }
 
 TEST(TorchZip, DirectoryReadsThroughTheRecipe) {
