@@ -21,6 +21,7 @@ constexpr std::string_view kDcpMetadata = ".metadata";
 constexpr std::string_view kRankFile = "model_optim_rng.pt";
 constexpr std::string_view kDsLatest = "latest";  // DeepSpeed's tag file
 constexpr std::string_view kDsModelStates = "mp_rank_00_model_states.pt";
+constexpr std::string_view kDsZero3ModelStates = "zero_pp_rank_0_mp_rank_00_model_states.pt";
 constexpr uint64_t kMaxSmallFile = 64 << 20;  // tracker, .metadata, extra zip records
 constexpr size_t kCrcThreads = 4;              // records whose CRCs one open computes at once
 enum Type { kViewsDir, kSpecDir, kIterDir, kRankDir, kFile, kTreeDir };
@@ -188,7 +189,9 @@ Result<std::string> ViewTree::DeepSpeedTag(uint64_t root, std::string* latest) {
   }
   ASSIGN_OR_RETURN(InodeRecord dir, store_->Lookup(root, tag));
   if (!S_ISDIR(dir.mode)) return NotFound("the tag is not a directory");
-  RETURN_IF_ERROR(store_->Lookup(dir.ino, kDsModelStates).status());
+  if (!store_->Lookup(dir.ino, kDsModelStates).ok()) {  // ZeRO stages 1/2, else stage 3
+    RETURN_IF_ERROR(store_->Lookup(dir.ino, kDsZero3ModelStates).status());
+  }
   if (latest) *latest = std::move(bytes);
   return tag;
 }
@@ -615,10 +618,10 @@ Status ViewTree::ReadDir(uint64_t ino, uint64_t offset,
           // Offered when the checkpoint decodes (so that `ls -R` and `cp -r` meet no EINVAL).
           Sources scratch;
           auto src = ReadDeepSpeed(n->root, &scratch, nullptr);
-          if (src.ok() && reshard::CheckDeepSpeed(*src).ok()) {
-            for (const char* s : {"dp1", "dp2", "dp4", "dp8", "universal"}) {
-              names.push_back({s, S_IFDIR});
-            }
+          auto specs = src.ok() ? reshard::DeepSpeedSpecs(*src)
+                                : Result<std::vector<std::string>>(src.status());
+          if (specs.ok()) {
+            for (const std::string& s : *specs) names.push_back({s, S_IFDIR});
           }
         } else {
           // The source's own shape and every valid shape up to 8 x 8.

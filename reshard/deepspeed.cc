@@ -55,6 +55,21 @@ std::optional<uint32_t> ParseModelName(std::string_view name) {
   return tp;
 }
 
+// "zero_pp_rank_D_mp_rank_TT_model_states.pt" (ZeRO stage 3: one per dp rank) -> (TT, D).
+std::optional<std::pair<uint32_t, uint32_t>> ParseZero3ModelName(std::string_view name) {
+  unsigned dp = 0, tp = 0;
+  char tail = 0;
+  const std::string s(name);
+  if (std::sscanf(s.c_str(), "zero_pp_rank_%u_mp_rank_%u_model_states.p%c", &dp, &tp, &tail) != 3 ||
+      tail != 't') {
+    return std::nullopt;
+  }
+  char canon[96];
+  std::snprintf(canon, sizeof canon, "zero_pp_rank_%u_mp_rank_%02u_model_states.pt", dp, tp);
+  if (s != canon) return std::nullopt;
+  return std::pair{tp, dp};
+}
+
 }  // namespace
 
 namespace ds {
@@ -62,6 +77,27 @@ namespace ds {
 using pickle::Kind;
 using pickle::Value;
 using pickle::ValuePtr;
+
+Result<std::vector<std::vector<Param>>> ParamShapes(const ValuePtr& root,
+                                                    const std::string& where) {
+  ValuePtr shapes = Get(root, "param_shapes");
+  if (!shapes || shapes->kind != Kind::kList) return Invalid(where + " has no param_shapes");
+  std::vector<std::vector<Param>> groups;
+  for (const ValuePtr& g : shapes->items) {
+    if (!IsMapping(g)) return Invalid(where + ": param_shapes holds a non-mapping");
+    std::vector<Param> params;
+    for (const auto& [k, v] : PairsOf(*g)) {
+      Param p;
+      p.name = KeyName(k);
+      if (!IntsOf(v, &p.shape)) return Invalid(where + ": the shape of " + p.name);
+      p.numel = 1;
+      for (int64_t x : p.shape) p.numel *= static_cast<uint64_t>(std::max<int64_t>(x, 0));
+      params.push_back(std::move(p));
+    }
+    groups.push_back(std::move(params));
+  }
+  return groups;
+}
 
 std::string ModelName(uint32_t tp) {
   char buf[64];
@@ -84,9 +120,12 @@ std::string ArchivePrefix(std::string_view file_name) {
 Status Checkpoint::Decode() {
   std::map<uint32_t, const DsSourceFile*> models;
   std::map<std::pair<uint32_t, uint32_t>, const DsSourceFile*> optims;  // (tp, dp)
+  std::map<std::pair<uint32_t, uint32_t>, const DsSourceFile*> z3_models;  // (tp, dp)
   for (const DsSourceFile& f : src.files) {
     if (auto t = ParseModelName(f.name)) {
       models[*t] = &f;
+    } else if (auto z = ParseZero3ModelName(f.name)) {
+      z3_models[*z] = &f;
     } else if (auto o = ParseOptimName(f.name)) {
       if (optims.empty()) optim_prefix = o->prefix;
       if (o->prefix != optim_prefix) {
@@ -95,6 +134,20 @@ Status Checkpoint::Decode() {
       }
       optims[{o->tp, o->dp}] = &f;
     }
+  }
+  if (models.empty() && !z3_models.empty()) {
+    std::map<uint32_t, const DsSourceFile*> by_dp, optim_by_dp;
+    for (const auto& [key, f] : z3_models) {
+      if (key.first != 0) {
+        return Invalid("ZeRO stage 3 with tensor parallelism (" + f->name + ") has no views yet");
+      }
+      by_dp[key.second] = f;
+    }
+    for (const auto& [key, f] : optims) {
+      if (key.first != 0) return Invalid(f->name + " has no model-states file of its TP rank");
+      optim_by_dp[key.second] = f;
+    }
+    return DecodeZero3(by_dp, optim_by_dp);
   }
   if (models.empty()) return Invalid(src.tag + " holds no mp_rank_*_model_states.pt");
   const uint32_t T = static_cast<uint32_t>(models.size());
@@ -121,25 +174,13 @@ Status Checkpoint::Decode() {
     }
     if (t == 0) D = static_cast<uint32_t>(dpws->i);
     if (dpws->i != D) return Invalid("the model-states files disagree on dp_world_size");
-    ValuePtr shapes = Get(root, "param_shapes");
-    if (!shapes || shapes->kind != Kind::kList) {
-      return Invalid(where + " has no param_shapes (not a ZeRO stage 1/2 checkpoint)");
-    }
-    for (const ValuePtr& g : shapes->items) {
-      if (!IsMapping(g)) return Invalid(where + ": param_shapes holds a non-mapping");
-      std::vector<Param> params;
+    ASSIGN_OR_RETURN(tr.groups, ParamShapes(root, where));
+    for (std::vector<Param>& params : tr.groups) {
       uint64_t off = 0;
-      for (const auto& [k, v] : PairsOf(*g)) {
-        Param p;
-        p.name = KeyName(k);
-        if (!IntsOf(v, &p.shape)) return Invalid(where + ": the shape of " + p.name);
-        p.numel = 1;
-        for (int64_t x : p.shape) p.numel *= static_cast<uint64_t>(std::max<int64_t>(x, 0));
+      for (Param& p : params) {
         p.offset = off;
         off += p.numel;
-        params.push_back(std::move(p));
       }
-      tr.groups.push_back(std::move(params));
       tr.totals.push_back(off);
     }
     tr.optim.resize(D);
@@ -180,7 +221,8 @@ Status Checkpoint::DecodeOptim(TpRank* tr, uint32_t d) {
     }
   }
   if (stage3) {
-    return Invalid("ZeRO stage 3 checkpoints have no views yet");
+    return Invalid(where + " is a ZeRO stage 3 optimizer file, but the tag holds no stage 3 "
+                   "model-states files (zero_pp_rank_D_mp_rank_TT_model_states.pt)");
   }
   o.base = Get(o.osd, "base_optimizer_state");
   if (o.base && o.base->kind == Kind::kList) {
@@ -315,7 +357,8 @@ Result<std::vector<Part>> Checkpoint::Flat(
 }  // namespace ds
 
 bool IsDeepSpeedSourceName(std::string_view name) {
-  return ParseModelName(name).has_value() || ParseOptimName(name).has_value();
+  return ParseModelName(name).has_value() || ParseOptimName(name).has_value() ||
+         ParseZero3ModelName(name).has_value();
 }
 
 bool ParseDsSpec(std::string_view s, DsSpec* spec) {
@@ -342,13 +385,24 @@ bool ParseDsSpec(std::string_view s, DsSpec* spec) {
   return true;
 }
 
-Status CheckDeepSpeed(const DeepSpeedSource& src) { return ds::Checkpoint(src).Decode(); }
+Result<std::vector<std::string>> DeepSpeedSpecs(const DeepSpeedSource& src) {
+  ds::Checkpoint c(src);
+  RETURN_IF_ERROR(c.Decode());
+  if (c.z3) return std::vector<std::string>{"universal"};
+  return std::vector<std::string>{"dp1", "dp2", "dp4", "dp8", "universal"};
+}
 
 Result<std::vector<ViewEntry>> PlanDeepSpeed(const DeepSpeedSource& src, const DsSpec& spec) {
   ds::Checkpoint c(src);
   RETURN_IF_ERROR(c.Decode());
   std::vector<ViewEntry> out;
-  if (spec.kind == DsSpec::kUniversal) {
+  if (c.z3) {
+    if (spec.kind != DsSpec::kUniversal) {
+      return Invalid("a ZeRO stage 3 checkpoint has only the universal view; dpD and tpT-dpD "
+                     "are not offered for it yet");
+    }
+    RETURN_IF_ERROR(ds::PlanUniversalZero3(c, &out));
+  } else if (spec.kind == DsSpec::kUniversal) {
     RETURN_IF_ERROR(ds::PlanUniversal(c, &out));
   } else if (spec.kind == DsSpec::kTpDp) {
     RETURN_IF_ERROR(ds::PlanTpDp(c, spec.T, spec.D, &out));

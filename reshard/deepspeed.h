@@ -1,6 +1,6 @@
 // DeepSpeed views: one tag (global_stepN) of a ZeRO stage 1/2 checkpoint, re-partitioned for
 // another data-parallel size, or laid out as the universal checkpoint that DeepSpeed's offline
-// converter would write, file by file as recipes over the source files. The contract is in
+// converter would write (stage 3 too), file by file as recipes over the source files. The contract is in
 // docs/views.md.
 //
 // Pure: the caller parses the source files (ReadTorchFile) and hands them in.
@@ -34,7 +34,8 @@ struct DeepSpeedSource {
 };
 
 // Whether a file of a tag directory is one the views read (mp_rank_TT_model_states.pt,
-// [bf16_]zero_pp_rank_D_mp_rank_TT_optim_states.pt).
+// [bf16_]zero_pp_rank_D_mp_rank_TT_optim_states.pt, and stage 3's
+// zero_pp_rank_D_mp_rank_TT_model_states.pt).
 bool IsDeepSpeedSourceName(std::string_view name);
 
 struct DsSpec {
@@ -55,8 +56,9 @@ struct ViewEntry {
 // Plans every file of the view `spec` of `src`, in path order. Errors (kInvalid, naming the
 // file or the parameter): what the view cannot be made from (see docs/views.md).
 Result<std::vector<ViewEntry>> PlanDeepSpeed(const DeepSpeedSource& src, const DsSpec& spec);
-// Whether `src` is a ZeRO stage 1/2 checkpoint the views read (the errors PlanDeepSpeed gives for
-// the source itself, before any spec).
-Status CheckDeepSpeed(const DeepSpeedSource& src);
+// The specs a listing of ROOT/.views offers for `src`: dpD for a few D and universal for ZeRO
+// stages 1/2, universal alone for stage 3. Errors: those PlanDeepSpeed gives for the source
+// itself, before any spec.
+Result<std::vector<std::string>> DeepSpeedSpecs(const DeepSpeedSource& src);
 
 }  // namespace ckptfs::reshard

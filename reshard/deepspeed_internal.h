@@ -2,8 +2,10 @@
 // ZeRO stage 1/2's partitioning arithmetic.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -55,6 +57,26 @@ struct TpRank {
   std::vector<uint64_t> totals;            // per group: real elements
 };
 
+// ZeRO stage 3 (DeepSpeedZeroOptimizer_Stage3): each parameter is cut on its own into dp
+// partitions of ceil(numel / dp) elements, the last ones padded; a rank's flat fp32 buffer of a
+// sub-group is its partition of each of the sub-group's parameters, one after another.
+struct Zero3Param : Param {  // offset: of its partition in every rank's sub-group buffer
+  uint64_t part = 0;          // elements of one partition
+  uint64_t Real(uint64_t r) const { return std::min(part, numel - std::min(numel, r * part)); }
+};
+struct Zero3Rank {
+  const DsSourceFile* model = nullptr;  // zero_pp_rank_D_mp_rank_00_model_states.pt
+  const DsSourceFile* optim = nullptr;
+  TensorIndex tensors;                 // of the optimizer file
+  pickle::ValuePtr osd;                // its optimizer_state_dict
+  std::vector<const TorchTensor*> fp32;        // fp32_flat_groups, per sub-group
+  std::vector<pickle::ValuePtr> group_state;   // per sub-group: the state mapping (null: none)
+};
+struct Zero3 {
+  std::vector<std::vector<Zero3Param>> groups;  // param_shapes: one per sub-group
+  std::vector<Zero3Rank> ranks;                 // by dp rank
+};
+
 // A tag directory's files, decoded and checked against each other.
 class Checkpoint {
  public:
@@ -71,11 +93,14 @@ class Checkpoint {
   static const TorchTensor* StateTensor(const Optim& o, size_t g, const std::string& key);
 
   const DeepSpeedSource& src;
-  std::vector<TpRank> tp;    // by TP rank
+  std::vector<TpRank> tp;    // by TP rank (stages 1 and 2)
+  std::unique_ptr<Zero3> z3;  // stage 3 instead (deepspeed_zero3.cc)
   uint32_t D = 0;            // the source's data-parallel size
   std::string optim_prefix;  // "", "bf16_" or "fp16_"
 
  private:
+  Status DecodeZero3(const std::map<uint32_t, const DsSourceFile*>& models,
+                     const std::map<uint32_t, const DsSourceFile*>& optims);
   Status DecodeOptim(TpRank* tr, uint32_t d);
   Status CheckMappings(const TpRank& tr, uint32_t d) const;
 };
@@ -85,6 +110,11 @@ class Checkpoint {
 std::vector<std::pair<std::string, std::pair<uint64_t, uint64_t>>> Fragments(
     const std::vector<Param>& params, const Partitioning& part, uint64_t d);
 
+// param_shapes of a model-states file: per group (stage 3: per sub-group) its parameters'
+// names, shapes and element counts, offsets 0. Errors (naming `where`): not a list of mappings
+// of shapes.
+Result<std::vector<std::vector<Param>>> ParamShapes(const pickle::ValuePtr& root,
+                                                    const std::string& where);
 std::string ModelName(uint32_t tp);
 std::string OptimFileName(const std::string& prefix, uint32_t dp, uint32_t tp);
 // torch.save names a file's records after the file: "fp32.pt" -> "fp32/...".
@@ -181,6 +211,12 @@ Result<ViewEntry> PlanOptimFile(const Checkpoint& c, const Target& target, uint3
 // The views (docs/views.md), appended to *out.
 Status PlanDp(const Checkpoint& c, uint32_t D, std::vector<ViewEntry>* out);
 Status PlanUniversal(const Checkpoint& c, std::vector<ViewEntry>* out);
+Status PlanUniversalZero3(const Checkpoint& c, std::vector<ViewEntry>* out);
+// The tensor state keys of one group, over its ranks' state mappings (null: none) and their
+// files' tensors, in the order the optimizer made them ('step' apart). Errors: a state that is
+// not a tensor (the universal view cannot split it per parameter).
+Result<std::vector<std::string>> TensorStateKeys(
+    const std::vector<std::pair<pickle::ValuePtr, const TensorIndex*>>& states);
 Status PlanTpDp(const Checkpoint& c, uint32_t T, uint32_t D, std::vector<ViewEntry>* out);
 
 }  // namespace ckptfs::reshard::ds

@@ -348,14 +348,23 @@ Result<ViewEntry> OptimizerState(const Checkpoint& c) {
 
 // The tensor state keys of group g, in the order the optimizer made them ('step' apart).
 Result<std::vector<std::string>> StateKeys(const TpRank& tr, size_t g) {
+  std::vector<std::pair<ValuePtr, const TensorIndex*>> states;
+  for (const Optim& o : tr.optim) states.push_back({o.group_state[g], &o.tensors});
+  return TensorStateKeys(states);
+}
+
+}  // namespace
+
+Result<std::vector<std::string>> TensorStateKeys(
+    const std::vector<std::pair<ValuePtr, const TensorIndex*>>& states) {
   std::vector<std::string> keys;
-  for (const Optim& o : tr.optim) {
-    if (!o.group_state[g]) continue;
-    for (const auto& [k, v] : PairsOf(*o.group_state[g])) {
+  for (const auto& [state, tensors] : states) {
+    if (!state) continue;
+    for (const auto& [k, v] : PairsOf(*state)) {
       const std::string key = KeyName(k);
       if (key == "step") continue;
-      auto t = o.tensors.find(v.get());
-      if (t == o.tensors.end() || t->second->shape.empty()) {
+      auto t = tensors->find(v.get());
+      if (t == tensors->end() || t->second->shape.empty()) {
         return Invalid("optimizer state '" + key +
                        "' is not a tensor; the universal view cannot split it per parameter");
       }
@@ -364,8 +373,6 @@ Result<std::vector<std::string>> StateKeys(const TpRank& tr, size_t g) {
   }
   return keys;
 }
-
-}  // namespace
 
 Status PlanUniversal(const Checkpoint& c, std::vector<ViewEntry>* out) {
   ASSIGN_OR_RETURN(UcInfo uc, UcInfo::Read(c));

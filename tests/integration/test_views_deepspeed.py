@@ -8,6 +8,7 @@
 import errno
 import os
 import sys
+import time
 
 import pytest
 
@@ -15,6 +16,7 @@ from conftest import REPO_ROOT, check_reads_are_stable, expect_errno, read_file,
 
 sys.path.insert(0, str(REPO_ROOT / "tests" / "reshard"))
 import deepspeed_fixture as df  # noqa: E402
+import deepspeed_zero3_fixture as z3  # noqa: E402
 
 TAG = "global_step10"
 
@@ -111,6 +113,45 @@ def test_view_follows_a_new_save(mnt):
     uni = root / ".views" / "universal"
     assert read_file(uni / "latest_universal") == b"global_step20"
     df.compare_universal(root, uni, model=g)
+
+
+# ZeRO stage 3 sources: dp size, generator options. The parameters' sizes (80, 35, 10, 5, 60,
+# 12, 60 elements) leave padding in the last partition at every dp size below but 1 and 5;
+# sub_group_size 30 at DP 3 cuts the decay group into several sub-groups.
+ZERO3_CASES = {
+    "dp4-bf16-fused-adam": (4, dict()),
+    "dp3-fp16-torch-adamw-sub-groups": (3, dict(dtype="fp16", optimizer="torch_adamw",
+                                                sub_group_size=30)),
+    "dp1-bf16-sgd": (1, dict(optimizer="sgd")),
+}
+
+
+@pytest.mark.parametrize("case", list(ZERO3_CASES))
+def test_zero3_universal_view_equals_reference(mnt, case):
+    D, kw = ZERO3_CASES[case]
+    root = mnt / "ds3"
+    g = z3.generate(root, dp=D, **kw)
+    if kw.get("sub_group_size"):
+        assert len(z3.sub_groups(D, kw["sub_group_size"])) > 2  # the case does what it says
+    assert os.listdir(root / ".views") == ["universal"]
+    uni = root / ".views" / "universal"
+    assert read_file(uni / "latest_universal") == TAG.encode()
+    z3.compare_universal(root, model=g)
+    check_reads_are_stable(uni / TAG / "zero" / "optimizer_state.pt")
+
+
+def test_zero3_offers_only_the_universal_view(mnt):
+    root = mnt / "ds3"
+    z3.generate(root, dp=2)
+    expect_errno(errno.EINVAL, os.stat, root / ".views" / "dp4")
+    why = os.getxattr(root / ".views", "user.ckptfs.view_errors").decode()
+    assert "dp4: a ZeRO stage 3 checkpoint has only the universal view" in why, why
+    # A rank's files missing: a clear error for the universal view too.
+    os.unlink(root / TAG / "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt")
+    time.sleep(1.5)  # the kernel keeps view entries for a second
+    expect_errno(errno.EINVAL, os.stat, root / ".views" / "universal")
+    why = os.getxattr(root / ".views", "user.ckptfs.view_errors").decode()
+    assert "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt" in why and "missing" in why, why
 
 
 def test_missing_optim_file_fails_with_einval_and_a_reason(mnt):

@@ -331,8 +331,10 @@ class _FusedAdam(torch.optim.Optimizer):
 
 
 def make_optimizer(o, parts):
-    # The client's groups (Megatron-style): no-decay group sets weight_decay itself.
-    groups = [{"params": [parts[0]]}, {"params": [parts[1]], "weight_decay": 0.0}]
+    # The client's groups (Megatron-style): no-decay group sets weight_decay itself. parts: each
+    # group's flat partition, or (ZeRO-3) the list of its sub-groups' partitions.
+    params = [p if isinstance(p, list) else [p] for p in parts]
+    groups = [{"params": params[0]}, {"params": params[1], "weight_decay": 0.0}]
     if o.optimizer == "fused_adam":
         opt = _FusedAdam(groups, lr=3e-4, bias_correction=True, betas=[0.9, 0.999], eps=1e-8,
                          weight_decay=0.01)

@@ -1,8 +1,9 @@
 // PlanDeepSpeed end to end on tiny ZeRO stage 1/2 checkpoints built in memory in DeepSpeed's
 // layout (docs/views.md; tests/reshard/deepspeed_fixture.py is the full-size Python twin):
 // a view for a new data-parallel size must equal, value for value, the files the same model
-// saved at that size has; the universal view must hold every parameter's full state. Also the
-// refusals: a missing optimizer file, ZeRO-3, elastic checkpoints, inconsistent partitions.
+// saved at that size has; the universal view must hold every parameter's full state, for ZeRO
+// stage 3 sources too. Also the refusals: a missing optimizer file, a stage 3 optimizer file
+// without stage 3 model states, elastic checkpoints, inconsistent partitions.
 #include "reshard/deepspeed.h"
 
 #include <gtest/gtest.h>
@@ -624,6 +625,141 @@ TEST(DeepSpeedErrors, UniversalInfoThatCannotBeGathered) {
   EXPECT_TRUE(Contains(st.message(), "does not split")) << st.ToString();
 }
 
+// ZeRO stage 3: every parameter cut on its own into D partitions of ceil(numel / D) elements
+// (the padding filled with a marker, as DeepSpeed leaves it arbitrary); a rank's flat buffer of
+// a sub-group is its partitions one after another. `subs`: the sub-groups, as parameter lists.
+struct Zero3Options {
+  bool missing_optim = false, short_fp32 = false, tp2 = false;
+};
+Source BuildZero3(int64_t D, const std::vector<std::vector<P>>& subs, Zero3Options o = {}) {
+  Source s;
+  s.src.tag = "global_step10";
+  const Model m{subs};
+  auto part = [&](const P& p) {
+    int64_t n = 1;
+    for (int64_t x : p.shape) n *= x;
+    return std::pair{n, (n + D - 1) / D};  // (numel, partition)
+  };
+  for (int64_t d = 0; d < D; ++d) {
+    std::vector<ValuePtr> shapes;
+    for (const auto& sub : subs) {
+      auto shape_map = OrderedDict();
+      for (const P& p : sub) shape_map->dict_items.push_back({S(p.name), Size(p.shape)});
+      shapes.push_back(shape_map);
+    }
+    FileBuilder mb;
+    std::vector<std::pair<ValuePtr, ValuePtr>> root = {
+        {S("module"), OrderedDict()},       {S("optimizer"), pickle::MakeNone()},
+        {S("param_shapes"), pickle::MakeList(shapes)}, {S("dp_world_size"), I(D)},
+        {S("mp_world_size"), I(1)},         {S("ds_version"), S("0.16.5")}};
+    const std::string mname = "zero_pp_rank_" + std::to_string(d) + "_mp_rank_00_model_states";
+    s.Add(mname + ".pt", mb.Write(pickle::MakeDict(root), mname));
+    if (o.missing_optim && d == D - 1) continue;
+    FileBuilder fb;
+    std::vector<ValuePtr> flats, params;
+    auto state = pickle::MakeDict({});
+    for (size_t g = 0; g < subs.size(); ++g) {
+      std::map<std::string, T32> flat;
+      for (const std::string key : {"fp32", "exp_avg", "exp_avg_sq"}) {
+        T32 x{{0}, {}};
+        for (const P& p : subs[g]) {
+          const auto [n, ps] = part(p);
+          const T32 full = FullTensor(m, key, p.name);
+          for (int64_t i = d * ps; i < (d + 1) * ps; ++i) {
+            x.v.push_back(i < n ? full.v[static_cast<size_t>(i)] : 0xDEADBEEF);
+          }
+        }
+        x.shape[0] = static_cast<int64_t>(x.v.size()) - (key == "fp32" && o.short_fp32 ? 1 : 0);
+        flat[key] = x;
+      }
+      flats.push_back(fb.Tensor(flat["fp32"]));
+      state->pairs.push_back({I(static_cast<int64_t>(g)),
+                              pickle::MakeDict({{S("step"), I(10)},
+                                                {S("exp_avg"), fb.Tensor(flat["exp_avg"])},
+                                                {S("exp_avg_sq"), fb.Tensor(flat["exp_avg_sq"])}})});
+      params.push_back(I(static_cast<int64_t>(g)));
+    }
+    auto inner = pickle::MakeDict(
+        {{S("state"), state},
+         {S("param_groups"),
+          pickle::MakeList({pickle::MakeDict({{S("lr"), pickle::MakeFloat(0.001)},
+                                              {S("params"), pickle::MakeList(params)}})})}});
+    auto osd = pickle::MakeDict({{S("zero_stage"), I(3)},
+                                 {S("partition_count"), I(D)},
+                                 {S("optimizer_state_dict"), inner},
+                                 {S("fp32_flat_groups"), pickle::MakeList(flats)}});
+    const std::string oname = "bf16_zero_pp_rank_" + std::to_string(d) + "_mp_rank_00_optim_states";
+    s.Add(oname + ".pt", fb.Write(pickle::MakeDict({{S("optimizer_state_dict"), osd}}), oname));
+  }
+  if (o.tp2) {
+    FileBuilder fb;
+    const std::string name = "zero_pp_rank_0_mp_rank_01_model_states";
+    s.Add(name + ".pt", fb.Write(pickle::MakeDict({{S("dp_world_size"), I(D)}}), name));
+  }
+  return s;
+}
+
+// kPlain's parameters with the first group cut in two sub-groups.
+const std::vector<std::vector<P>> kZero3Subs = {
+    {kPlain.groups[0][0]}, {kPlain.groups[0][1]}, kPlain.groups[1]};
+
+TEST(DeepSpeedZero3, UniversalHoldsEveryParameterWhole) {
+  for (int64_t D : {1, 2, 3, 5}) {
+    SCOPED_TRACE("dp " + std::to_string(D));
+    const Source src = BuildZero3(D, kZero3Subs);
+    const auto view = Plan(src, "universal");
+    EXPECT_EQ(view.at("latest_universal"), "global_step10");
+    size_t files = 2;  // latest_universal, optimizer_state.pt
+    for (const DsSourceFile& f : src.src.files) {
+      if (!f.name.ends_with("_model_states.pt")) continue;
+      EXPECT_EQ(view.at("global_step10/" + f.name), src.bytes[f.source]) << f.name;
+      ++files;
+    }
+    const Model m{kZero3Subs};
+    for (const auto& sub : kZero3Subs) {
+      for (const P& p : sub) {
+        for (const std::string key : {"fp32", "exp_avg", "exp_avg_sq"}) {
+          const std::string path = "global_step10/zero/" + p.name + "/" + key + ".pt";
+          ASSERT_TRUE(view.count(path)) << path;
+          T32 full = FullTensor(m, key, p.name);
+          full.shape = {static_cast<int64_t>(full.v.size())};  // ds_to_universal: 1-D, bare
+          FileBuilder fb;
+          EXPECT_EQ(CanonFile(view.at(path)), CanonFile(fb.Write(fb.Tensor(full), key))) << path;
+          ++files;
+        }
+        EXPECT_EQ(view.count("global_step10/zero/" + p.name + "/step.pt"), 0u);
+      }
+    }
+    EXPECT_EQ(view.size(), files);
+    // optimizer_state.pt: rank 0's optimizer_state_dict whole, its param_groups added last.
+    const std::string o = CanonFile(view.at("global_step10/zero/optimizer_state.pt"));
+    EXPECT_NE(o.find("'fp32_flat_groups'"), std::string::npos) << o;
+    EXPECT_NE(o.find("5('partition_count'):2(" + std::to_string(D) + ")"), std::string::npos) << o;
+    EXPECT_GT(o.rfind("'param_groups'"), o.find("'fp32_flat_groups'")) << o;
+  }
+}
+
+TEST(DeepSpeedZero3, Refusals) {
+  Status st = PlanError(BuildZero3(2, kZero3Subs), "dp4");
+  EXPECT_EQ(st.code(), Code::kInvalid);
+  EXPECT_TRUE(Contains(st.message(), "only the universal view")) << st.ToString();
+  st = PlanError(BuildZero3(3, kZero3Subs, {.missing_optim = true}), "universal");
+  EXPECT_TRUE(Contains(st.message(), "bf16_zero_pp_rank_2_mp_rank_00_optim_states.pt of "
+                                     "global_step10 is missing"))
+      << st.ToString();
+  st = PlanError(BuildZero3(2, kZero3Subs, {.short_fp32 = true}), "universal");
+  EXPECT_TRUE(Contains(st.message(), "fp32_flat_groups[0] holds 7 elements")) << st.ToString();
+  st = PlanError(BuildZero3(2, kZero3Subs, {.tp2 = true}), "universal");
+  EXPECT_TRUE(Contains(st.message(), "tensor parallelism")) << st.ToString();
+  auto specs = DeepSpeedSpecs(BuildZero3(2, kZero3Subs).src);
+  ASSERT_TRUE(specs.ok()) << specs.status().ToString();
+  EXPECT_EQ(*specs, std::vector<std::string>{"universal"});
+  specs = DeepSpeedSpecs(Build(2).src);
+  ASSERT_TRUE(specs.ok()) << specs.status().ToString();
+  EXPECT_EQ(specs->back(), "universal");
+  EXPECT_EQ(specs->front(), "dp1");
+}
+
 TEST(DeepSpeedSpec, Names) {
   DsSpec s;
   EXPECT_TRUE(ParseDsSpec("dp8", &s));
@@ -638,6 +774,8 @@ TEST(DeepSpeedSpec, Names) {
     EXPECT_FALSE(ParseDsSpec(bad, &s)) << bad;
   }
   EXPECT_TRUE(IsDeepSpeedSourceName("mp_rank_00_model_states.pt"));
+  EXPECT_TRUE(IsDeepSpeedSourceName("zero_pp_rank_3_mp_rank_00_model_states.pt"));
+  EXPECT_FALSE(IsDeepSpeedSourceName("zero_pp_rank_3_mp_rank_0_model_states.pt"));
   EXPECT_TRUE(IsDeepSpeedSourceName("bf16_zero_pp_rank_12_mp_rank_03_optim_states.pt"));
   EXPECT_TRUE(IsDeepSpeedSourceName("zero_pp_rank_0_mp_rank_00_optim_states.pt"));
   EXPECT_FALSE(IsDeepSpeedSourceName("zero_pp_rank_00_mp_rank_00_optim_states.pt"));
