@@ -378,6 +378,9 @@ Result<reshard::DeepSpeedSource> ViewTree::ReadDeepSpeed(uint64_t root, Sources*
   std::vector<std::string> names;
   RETURN_IF_ERROR(store_->ReadDir(dir.ino, 0, [&](const DirItem& item) {
     if (reshard::IsDeepSpeedSourceName(item.name)) names.emplace_back(item.name);
+    if (src.layer_file.empty() && reshard::IsDeepSpeedLayerName(item.name)) {
+      src.layer_file = item.name;  // refused by the planner, with its name
+    }
     return true;
   }));
   for (const std::string& name : names) {

@@ -118,6 +118,10 @@ std::string ArchivePrefix(std::string_view file_name) {
 
 
 Status Checkpoint::Decode() {
+  if (!src.layer_file.empty()) {
+    return Invalid("pipeline-parallel DeepSpeed checkpoints (layer files such as " + src.tag +
+                   "/" + src.layer_file + ") have no views yet");
+  }
   std::map<uint32_t, const DsSourceFile*> models;
   std::map<std::pair<uint32_t, uint32_t>, const DsSourceFile*> optims;  // (tp, dp)
   std::map<std::pair<uint32_t, uint32_t>, const DsSourceFile*> z3_models;  // (tp, dp)
@@ -359,6 +363,13 @@ Result<std::vector<Part>> Checkpoint::Flat(
 bool IsDeepSpeedSourceName(std::string_view name) {
   return ParseModelName(name).has_value() || ParseOptimName(name).has_value() ||
          ParseZero3ModelName(name).has_value();
+}
+
+bool IsDeepSpeedLayerName(std::string_view name) {
+  constexpr std::string_view kPrefix = "layer_", kSuffix = "-model_states.pt";
+  if (!name.starts_with(kPrefix) || !name.ends_with(kSuffix)) return false;
+  name.remove_prefix(kPrefix.size());
+  return name.size() > kSuffix.size() && name[0] >= '0' && name[0] <= '9';
 }
 
 bool ParseDsSpec(std::string_view s, DsSpec* spec) {

@@ -31,12 +31,19 @@ struct DsSourceFile {
 struct DeepSpeedSource {
   std::string tag;                  // the tag directory, as `latest` names it
   std::vector<DsSourceFile> files;  // its model-states and optimizer-states files, any order
+  // A pipeline module's layer file of the tag (IsDeepSpeedLayerName), if it holds any: the
+  // layout no view reads yet.
+  std::string layer_file;
 };
 
 // Whether a file of a tag directory is one the views read (mp_rank_TT_model_states.pt,
 // [bf16_]zero_pp_rank_D_mp_rank_TT_optim_states.pt, and stage 3's
 // zero_pp_rank_D_mp_rank_TT_model_states.pt).
 bool IsDeepSpeedSourceName(std::string_view name);
+
+// Whether a file of a tag directory is a pipeline module's layer file
+// (layer_XX[-model_TT]-model_states.pt, as DeepSpeed's PipelineModule names them).
+bool IsDeepSpeedLayerName(std::string_view name);
 
 struct DsSpec {
   enum Kind { kDp, kTpDp, kUniversal } kind = kDp;

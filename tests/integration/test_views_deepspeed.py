@@ -154,6 +154,18 @@ def test_zero3_offers_only_the_universal_view(mnt):
     assert "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt" in why and "missing" in why, why
 
 
+def test_pipeline_layer_files_are_refused_with_a_reason(mnt):
+    # A pipeline module saves its layers in layer_XX-model_TT-model_states.pt files, which no
+    # view reads yet: refused, rather than a view that leaves them out.
+    root = mnt / "ds"
+    df.generate(root, dp=2)
+    (root / TAG / "layer_01-model_00-model_states.pt").write_bytes(b"layers")
+    assert os.listdir(root / ".views") == []
+    expect_errno(errno.EINVAL, os.stat, root / ".views" / "dp1")
+    why = os.getxattr(root / ".views", "user.ckptfs.view_errors").decode()
+    assert "pipeline-parallel" in why and "layer_01-model_00-model_states.pt" in why, why
+
+
 def test_missing_optim_file_fails_with_einval_and_a_reason(mnt):
     root = mnt / "ds"
     df.generate(root, dp=4)

@@ -586,6 +586,12 @@ TEST(DeepSpeedErrors, Refusals) {
   EXPECT_TRUE(Contains(st.message(), "bf16_zero_pp_rank_3_mp_rank_00_optim_states.pt"));
   st = PlanError(Build(2, {.zero3 = true}), "universal");
   EXPECT_TRUE(Contains(st.message(), "ZeRO stage 3"));
+  Source layered = Build(2);
+  layered.src.layer_file = "layer_01-model_00-model_states.pt";  // a pipeline module's layers
+  st = PlanError(layered, "dp4");
+  EXPECT_TRUE(Contains(st.message(), "pipeline-parallel")) << st.ToString();
+  EXPECT_TRUE(Contains(st.message(), "layer_01-model_00-model_states.pt")) << st.ToString();
+  EXPECT_FALSE(DeepSpeedSpecs(layered.src).ok());
   st = PlanError(Build(2, {.elastic = true}), "dp4");
   EXPECT_TRUE(Contains(st.message(), "elastic"));
   st = PlanError(Build(2, {.short_fp32 = true}), "dp4");
@@ -781,6 +787,10 @@ TEST(DeepSpeedSpec, Names) {
   EXPECT_FALSE(IsDeepSpeedSourceName("zero_pp_rank_00_mp_rank_00_optim_states.pt"));
   EXPECT_FALSE(IsDeepSpeedSourceName("mp_rank_0_model_states.pt"));
   EXPECT_FALSE(IsDeepSpeedSourceName("zero_to_fp32.py"));
+  EXPECT_TRUE(IsDeepSpeedLayerName("layer_01-model_00-model_states.pt"));
+  EXPECT_TRUE(IsDeepSpeedLayerName("layer_12-model_states.pt"));
+  EXPECT_FALSE(IsDeepSpeedLayerName("layer_-model_states.pt"));
+  EXPECT_FALSE(IsDeepSpeedLayerName("mp_rank_00_model_states.pt"));
 }
 
 }  // namespace
