@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstring>
 #include <memory>
+#include <new>
 #include <optional>
 #include <thread>
 
@@ -259,12 +260,18 @@ Status ComputeCrcs(ViewFile* f, const SourceReadFn& read, const KnownCrcFn& know
   std::vector<Status> errors(n);
   std::atomic<size_t> next{0};
   auto work = [&] {
-    // This thread's copy of a unit for `seen`, reused; not zeroed (every byte is written).
+    // This thread's copy of a unit for `seen`, grown to the largest unit it meets and reused;
+    // not zeroed (every byte is written). Without the memory, the bytes are not shown.
     std::unique_ptr<uint8_t[]> keep;
+    uint64_t kept = 0;
     for (size_t i = next++; i < n; i = next++) {
       const CrcUnit& u = units[i];
-      const bool show = seen && !u.known;
-      if (show && !keep) keep.reset(new uint8_t[kCrcUnit]);
+      bool show = seen && !u.known;
+      if (show && kept < u.len) {
+        keep.reset(new (std::nothrow) uint8_t[u.len]);
+        kept = keep ? u.len : 0;
+        show = keep != nullptr;
+      }
       auto c = UnitCrc(*f, u, read, show ? keep.get() : nullptr);
       if (c.ok()) {
         crcs[i] = *c;

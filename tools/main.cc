@@ -177,8 +177,9 @@ void Detach() {
 // does not serve the next allocation in another. A cold read of a view through a fresh mount
 // spent more CPU on those faults than on checksumming its bytes. So the daemon uses one arena
 // (small allocations stay in glibc's per-thread caches, so the lock is rarely taken) and keeps
-// freed memory up to the RAM cache's size for reuse: memory its budget already counts. Buffers
-// above 32 MiB (glibc's ceiling for this threshold) are still mapped on their own.
+// up to the RAM cache's size of freed memory for reuse, on top of the buffers in use (measured:
+// peak RSS fell, since one arena fragments less than many). Buffers above 32 MiB (glibc's
+// ceiling for this threshold) are still mapped on their own.
 void KeepFreedBuffers(const Config& cfg) {
   constexpr uint64_t kMinKeep = 32ull << 20;
   (void)::mallopt(M_ARENA_MAX, 1);
