@@ -375,14 +375,18 @@ Result<reshard::DeepSpeedSource> ViewTree::ReadDeepSpeed(uint64_t root, Sources*
   reshard::DeepSpeedSource src;
   ASSIGN_OR_RETURN(src.tag, DeepSpeedTag(root, latest));
   ASSIGN_OR_RETURN(InodeRecord dir, store_->Lookup(root, src.tag));
-  std::vector<std::string> names;
+  std::vector<std::string> names, layers;
   RETURN_IF_ERROR(store_->ReadDir(dir.ino, 0, [&](const DirItem& item) {
     if (reshard::IsDeepSpeedSourceName(item.name)) names.emplace_back(item.name);
-    if (src.layer_file.empty() && reshard::IsDeepSpeedLayerName(item.name)) {
-      src.layer_file = item.name;  // refused by the planner, with its name
-    }
+    if (reshard::IsDeepSpeedLayerName(item.name)) layers.emplace_back(item.name);
     return true;
   }));
+  for (const std::string& name : layers) {  // copied whole where a view has them: not parsed
+    ASSIGN_OR_RETURN(InodeRecord f, store_->Lookup(dir.ino, name));
+    ASSIGN_OR_RETURN(auto m, store_->CommittedManifest(f.ino));
+    const uint64_t size = m->size();
+    src.layers.push_back(reshard::DsLayerFile{name, sources->Add(f.ino, m), size});
+  }
   for (const std::string& name : names) {
     ASSIGN_OR_RETURN(InodeRecord f, store_->Lookup(dir.ino, name));
     ASSIGN_OR_RETURN(auto m, store_->CommittedManifest(f.ino));

@@ -118,10 +118,6 @@ std::string ArchivePrefix(std::string_view file_name) {
 
 
 Status Checkpoint::Decode() {
-  if (!src.layer_file.empty()) {
-    return Invalid("pipeline-parallel DeepSpeed checkpoints (layer files such as " + src.tag +
-                   "/" + src.layer_file + ") have no views yet");
-  }
   std::map<uint32_t, const DsSourceFile*> models;
   std::map<std::pair<uint32_t, uint32_t>, const DsSourceFile*> optims;  // (tp, dp)
   std::map<std::pair<uint32_t, uint32_t>, const DsSourceFile*> z3_models;  // (tp, dp)

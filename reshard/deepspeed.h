@@ -28,12 +28,18 @@ struct DsSourceFile {
   std::vector<std::pair<std::string, std::string>> extra_records;
 };
 
+// A pipeline module's layer file of the tag (IsDeepSpeedLayerName): its layers' weights, the
+// same at every data-parallel size.
+struct DsLayerFile {
+  std::string name;
+  uint32_t source = 0;  // the index Part::source uses for this file
+  uint64_t size = 0;
+};
+
 struct DeepSpeedSource {
   std::string tag;                  // the tag directory, as `latest` names it
   std::vector<DsSourceFile> files;  // its model-states and optimizer-states files, any order
-  // A pipeline module's layer file of the tag (IsDeepSpeedLayerName), if it holds any: the
-  // layout no view reads yet.
-  std::string layer_file;
+  std::vector<DsLayerFile> layers;  // its layer files (Megatron-DeepSpeed's GPTModelPipe)
 };
 
 // Whether a file of a tag directory is one the views read (mp_rank_TT_model_states.pt,

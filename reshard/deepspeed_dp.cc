@@ -148,6 +148,13 @@ Result<ViewEntry> PlanModelStates(const Checkpoint& c, const TpRank& tr, uint32_
 Status PlanDp(const Checkpoint& c, uint32_t D, std::vector<ViewEntry>* out) {
   out->push_back(ViewEntry{"latest", {}});
   out->back().file.recipe.AddLiteral(c.src.tag);
+  // A pipeline module's layer files do not depend on the data-parallel size (DeepSpeed names
+  // them without it, and dp rank 0 writes them): as they are.
+  for (const DsLayerFile& l : c.src.layers) {
+    ViewEntry e{c.src.tag + "/" + l.name, {}};
+    e.file.recipe.AddGather(1, {Part{l.source, 0, l.size, l.size}});
+    out->push_back(std::move(e));
+  }
   for (uint32_t t = 0; t < c.tp.size(); ++t) {
     ASSIGN_OR_RETURN(ViewEntry m, PlanModelStates(c, c.tp[t], t, D));
     out->push_back(std::move(m));

@@ -357,6 +357,10 @@ Status TpPlanner::Run(std::vector<ViewEntry>* out) {
 }  // namespace
 
 Status PlanTpDp(const Checkpoint& c, uint32_t T, uint32_t D, std::vector<ViewEntry>* out) {
+  if (!c.src.layers.empty()) {
+    return Invalid("the weights of this pipeline module are in its layer files (" +
+                   c.src.layers[0].name + ", ...), which tpT-dpD does not reshard yet");
+  }
   return TpPlanner(c, T, D).Run(out);
 }
 

@@ -42,6 +42,19 @@ Status Checkpoint::DecodeZero3(const std::map<uint32_t, const DsSourceFile*>& mo
   for (const auto& [d, f] : models) {
     const std::string where = src.tag + "/" + f->name;
     if (!IsMapping(f->file->root)) return Invalid(where + " is not a DeepSpeed model-states dict");
+    if (d > 0) {  // every rank's param_shapes must be rank 0's: the view reads rank 0's
+      auto mine = ParamShapes(f->file->root, where);
+      auto first = ParamShapes(models.at(0)->file->root, where);
+      bool same = mine.ok() && first.ok() && mine->size() == first->size();
+      for (size_t g = 0; same && g < mine->size(); ++g) {
+        same = (*mine)[g].size() == (*first)[g].size();
+        for (size_t i = 0; same && i < (*mine)[g].size(); ++i) {
+          same = (*mine)[g][i].name == (*first)[g][i].name &&
+                 (*mine)[g][i].shape == (*first)[g][i].shape;
+        }
+      }
+      if (!same) return Invalid(where + ": param_shapes differ from dp rank 0's");
+    }
     ValuePtr dpws = Get(f->file->root, "dp_world_size");
     if (!dpws || dpws->kind != Kind::kInt || dpws->i != static_cast<int64_t>(D)) {
       return Invalid(where + ": dp_world_size is not " + std::to_string(D) +

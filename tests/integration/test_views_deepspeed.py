@@ -11,6 +11,7 @@ import sys
 import time
 
 import pytest
+import torch
 
 from conftest import REPO_ROOT, check_reads_are_stable, expect_errno, read_file, wait_for
 
@@ -154,16 +155,22 @@ def test_zero3_offers_only_the_universal_view(mnt):
     assert "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt" in why and "missing" in why, why
 
 
-def test_pipeline_layer_files_are_refused_with_a_reason(mnt):
-    # A pipeline module saves its layers in layer_XX-model_TT-model_states.pt files, which no
-    # view reads yet: refused, rather than a view that leaves them out.
+def test_pipeline_layer_files(mnt):
+    # A pipeline module (Megatron-DeepSpeed's GPTModelPipe) saves its layers in
+    # layer_XX-model_TT-model_states.pt beside the model-states file: dpD copies them, the
+    # universal view leaves them out as ds_to_universal does, tpT-dpD refuses with the reason.
     root = mnt / "ds"
     df.generate(root, dp=2)
-    (root / TAG / "layer_01-model_00-model_states.pt").write_bytes(b"layers")
-    assert os.listdir(root / ".views") == []
-    expect_errno(errno.EINVAL, os.stat, root / ".views" / "dp1")
+    layer = root / TAG / "layer_01-model_00-model_states.pt"
+    torch.save({"weight": torch.arange(6.0)}, layer)
+    dp = root / ".views" / "dp4"
+    assert read_file(dp / TAG / layer.name) == read_file(layer)
+    df.compare_dp(root, dp, 4)  # the reference has the layer file too
+    assert not (root / ".views" / "universal" / TAG / layer.name).exists()
+    df.compare_universal(root)
+    expect_errno(errno.EINVAL, os.stat, root / ".views" / "tp1-dp2")
     why = os.getxattr(root / ".views", "user.ckptfs.view_errors").decode()
-    assert "pipeline-parallel" in why and "layer_01-model_00-model_states.pt" in why, why
+    assert "tp1-dp2" in why and layer.name in why, why
 
 
 def test_missing_optim_file_fails_with_einval_and_a_reason(mnt):

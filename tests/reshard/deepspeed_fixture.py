@@ -58,6 +58,9 @@ Facts taken from DeepSpeed's own code (deepspeedai/DeepSpeed 0.16.5 and 0.19.6; 
            [0]*n, partition_count [dp]*n). checkpoint/universal_checkpoint.py
            load_hp_checkpoint_state (vocab rows zero-padded, chunk on cat_dim).
            utils/zero_to_fp32.py (stripped partitions concatenated, walked with param_shapes).
+  [PIPE]   runtime/pipe/module.py: ckpt_layer_path (layer_{idx:02d}[-{rank_repr}]-model_states.pt,
+           no data-parallel axis in rank_repr), save_state_dict (data_parallel_id 0 only);
+           runtime/pipe/engine.py module_state_dict (the layers go to those files, `module` None).
   The views' contract generalises ds_to_universal (which hard-codes exp_avg/exp_avg_sq): one
   <key>.pt per tensor state key the checkpoint holds, e.g. SGD's momentum_buffer.
 """
@@ -715,6 +718,10 @@ def reference_dp(root, D):
     src = Source(root)
     out = Expected(src.tag)
     out["latest"] = src.latest
+    # A pipeline module's layer files: written by dp rank 0, named without the dp rank [PIPE].
+    for n in os.listdir(src.root / src.tag):
+        if re.fullmatch(r"layer_\d+(-model_\d+)?-model_states\.pt", n):
+            out[f"{src.tag}/{n}"] = (src.root / src.tag / n).read_bytes()
     for tt in range(src.tp):
         ms = src.models[tt].obj
         ms["dp_world_size"] = D

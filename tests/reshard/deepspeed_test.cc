@@ -586,16 +586,27 @@ TEST(DeepSpeedErrors, Refusals) {
   EXPECT_TRUE(Contains(st.message(), "bf16_zero_pp_rank_3_mp_rank_00_optim_states.pt"));
   st = PlanError(Build(2, {.zero3 = true}), "universal");
   EXPECT_TRUE(Contains(st.message(), "ZeRO stage 3"));
-  Source layered = Build(2);
-  layered.src.layer_file = "layer_01-model_00-model_states.pt";  // a pipeline module's layers
-  st = PlanError(layered, "dp4");
-  EXPECT_TRUE(Contains(st.message(), "pipeline-parallel")) << st.ToString();
-  EXPECT_TRUE(Contains(st.message(), "layer_01-model_00-model_states.pt")) << st.ToString();
-  EXPECT_FALSE(DeepSpeedSpecs(layered.src).ok());
   st = PlanError(Build(2, {.elastic = true}), "dp4");
   EXPECT_TRUE(Contains(st.message(), "elastic"));
   st = PlanError(Build(2, {.short_fp32 = true}), "dp4");
   EXPECT_TRUE(Contains(st.message(), "fp32 elements"));
+}
+
+TEST(DeepSpeedDp, PipelineLayerFilesAsTheyAre) {
+  // A pipeline module's layer files: dpD copies them, universal leaves them out, tpT-dpD
+  // refuses (the weights in them are per TP rank).
+  Source s = Build(2);
+  s.src.layers.push_back(DsLayerFile{"layer_01-model_00-model_states.pt",
+                                     static_cast<uint32_t>(s.bytes.size()), 6});
+  s.bytes.push_back("layers");
+  const auto dp = Plan(s, "dp4");
+  EXPECT_EQ(dp.at("global_step10/layer_01-model_00-model_states.pt"), "layers");
+  const auto uni = Plan(s, "universal");
+  EXPECT_EQ(uni.count("global_step10/layer_01-model_00-model_states.pt"), 0u);
+  EXPECT_TRUE(uni.count("global_step10/zero/optimizer_state.pt"));
+  Status st = PlanError(s, "tp1-dp2");
+  EXPECT_EQ(st.code(), Code::kInvalid);
+  EXPECT_TRUE(Contains(st.message(), "layer_01-model_00-model_states.pt")) << st.ToString();
 }
 
 TEST(DeepSpeedErrors, UniversalInfoThatCannotBeGathered) {
@@ -636,6 +647,7 @@ TEST(DeepSpeedErrors, UniversalInfoThatCannotBeGathered) {
 // a sub-group is its partitions one after another. `subs`: the sub-groups, as parameter lists.
 struct Zero3Options {
   bool missing_optim = false, short_fp32 = false, tp2 = false;
+  bool odd_shapes = false;  // dp rank 1's param_shapes lack the last parameter
 };
 Source BuildZero3(int64_t D, const std::vector<std::vector<P>>& subs, Zero3Options o = {}) {
   Source s;
@@ -653,6 +665,7 @@ Source BuildZero3(int64_t D, const std::vector<std::vector<P>>& subs, Zero3Optio
       for (const P& p : sub) shape_map->dict_items.push_back({S(p.name), Size(p.shape)});
       shapes.push_back(shape_map);
     }
+    if (o.odd_shapes && d == 1) shapes.back()->dict_items.pop_back();
     FileBuilder mb;
     std::vector<std::pair<ValuePtr, ValuePtr>> root = {
         {S("module"), OrderedDict()},       {S("optimizer"), pickle::MakeNone()},
@@ -755,6 +768,10 @@ TEST(DeepSpeedZero3, Refusals) {
       << st.ToString();
   st = PlanError(BuildZero3(2, kZero3Subs, {.short_fp32 = true}), "universal");
   EXPECT_TRUE(Contains(st.message(), "fp32_flat_groups[0] holds 7 elements")) << st.ToString();
+  st = PlanError(BuildZero3(2, kZero3Subs, {.odd_shapes = true}), "universal");
+  EXPECT_TRUE(Contains(st.message(), "zero_pp_rank_1_mp_rank_00_model_states.pt: param_shapes "
+                                     "differ from dp rank 0's"))
+      << st.ToString();
   st = PlanError(BuildZero3(2, kZero3Subs, {.tp2 = true}), "universal");
   EXPECT_TRUE(Contains(st.message(), "tensor parallelism")) << st.ToString();
   auto specs = DeepSpeedSpecs(BuildZero3(2, kZero3Subs).src);
