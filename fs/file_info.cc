@@ -85,9 +85,10 @@ Result<FileDescription> DescribeOnce(Store& store, const Manifest& m) {
 }
 
 // A view file's bytes, read through its recipe (opening it first computes its CRCs, once: the
-// cost its first read would pay anyway).
-Result<FileDescription> DescribeView(ViewTree& views, fuse_ino_t ino, uint64_t size) {
-  Status open = views.Open(ino);
+// cost its first read would pay anyway, and the bytes go to the page cache as on a FUSE open).
+Result<FileDescription> DescribeView(Context& ctx, fuse_ino_t ino, uint64_t size) {
+  ViewTree& views = *ctx.views;
+  Status open = views.Open(ino, PageCacheStore(ctx, ino));
   if (open.code() == Code::kIsDir) return Status(Code::kNoData, "a directory");
   RETURN_IF_ERROR(open);
   return DescribeSlices(size, [&](uint64_t off, size_t len, std::vector<ReadSlice>* out) {
@@ -104,7 +105,7 @@ Result<std::shared_ptr<const Described>> Describe(Context& ctx, fuse_ino_t ino) 
   d->size = rec.size;
   d->mtime_ns = rec.mtime_ns;
   if (view) {
-    d->desc = DescribeView(*ctx.views, ino, rec.size);
+    d->desc = DescribeView(ctx, ino, rec.size);
     if (!d->desc.ok() && d->desc.status().code() == Code::kNoData) return d->desc.status();
   }
   // A chunk may be reclaimed under a snapshot when the file is replaced meanwhile: retry.

@@ -31,6 +31,11 @@ inline Caller CallerOf(fuse_req_t req) {
   return Caller{c->uid, c->gid};
 }
 
+// A view file's first open reads its gathered records once for their CRCs (ViewTree::Open);
+// this hands those bytes to the kernel's page cache (fuse_lowlevel_notify_store), so the reads
+// that follow are served from there instead of reading the sources a second time.
+reshard::ViewBytesFn PageCacheStore(Context& ctx, fuse_ino_t ino);
+
 // Replies with the errno of `st`, logging it once unless it is an expected answer (ENOENT, ...).
 void ReplyError(fuse_req_t req, const Status& st, const char* op, fuse_ino_t ino);
 void FillStat(const InodeRecord& rec, struct stat* st);

@@ -25,17 +25,7 @@ void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
       return static_cast<void>(fuse_reply_err(req, EROFS));
     }
     Context& ctx = Ctx(req);
-    // The first open reads the file's gathered records once for their CRCs; those bytes go
-    // straight into the kernel's page cache, so the reads that follow are served from there
-    // instead of reading the sources a second time.
-    auto seen = [&ctx, ino](uint64_t off, const uint8_t* data, size_t len) {
-      fuse_bufvec buf = FUSE_BUFVEC_INIT(len);
-      buf.buf[0].mem = const_cast<uint8_t*>(data);
-      const int rc = fuse_lowlevel_notify_store(ctx.session, ino, static_cast<off_t>(off), &buf,
-                                                FUSE_BUF_NO_SPLICE);
-      if (rc != 0) ctx.log->debug("view inode {}: page cache store at {}: {}", ino, off, rc);
-    };
-    Status st = ctx.views->Open(ino, seen);
+    Status st = ctx.views->Open(ino, PageCacheStore(ctx, ino));
     if (!st.ok()) return ReplyError(req, st, "open", ino);
     // A view inode's bytes never change (a changed checkpoint gets new inodes), so its cached
     // pages stay valid across opens.
@@ -151,6 +141,16 @@ void Fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t len,
 }
 
 }  // namespace
+
+reshard::ViewBytesFn PageCacheStore(Context& ctx, fuse_ino_t ino) {
+  return [&ctx, ino](uint64_t off, const uint8_t* data, size_t len) {
+    fuse_bufvec buf = FUSE_BUFVEC_INIT(len);
+    buf.buf[0].mem = const_cast<uint8_t*>(data);
+    const int rc = fuse_lowlevel_notify_store(ctx.session, ino, static_cast<off_t>(off), &buf,
+                                              FUSE_BUF_NO_SPLICE);
+    if (rc != 0) ctx.log->debug("view inode {}: page cache store at {}: {}", ino, off, rc);
+  };
+}
 
 void AddFileOps(fuse_lowlevel_ops* ops) {
   ops->open = Open;
