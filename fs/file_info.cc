@@ -18,9 +18,6 @@ namespace ckptfs::fs {
 
 namespace {
 
-constexpr std::string_view kFormat = kXattrFormat;
-constexpr std::string_view kTensors = kXattrTensors;
-constexpr std::string_view kPages = kXattrTensorPages;
 constexpr std::string_view kChunks = "user.ckptfs.chunks";
 constexpr std::string_view kState = "user.ckptfs.state";
 constexpr std::string_view kCached = "user.ckptfs.cached";
@@ -133,14 +130,15 @@ Result<std::shared_ptr<const Described>> Describe(Context& ctx, fuse_ino_t ino) 
 std::shared_ptr<FileInfoCache> NewFileInfoCache() { return std::make_shared<FileInfoCache>(); }
 
 bool IsComputedXattr(std::string_view name) {
-  return name == kFormat || name == kChunks || name == kState || name == kCached ||
-         name == kPrefetchXattr || name.substr(0, kTensors.size()) == kTensors;
+  return name == kXattrFormat || name == kChunks || name == kState || name == kCached ||
+         name == kPrefetchXattr || name.substr(0, kXattrTensors.size()) == kXattrTensors;
 }
 
 Result<std::string> ComputedXattr(Context& ctx, fuse_ino_t ino, std::string_view name) {
   if (!IsComputedXattr(name)) return Status(Code::kNoData, "not a computed attribute");
   // A view file has no chunks, remote state or cache of its own: only what it holds.
-  if (IsViewIno(ino) && name != kFormat && name.substr(0, kTensors.size()) != kTensors) {
+  if (IsViewIno(ino) && name != kXattrFormat &&
+      name.substr(0, kXattrTensors.size()) != kXattrTensors) {
     return Status(Code::kNoData, "not an attribute of a view file");
   }
   if (name == kState) return ctx.store->RemoteState(ino);
@@ -161,12 +159,12 @@ Result<std::string> ComputedXattr(Context& ctx, fuse_ino_t ino, std::string_view
   }
   ASSIGN_OR_RETURN(auto d, Describe(ctx, ino));
   // A damaged checkpoint: its format is still named; its tensors are the error.
-  if (name == kFormat)
+  if (name == kXattrFormat)
     return std::string(FormatName(d->desc.ok() ? d->desc->format : FileFormat::kUnknown));
   if (!d->desc.ok()) return d->desc.status();
   const auto& tensors = d->desc->tensors;
   size_t next = 0;
-  if (name == kTensors) {
+  if (name == kXattrTensors) {
     std::string all = TensorsJson(tensors, 0, SIZE_MAX, &next);
     if (all.size() > kMaxValue) {
       return Status(Code::kValueTooLarge,
@@ -176,8 +174,10 @@ Result<std::string> ComputedXattr(Context& ctx, fuse_ino_t ino, std::string_view
     }
     return all;
   }
-  if (name == kPages) return std::to_string(std::max<size_t>(d->page_starts.size(), 1));
-  const std::string_view index = name.substr(kTensors.size());
+  if (name == kXattrTensorPages) {
+    return std::to_string(std::max<size_t>(d->page_starts.size(), 1));
+  }
+  const std::string_view index = name.substr(kXattrTensors.size());
   size_t page = 0;
   if (index.size() < 2 || index[0] != '.' || index.size() > 12) {
     return Status(Code::kNoData, "no such attribute");

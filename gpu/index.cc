@@ -96,12 +96,13 @@ Status Explain(const std::string& path, const Status& st) {
 Result<std::vector<TensorInfo>> ReadPages(const std::string& path) {
   auto pages = GetAttr(path, kXattrTensorPages);
   if (!pages.ok()) return Explain(path, pages.status());
+  const Status bad = Corrupt(path + ": bad " + std::string(kXattrTensorPages));
   int64_t n = 0;
   for (char c : *pages) {
-    if (c < '0' || c > '9' || n > kMaxPages) return Corrupt(path + ": bad " + std::string(kXattrTensorPages));
+    if (c < '0' || c > '9' || n > kMaxPages) return bad;
     n = n * 10 + (c - '0');
   }
-  if (pages->empty() || n > kMaxPages) return Corrupt(path + ": bad " + std::string(kXattrTensorPages));
+  if (pages->empty() || n > kMaxPages) return bad;
   std::vector<TensorInfo> all;
   for (int64_t i = 0; i < n; ++i) {
     const std::string attr = std::string(kXattrTensors) + "." + std::to_string(i);

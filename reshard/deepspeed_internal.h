@@ -36,6 +36,7 @@ struct Param {
   std::string name;
   std::vector<int64_t> shape;
   uint64_t numel = 0, offset = 0;  // in its group's flat buffer, elements
+  bool operator==(const Param&) const = default;
 };
 
 // One optimizer file (one dp rank of one TP rank), decoded.

@@ -39,21 +39,17 @@ Status Checkpoint::DecodeZero3(const std::map<uint32_t, const DsSourceFile*>& mo
     return Invalid(src.tag + " does not hold the stage 3 model-states files of dp ranks 0 .. " +
                    std::to_string(D - 1));
   }
+  const std::string where0 = src.tag + "/" + models.at(0)->name;
+  ASSIGN_OR_RETURN(std::vector<std::vector<Param>> shapes,
+                   ParamShapes(models.at(0)->file->root, where0));
   for (const auto& [d, f] : models) {
     const std::string where = src.tag + "/" + f->name;
     if (!IsMapping(f->file->root)) return Invalid(where + " is not a DeepSpeed model-states dict");
     if (d > 0) {  // every rank's param_shapes must be rank 0's: the view reads rank 0's
       auto mine = ParamShapes(f->file->root, where);
-      auto first = ParamShapes(models.at(0)->file->root, where);
-      bool same = mine.ok() && first.ok() && mine->size() == first->size();
-      for (size_t g = 0; same && g < mine->size(); ++g) {
-        same = (*mine)[g].size() == (*first)[g].size();
-        for (size_t i = 0; same && i < (*mine)[g].size(); ++i) {
-          same = (*mine)[g][i].name == (*first)[g][i].name &&
-                 (*mine)[g][i].shape == (*first)[g][i].shape;
-        }
+      if (!mine.ok() || *mine != shapes) {
+        return Invalid(where + ": param_shapes differ from dp rank 0's");
       }
-      if (!same) return Invalid(where + ": param_shapes differ from dp rank 0's");
     }
     ValuePtr dpws = Get(f->file->root, "dp_world_size");
     if (!dpws || dpws->kind != Kind::kInt || dpws->i != static_cast<int64_t>(D)) {
@@ -61,20 +57,15 @@ Status Checkpoint::DecodeZero3(const std::map<uint32_t, const DsSourceFile*>& mo
                      ", the number of stage 3 model-states files");
     }
   }
-  const std::string where0 = src.tag + "/" + models.at(0)->name;
-  ASSIGN_OR_RETURN(std::vector<std::vector<Param>> shapes,
-                   ParamShapes(models.at(0)->file->root, where0));
   std::vector<uint64_t> totals;  // per sub-group: elements of every rank's flat buffer
   for (std::vector<Param>& group : shapes) {
     std::vector<Zero3Param> params;
     uint64_t off = 0;
     for (Param& q : group) {
-      Zero3Param p;
-      static_cast<Param&>(p) = std::move(q);
-      p.part = (p.numel + D - 1) / D;
-      p.offset = off;
-      off += p.part;
-      params.push_back(std::move(p));
+      q.offset = off;
+      const uint64_t part = (q.numel + D - 1) / D;
+      off += part;
+      params.push_back(Zero3Param{std::move(q), part});
     }
     z3->groups.push_back(std::move(params));
     totals.push_back(off);

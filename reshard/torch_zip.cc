@@ -263,13 +263,13 @@ Status ComputeCrcs(ViewFile* f, const SourceReadFn& read, const KnownCrcFn& know
     // This thread's copy of a unit for `seen`, grown to the largest unit it meets and reused;
     // not zeroed (every byte is written). Without the memory, the bytes are not shown.
     std::unique_ptr<uint8_t[]> keep;
-    uint64_t kept = 0;
+    uint64_t capacity = 0;
     for (size_t i = next++; i < n; i = next++) {
       const CrcUnit& u = units[i];
       bool show = seen && !u.known;
-      if (show && kept < u.len) {
+      if (show && capacity < u.len) {
         keep.reset(new (std::nothrow) uint8_t[u.len]);
-        kept = keep ? u.len : 0;
+        capacity = keep ? u.len : 0;
         show = keep != nullptr;
       }
       auto c = UnitCrc(*f, u, read, show ? keep.get() : nullptr);

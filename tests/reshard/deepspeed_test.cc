@@ -15,6 +15,7 @@
 #include <map>
 #include <utility>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "formats/pickle.h"
@@ -692,10 +693,10 @@ Source BuildZero3(int64_t D, const std::vector<std::vector<P>>& subs, Zero3Optio
         flat[key] = x;
       }
       flats.push_back(fb.Tensor(flat["fp32"]));
-      state->pairs.push_back({I(static_cast<int64_t>(g)),
-                              pickle::MakeDict({{S("step"), I(10)},
-                                                {S("exp_avg"), fb.Tensor(flat["exp_avg"])},
-                                                {S("exp_avg_sq"), fb.Tensor(flat["exp_avg_sq"])}})});
+      ValuePtr st = pickle::MakeDict({{S("step"), I(10)},
+                                      {S("exp_avg"), fb.Tensor(flat["exp_avg"])},
+                                      {S("exp_avg_sq"), fb.Tensor(flat["exp_avg_sq"])}});
+      state->pairs.push_back({I(static_cast<int64_t>(g)), st});
       params.push_back(I(static_cast<int64_t>(g)));
     }
     auto inner = pickle::MakeDict(
@@ -762,18 +763,18 @@ TEST(DeepSpeedZero3, Refusals) {
   Status st = PlanError(BuildZero3(2, kZero3Subs), "dp4");
   EXPECT_EQ(st.code(), Code::kInvalid);
   EXPECT_TRUE(Contains(st.message(), "only the universal view")) << st.ToString();
-  st = PlanError(BuildZero3(3, kZero3Subs, {.missing_optim = true}), "universal");
-  EXPECT_TRUE(Contains(st.message(), "bf16_zero_pp_rank_2_mp_rank_00_optim_states.pt of "
-                                     "global_step10 is missing"))
-      << st.ToString();
-  st = PlanError(BuildZero3(2, kZero3Subs, {.short_fp32 = true}), "universal");
-  EXPECT_TRUE(Contains(st.message(), "fp32_flat_groups[0] holds 7 elements")) << st.ToString();
-  st = PlanError(BuildZero3(2, kZero3Subs, {.odd_shapes = true}), "universal");
-  EXPECT_TRUE(Contains(st.message(), "zero_pp_rank_1_mp_rank_00_model_states.pt: param_shapes "
-                                     "differ from dp rank 0's"))
-      << st.ToString();
-  st = PlanError(BuildZero3(2, kZero3Subs, {.tp2 = true}), "universal");
-  EXPECT_TRUE(Contains(st.message(), "tensor parallelism")) << st.ToString();
+  const std::vector<std::tuple<int64_t, Zero3Options, std::string>> universal = {
+      {3, {.missing_optim = true},
+       "bf16_zero_pp_rank_2_mp_rank_00_optim_states.pt of global_step10 is missing"},
+      {2, {.short_fp32 = true}, "fp32_flat_groups[0] holds 7 elements"},
+      {2, {.odd_shapes = true},
+       "zero_pp_rank_1_mp_rank_00_model_states.pt: param_shapes differ from dp rank 0's"},
+      {2, {.tp2 = true}, "tensor parallelism"},
+  };
+  for (const auto& [D, o, want] : universal) {
+    st = PlanError(BuildZero3(D, kZero3Subs, o), "universal");
+    EXPECT_TRUE(Contains(st.message(), want)) << st.ToString();
+  }
   auto specs = DeepSpeedSpecs(BuildZero3(2, kZero3Subs).src);
   ASSERT_TRUE(specs.ok()) << specs.status().ToString();
   EXPECT_EQ(*specs, std::vector<std::string>{"universal"});
