@@ -19,6 +19,9 @@ Result<ViewEntry> PlanOptimFile(const Checkpoint& c, const Target& target, uint3
   const size_t G = target.groups.size();
   TorchOut out;
   auto copy = [&](const ValuePtr& v) { return out.Copy(o0.tensors, o0.file->source, v); };
+  auto copy_with = [&](const ValuePtr& m, const Entries& with) {
+    return out.CopyWith(o0.tensors, o0.file->source, m, with);
+  };
 
   // base_optimizer_state: rank 0's, with every partition-sized state tensor re-cut.
   ValuePtr state = EmptyLike(o0.state);
@@ -42,15 +45,7 @@ Result<ViewEntry> PlanOptimFile(const Checkpoint& c, const Target& target, uint3
     }
     Put(state, gk, ns);
   }
-  ValuePtr base = EmptyLike(o0.base);
-  for (const auto& [k, v] : PairsOf(*o0.base)) {
-    if (KeyName(k) == "state") {
-      Put(base, k, state);
-    } else {
-      ASSIGN_OR_RETURN(ValuePtr nv, copy(v));
-      Put(base, k, nv);
-    }
-  }
+  ASSIGN_OR_RETURN(ValuePtr base, copy_with(o0.base, {{"state", state}}));
 
   // The fp32 partitions (padding stripped), the paddings and the slice mappings.
   std::vector<ValuePtr> fp32, paddings, counts, mappings;
@@ -89,33 +84,13 @@ Result<ViewEntry> PlanOptimFile(const Checkpoint& c, const Target& target, uint3
     for (size_t i = 0; i < pc->items.size(); ++i) counts.push_back(pickle::MakeInt(D));
   }
 
-  ValuePtr osd = EmptyLike(o0.osd);
-  for (const auto& [k, v] : PairsOf(*o0.osd)) {
-    const std::string key = KeyName(k);
-    if (key == "base_optimizer_state") {
-      Put(osd, k, base);
-    } else if (key == "single_partition_of_fp32_groups") {
-      Put(osd, k, pickle::MakeList(fp32));
-    } else if (key == "group_paddings") {
-      Put(osd, k, pickle::MakeList(paddings));
-    } else if (key == "partition_count" && pc && pc->kind == Kind::kList) {
-      Put(osd, k, pickle::MakeList(counts));
-    } else if (key == "param_slice_mappings") {
-      Put(osd, k, pickle::MakeList(mappings));
-    } else {
-      ASSIGN_OR_RETURN(ValuePtr nv, copy(v));
-      Put(osd, k, nv);
-    }
-  }
-  ValuePtr root = EmptyLike(o0.root);
-  for (const auto& [k, v] : PairsOf(*o0.root)) {
-    if (KeyName(k) == "optimizer_state_dict") {
-      Put(root, k, osd);
-    } else {
-      ASSIGN_OR_RETURN(ValuePtr nv, copy(v));
-      Put(root, k, nv);
-    }
-  }
+  Entries with = {{"base_optimizer_state", base},
+               {"single_partition_of_fp32_groups", pickle::MakeList(fp32)},
+               {"group_paddings", pickle::MakeList(paddings)},
+               {"param_slice_mappings", pickle::MakeList(mappings)}};
+  if (pc && pc->kind == Kind::kList) with.push_back({"partition_count", pickle::MakeList(counts)});
+  ASSIGN_OR_RETURN(ValuePtr osd, copy_with(o0.osd, with));
+  ASSIGN_OR_RETURN(ValuePtr root, copy_with(o0.root, {{"optimizer_state_dict", osd}}));
   const std::string name = OptimFileName(c.optim_prefix, d, tp);
   ASSIGN_OR_RETURN(ViewFile f, out.Finish(ArchivePrefix(name), root, o0.file->extra_records));
   return ViewEntry{c.src.tag + "/" + name, std::move(f)};

@@ -1,5 +1,6 @@
 #include "reshard/torch_out.h"
 
+#include <algorithm>
 #include <memory>
 
 namespace ckptfs::reshard {
@@ -121,6 +122,22 @@ Result<ValuePtr> TorchOut::Copy(const TensorIndex& tensors, uint32_t source, con
     }
   }
   return ValuePtr(c);
+}
+
+Result<ValuePtr> TorchOut::CopyWith(const TensorIndex& tensors, uint32_t source,
+                                    const ValuePtr& m, const Entries& with) {
+  ValuePtr out = EmptyLike(m);
+  for (const auto& [k, v] : PairsOf(*m)) {
+    const std::string key = KeyName(k);
+    auto it = std::find_if(with.begin(), with.end(), [&](const auto& w) { return w.first == key; });
+    if (it != with.end()) {
+      Put(out, k, it->second);
+    } else {
+      ASSIGN_OR_RETURN(ValuePtr nv, Copy(tensors, source, v));
+      Put(out, k, nv);
+    }
+  }
+  return out;
 }
 
 Result<ViewFile> TorchOut::Finish(

@@ -34,6 +34,9 @@ bool IntsOf(const pickle::ValuePtr& v, std::vector<int64_t>* out);
 using TensorIndex = std::unordered_map<const pickle::Value*, const TorchTensor*>;
 TensorIndex IndexTensors(const TorchFile& f);
 
+// Mapping entries by str key, in order.
+using Entries = std::vector<std::pair<std::string_view, pickle::ValuePtr>>;
+
 // One target torch file in the making: the storages its tensors get, in pickle order.
 class TorchOut {
  public:
@@ -46,6 +49,10 @@ class TorchOut {
   // tensor in it gets a storage of its own holding the bytes it spans. Shared nodes stay shared.
   Result<pickle::ValuePtr> Copy(const TensorIndex& tensors, uint32_t source,
                                 const pickle::ValuePtr& v);
+  // A copy of mapping m (as Copy makes it, key order kept) in which the keys named in `with`
+  // hold the given values instead of copies of theirs. REQUIRES: IsMapping(m).
+  Result<pickle::ValuePtr> CopyWith(const TensorIndex& tensors, uint32_t source,
+                                    const pickle::ValuePtr& m, const Entries& with);
   // Records `location` (e.g. "cpu") for every tensor made from now on, in place of the source's
   // (a file saved after torch.load(map_location='cpu')). Empty: keep the source's.
   void set_location(std::string location) { location_ = std::move(location); }
