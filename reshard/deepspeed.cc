@@ -395,7 +395,6 @@ bool ParseDsSpec(std::string_view s, DsSpec* spec) {
 Result<std::vector<std::string>> DeepSpeedSpecs(const DeepSpeedSource& src) {
   ds::Checkpoint c(src);
   RETURN_IF_ERROR(c.Decode());
-  if (c.z3) return std::vector<std::string>{"universal"};
   return std::vector<std::string>{"dp1", "dp2", "dp4", "dp8", "universal"};
 }
 
@@ -404,11 +403,15 @@ Result<std::vector<ViewEntry>> PlanDeepSpeed(const DeepSpeedSource& src, const D
   RETURN_IF_ERROR(c.Decode());
   std::vector<ViewEntry> out;
   if (c.z3) {
-    if (spec.kind != DsSpec::kUniversal) {
-      return Invalid("a ZeRO stage 3 checkpoint has only the universal view; dpD and tpT-dpD "
-                     "are not offered for it yet");
+    if (spec.kind == DsSpec::kUniversal) {
+      RETURN_IF_ERROR(ds::PlanUniversalZero3(c, &out));
+    } else if (spec.kind == DsSpec::kDp || spec.T == 1) {  // tp1-dpD: the source's own TP size
+      RETURN_IF_ERROR(ds::PlanDpZero3(c, spec.D, &out));
+    } else {
+      return Invalid("a ZeRO stage 3 checkpoint has no tensor-parallel views: tp" +
+                     std::to_string(spec.T) + " would split its parameters, which stage 3 "
+                     "sources without universal_checkpoint_info do not describe");
     }
-    RETURN_IF_ERROR(ds::PlanUniversalZero3(c, &out));
   } else if (spec.kind == DsSpec::kUniversal) {
     RETURN_IF_ERROR(ds::PlanUniversal(c, &out));
   } else if (spec.kind == DsSpec::kTpDp) {

@@ -1,7 +1,7 @@
-// DeepSpeed views: one tag (global_stepN) of a ZeRO stage 1/2 checkpoint, re-partitioned for
-// another data-parallel size, or laid out as the universal checkpoint that DeepSpeed's offline
-// converter would write (stage 3 too), file by file as recipes over the source files. The contract is in
-// docs/views.md.
+// DeepSpeed views: one tag (global_stepN) of a ZeRO checkpoint (stages 1 to 3), re-partitioned
+// for another data-parallel size (stages 1/2: and tensor-parallel size), or laid out as the
+// universal checkpoint that DeepSpeed's offline converter would write, file by file as recipes
+// over the source files. The contract is in docs/views.md.
 //
 // Pure: the caller parses the source files (ReadTorchFile) and hands them in.
 #pragma once
@@ -69,8 +69,7 @@ struct ViewEntry {
 // Plans every file of the view `spec` of `src`, in path order. Errors (kInvalid, naming the
 // file or the parameter): what the view cannot be made from (see docs/views.md).
 Result<std::vector<ViewEntry>> PlanDeepSpeed(const DeepSpeedSource& src, const DsSpec& spec);
-// The specs a listing of ROOT/.views offers for `src`: dpD for a few D and universal for ZeRO
-// stages 1/2, universal alone for stage 3. Errors: those PlanDeepSpeed gives for the source
+// The specs a listing of ROOT/.views offers for `src`: dpD for a few D, and universal. Errors: those PlanDeepSpeed gives for the source
 // itself, before any spec.
 Result<std::vector<std::string>> DeepSpeedSpecs(const DeepSpeedSource& src);
 

@@ -68,6 +68,7 @@ struct Zero3Param : Param {  // offset: of its partition in every rank's sub-gro
 struct Zero3Rank {
   const DsSourceFile* model = nullptr;  // zero_pp_rank_D_mp_rank_00_model_states.pt
   const DsSourceFile* optim = nullptr;
+  TensorIndex model_tensors;           // of the model-states file
   TensorIndex tensors;                 // of the optimizer file
   pickle::ValuePtr osd;                // its optimizer_state_dict
   std::vector<const TorchTensor*> fp32;        // fp32_flat_groups, per sub-group
@@ -213,6 +214,7 @@ Result<ViewEntry> PlanOptimFile(const Checkpoint& c, const Target& target, uint3
 Status PlanDp(const Checkpoint& c, uint32_t D, std::vector<ViewEntry>* out);
 Status PlanUniversal(const Checkpoint& c, std::vector<ViewEntry>* out);
 Status PlanUniversalZero3(const Checkpoint& c, std::vector<ViewEntry>* out);
+Status PlanDpZero3(const Checkpoint& c, uint32_t D, std::vector<ViewEntry>* out);
 // The tensor state keys of one group, over its ranks' state mappings (null: none) and their
 // files' tensors, in the order the optimizer made them ('step' apart). Errors: a state that is
 // not a tensor (the universal view cannot split it per parameter).

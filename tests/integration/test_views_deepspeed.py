@@ -134,25 +134,54 @@ def test_zero3_universal_view_equals_reference(mnt, case):
     g = z3.generate(root, dp=D, **kw)
     if kw.get("sub_group_size"):
         assert len(z3.sub_groups(D, kw["sub_group_size"])) > 2  # the case does what it says
-    assert os.listdir(root / ".views") == ["universal"]
     uni = root / ".views" / "universal"
     assert read_file(uni / "latest_universal") == TAG.encode()
     z3.compare_universal(root, model=g)
     check_reads_are_stable(uni / TAG / "zero" / "optimizer_state.pt")
 
 
-def test_zero3_offers_only_the_universal_view(mnt):
+# ZeRO stage 3 dpD: source dp, view dp, generator options. With sub_group_size 30 the decay
+# group's sub-group boundaries differ between the two sizes (the test checks it).
+ZERO3_DP_CASES = {
+    "dp4-to-dp2-bf16-fused-adam": (4, 2, dict()),
+    "dp3-to-dp5-fp16-torch-adamw-sub-groups": (3, 5, dict(dtype="fp16", optimizer="torch_adamw",
+                                                          sub_group_size=30)),
+    "dp2-to-dp1-sgd-sub-groups": (2, 1, dict(optimizer="sgd", sub_group_size=30)),
+    "dp1-to-dp3-bf16": (1, 3, dict()),
+}
+
+
+@pytest.mark.parametrize("case", list(ZERO3_DP_CASES))
+def test_zero3_dp_view_equals_reference(mnt, tmp_path, case):
+    S, D, kw = ZERO3_DP_CASES[case]
+    root = mnt / "ds3"
+    z3.generate(root, dp=S, **kw)
+    if kw.get("sub_group_size"):
+        size = kw["sub_group_size"]
+        assert z3.sub_groups(S, size) != z3.sub_groups(D, size)  # the case does what it says
+    # What DeepSpeed writes at dp D for the same model (padding zeros, as the view writes it).
+    z3.generate(tmp_path / "at-d", dp=D, pad=0.0, **kw)
+    assert sorted(os.listdir(root / ".views")) == ["dp1", "dp2", "dp4", "dp8", "universal"]
+    z3.compare_dp(root, D, expected_dir=tmp_path / "at-d")
+    view = root / ".views" / f"dp{D}"
+    prefix = "" if kw.get("dtype") == "fp16" else "bf16_"
+    check_reads_are_stable(view / TAG / f"{prefix}zero_pp_rank_{D - 1}_mp_rank_00_optim_states.pt")
+    check_reads_are_stable(view / TAG / z3.model_name(D - 1))
+
+
+def test_zero3_refusals(mnt):
     root = mnt / "ds3"
     z3.generate(root, dp=2)
-    expect_errno(errno.EINVAL, os.stat, root / ".views" / "dp4")
+    expect_errno(errno.EINVAL, os.stat, root / ".views" / "tp2-dp2")
     why = os.getxattr(root / ".views", "user.ckptfs.view_errors").decode()
-    assert "dp4: a ZeRO stage 3 checkpoint has only the universal view" in why, why
-    # A rank's files missing: a clear error for the universal view too.
+    assert "tp2-dp2: a ZeRO stage 3 checkpoint has no tensor-parallel views" in why, why
+    # A rank's files missing: a clear error for every view.
     os.unlink(root / TAG / "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt")
     time.sleep(1.5)  # the kernel keeps view entries for a second
-    expect_errno(errno.EINVAL, os.stat, root / ".views" / "universal")
-    why = os.getxattr(root / ".views", "user.ckptfs.view_errors").decode()
-    assert "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt" in why and "missing" in why, why
+    for spec in ("universal", "dp4"):
+        expect_errno(errno.EINVAL, os.stat, root / ".views" / spec)
+        why = os.getxattr(root / ".views", "user.ckptfs.view_errors").decode()
+        assert "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt" in why and "missing" in why, why
 
 
 def test_pipeline_layer_files(mnt):

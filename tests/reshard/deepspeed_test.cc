@@ -649,6 +649,9 @@ TEST(DeepSpeedErrors, UniversalInfoThatCannotBeGathered) {
 struct Zero3Options {
   bool missing_optim = false, short_fp32 = false, tp2 = false;
   bool odd_shapes = false;  // dp rank 1's param_shapes lack the last parameter
+  std::vector<int64_t> group_of;  // each sub-group's optimizer param group (empty: all in 0)
+  int64_t sub_group_size = -1;    // written into ds_config when set
+  uint32_t pad = 0xDEADBEEF;      // what the padding holds
 };
 Source BuildZero3(int64_t D, const std::vector<std::vector<P>>& subs, Zero3Options o = {}) {
   Source s;
@@ -672,11 +675,19 @@ Source BuildZero3(int64_t D, const std::vector<std::vector<P>>& subs, Zero3Optio
         {S("module"), OrderedDict()},       {S("optimizer"), pickle::MakeNone()},
         {S("param_shapes"), pickle::MakeList(shapes)}, {S("dp_world_size"), I(D)},
         {S("mp_world_size"), I(1)},         {S("ds_version"), S("0.16.5")}};
+    if (o.sub_group_size >= 0) {
+      root.push_back({S("ds_config"),
+                      pickle::MakeDict({{S("zero_optimization"),
+                                         pickle::MakeDict({{S("stage"), I(3)},
+                                                           {S("sub_group_size"),
+                                                            I(o.sub_group_size)}})}})});
+    }
     const std::string mname = "zero_pp_rank_" + std::to_string(d) + "_mp_rank_00_model_states";
     s.Add(mname + ".pt", mb.Write(pickle::MakeDict(root), mname));
     if (o.missing_optim && d == D - 1) continue;
     FileBuilder fb;
-    std::vector<ValuePtr> flats, params;
+    std::vector<ValuePtr> flats;
+    std::vector<std::vector<ValuePtr>> params(1);
     auto state = pickle::MakeDict({});
     for (size_t g = 0; g < subs.size(); ++g) {
       std::map<std::string, T32> flat;
@@ -686,7 +697,7 @@ Source BuildZero3(int64_t D, const std::vector<std::vector<P>>& subs, Zero3Optio
           const auto [n, ps] = part(p);
           const T32 full = FullTensor(m, key, p.name);
           for (int64_t i = d * ps; i < (d + 1) * ps; ++i) {
-            x.v.push_back(i < n ? full.v[static_cast<size_t>(i)] : 0xDEADBEEF);
+            x.v.push_back(i < n ? full.v[static_cast<size_t>(i)] : o.pad);
           }
         }
         x.shape[0] = static_cast<int64_t>(x.v.size()) - (key == "fp32" && o.short_fp32 ? 1 : 0);
@@ -697,13 +708,17 @@ Source BuildZero3(int64_t D, const std::vector<std::vector<P>>& subs, Zero3Optio
                                       {S("exp_avg"), fb.Tensor(flat["exp_avg"])},
                                       {S("exp_avg_sq"), fb.Tensor(flat["exp_avg_sq"])}});
       state->pairs.push_back({I(static_cast<int64_t>(g)), st});
-      params.push_back(I(static_cast<int64_t>(g)));
+      const size_t pg = o.group_of.empty() ? 0 : static_cast<size_t>(o.group_of[g]);
+      params.resize(std::max(params.size(), pg + 1));
+      params[pg].push_back(I(static_cast<int64_t>(g)));
+    }
+    std::vector<ValuePtr> groups;
+    for (size_t pg = 0; pg < params.size(); ++pg) {
+      groups.push_back(pickle::MakeDict({{S("lr"), pickle::MakeFloat(0.001 * (pg + 1))},
+                                         {S("params"), pickle::MakeList(params[pg])}}));
     }
     auto inner = pickle::MakeDict(
-        {{S("state"), state},
-         {S("param_groups"),
-          pickle::MakeList({pickle::MakeDict({{S("lr"), pickle::MakeFloat(0.001)},
-                                              {S("params"), pickle::MakeList(params)}})})}});
+        {{S("state"), state}, {S("param_groups"), pickle::MakeList(groups)}});
     auto osd = pickle::MakeDict({{S("zero_stage"), I(3)},
                                  {S("partition_count"), I(D)},
                                  {S("optimizer_state_dict"), inner},
@@ -759,10 +774,57 @@ TEST(DeepSpeedZero3, UniversalHoldsEveryParameterWhole) {
   }
 }
 
+// kPlain's parameters (15, 7 | 4, 1 elements in two param groups) in the sub-groups DeepSpeed
+// forms at dp size D with sub_group_size 4, worked out by hand: a group whose partitions fit in
+// 4 elements is one sub-group; otherwise a sub-group closes once its partitions reach 4.
+struct Zero3Layout {
+  std::vector<std::vector<P>> subs;
+  std::vector<int64_t> group_of;
+};
+Zero3Layout Zero3At(int64_t D) {
+  const P& e = kPlain.groups[0][0];
+  const P& w = kPlain.groups[0][1];
+  const P& n = kPlain.groups[1][0];
+  const P& b = kPlain.groups[1][1];
+  if (D == 1) return {{{e}, {w}, {n}, {b}}, {0, 0, 1, 1}};  // 15, 7 | 4, 1
+  if (D <= 4) return {{{e}, {w}, {n, b}}, {0, 0, 1}};       // at 2: 8, 4 | 2, 1 (fits)
+  return {{{e, w}, {n, b}}, {0, 1}};                        // at 5: 3, 2 (3 < 4) | 1, 1
+}
+
+TEST(DeepSpeedZero3, DpViewIsWhatDeepSpeedWritesAtTheNewSize) {
+  for (const auto& [from, to] : std::vector<std::pair<int64_t, int64_t>>{
+           {2, 5}, {5, 1}, {3, 2}, {1, 3}, {2, 2}, {5, 4}}) {
+    SCOPED_TRACE("dp " + std::to_string(from) + " -> " + std::to_string(to));
+    const Zero3Layout a = Zero3At(from), b = Zero3At(to);
+    const Source src = BuildZero3(from, a.subs, {.group_of = a.group_of, .sub_group_size = 4});
+    // What a run at the new size writes; the view pads with zeros (DeepSpeed leaves the padding
+    // arbitrary), the source with a marker.
+    const Source want =
+        BuildZero3(to, b.subs, {.group_of = b.group_of, .sub_group_size = 4, .pad = 0});
+    const auto view = Plan(src, "dp" + std::to_string(to));
+    EXPECT_EQ(view.at("latest"), "global_step10");
+    EXPECT_EQ(view.size(), want.src.files.size() + 1);
+    for (const DsSourceFile& f : want.src.files) {
+      const std::string path = "global_step10/" + f.name;
+      ASSERT_TRUE(view.count(path)) << path;
+      EXPECT_EQ(CanonFile(view.at(path)), CanonFile(want.bytes[f.source])) << path;
+    }
+    EXPECT_EQ(Plan(src, "tp1-dp" + std::to_string(to)), view);
+  }
+}
+
 TEST(DeepSpeedZero3, Refusals) {
-  Status st = PlanError(BuildZero3(2, kZero3Subs), "dp4");
+  Status st = PlanError(BuildZero3(2, kZero3Subs), "tp2-dp2");
   EXPECT_EQ(st.code(), Code::kInvalid);
-  EXPECT_TRUE(Contains(st.message(), "only the universal view")) << st.ToString();
+  EXPECT_TRUE(Contains(st.message(), "no tensor-parallel views")) << st.ToString();
+  // Sub-groups that sub_group_size does not explain: those at another size are unknown.
+  const Zero3Layout two = Zero3At(2);
+  st = PlanError(BuildZero3(2, two.subs, {.group_of = two.group_of, .sub_group_size = 100}),
+                 "dp4");
+  EXPECT_TRUE(Contains(st.message(), "not those sub_group_size 100 gives at dp 2"))
+      << st.ToString();
+  st = PlanError(BuildZero3(2, kZero3Subs), "dp4");  // no ds_config: DeepSpeed's 1e9
+  EXPECT_TRUE(Contains(st.message(), "sub_group_size 1000000000")) << st.ToString();
   const std::vector<std::tuple<int64_t, Zero3Options, std::string>> universal = {
       {3, {.missing_optim = true},
        "bf16_zero_pp_rank_2_mp_rank_00_optim_states.pt of global_step10 is missing"},
@@ -777,7 +839,7 @@ TEST(DeepSpeedZero3, Refusals) {
   }
   auto specs = DeepSpeedSpecs(BuildZero3(2, kZero3Subs).src);
   ASSERT_TRUE(specs.ok()) << specs.status().ToString();
-  EXPECT_EQ(*specs, std::vector<std::string>{"universal"});
+  EXPECT_EQ(*specs, (std::vector<std::string>{"dp1", "dp2", "dp4", "dp8", "universal"}));
   specs = DeepSpeedSpecs(Build(2).src);
   ASSERT_TRUE(specs.ok()) << specs.status().ToString();
   EXPECT_EQ(specs->back(), "universal");

@@ -58,10 +58,11 @@ def _part(numel, dp):
     return -(-numel // dp)
 
 
-def sub_groups(dp, sub_group_size):
-    """[(param group, [(name, shape)])] in DeepSpeed's sub-group order [ZERO3]."""
+def sub_groups(dp, sub_group_size, groups=None):
+    """[(param group, [(name, shape)])] in DeepSpeed's sub-group order [ZERO3]; groups: each
+    param group's [(name, shape)] (default: the fixture model's)."""
     out = []
-    for g, params in enumerate(df.group_params(1, 0)):
+    for g, params in enumerate(groups if groups is not None else df.group_params(1, 0)):
         total = sum(_part(df._numel(s), dp) for _, s in params)
         if sub_group_size >= total:
             out.append((g, list(params)))
@@ -77,8 +78,9 @@ def sub_groups(dp, sub_group_size):
 
 
 def generate(root, dp=4, step=10, dtype="bf16", optimizer="fused_adam", seed=1234,
-             sub_group_size=1_000_000_000):
-    """Writes ROOT/global_step{step}/... and then ROOT/latest; returns a df.Generated."""
+             sub_group_size=1_000_000_000, pad=PAD_VALUE):
+    """Writes ROOT/global_step{step}/... and then ROOT/latest; returns a df.Generated. pad: the
+    value left in partition padding."""
     o = df.Options(dp=dp, tp=1, step=step, dtype=dtype, stage=2, optimizer=optimizer, seed=seed)
     o.stage = 3
     root, tag = Path(root), f"global_step{step}"
@@ -94,7 +96,7 @@ def generate(root, dp=4, step=10, dtype="bf16", optimizer="fused_adam", seed=123
         """Rank d's partition of a parameter: its flat elements [d * part, + part), padded."""
         flat = full.reshape(-1).to(dtype)
         n = _part(flat.numel(), dp)
-        out = torch.full((n,), PAD_VALUE, dtype=dtype)
+        out = torch.full((n,), pad, dtype=dtype)
         piece = flat[d * n:(d + 1) * n]
         out[:piece.numel()] = piece
         return out
@@ -113,7 +115,8 @@ def generate(root, dp=4, step=10, dtype="bf16", optimizer="fused_adam", seed=123
             buffer_names=[n for n, _, p in df.BUFFERS if p], optimizer=None,
             param_shapes=[OD((n, torch.Size(s)) for n, s in params) for _, params in subs],
             frozen_param_shapes=OD((n, torch.Size(s)) for n, s in frozen),
-            shared_params={},
+            # a tied output head, as global rank 0 alone records it [ENGINE]
+            shared_params={"lm_head.weight": df.PARAMS[0][0]} if d == 0 else {},
             frozen_param_fragments=OD((n, partition(model.full(n, "master"), d, dt))
                                       for n, _ in frozen),
             lr_scheduler={"last_batch_iteration": step - 1}, data_sampler=None, random_ltd=None,
@@ -153,21 +156,10 @@ def generate(root, dp=4, step=10, dtype="bf16", optimizer="fused_adam", seed=123
 def reference_universal(root):
     """What ROOT/.views/universal must hold for a stage 3 source: ds_to_universal's output,
     generalised to every tensor state key."""
-    root = Path(root)
-    tag = (root / "latest").read_text().strip()
-    tdir = root / tag
-    names = os.listdir(tdir)
-    models = sorted((n for n in names if re.fullmatch(r"zero_pp_rank_\d+_mp_rank_00_model_states\.pt",
-                                                         n)),
-                    key=lambda n: int(n.split("_")[3]))
+    tag, tdir, model_files, optim_files = _source(root)
+    models = [n for n, _ in model_files]
     dp = len(models)
-    optims = []
-    for r in range(dp):
-        n = [m for m in names if re.fullmatch(rf"(bf16_)?zero_pp_rank_{r}_mp_rank_00_optim_states\.pt",
-                                               m)]
-        if len(n) != 1:
-            raise df.ViewError(f"{tag}: optimizer file of rank {r}: {n}")
-        optims.append(df.Loaded(tdir / n[0]).obj["optimizer_state_dict"])
+    optims = [o.obj["optimizer_state_dict"] for _, o in optim_files]
     out = df.Expected(tag)
     out["latest_universal"] = tag.encode()
     for m in models:
@@ -175,7 +167,7 @@ def reference_universal(root):
     o = dict(optims[0])
     o["param_groups"] = o["optimizer_state_dict"]["param_groups"]
     out[f"{tag}/zero/optimizer_state.pt"] = o
-    shapes = df.Loaded(tdir / models[0]).obj["param_shapes"]
+    shapes = model_files[0][1].obj["param_shapes"]
     for idx, shp in enumerate(shapes):
         keys = ["fp32"] + [k for k, v in optims[0]["optimizer_state_dict"]["state"][idx].items()
                            if isinstance(v, torch.Tensor) and v.dim() > 0]
@@ -190,6 +182,122 @@ def reference_universal(root):
                     [f.narrow(0, off, pn) for f in flat])[:numel].clone()
             off += pn
     return out
+
+
+def _source(root):
+    """ROOT's latest tag: (tag, tag dir, [(name, Loaded)] of the model-states files and of the
+    optimizer files, by rank)."""
+    root = Path(root)
+    tag = (root / "latest").read_text().strip()
+    tdir = root / tag
+    names = os.listdir(tdir)
+    models = sorted((n for n in names
+                     if re.fullmatch(r"zero_pp_rank_\d+_mp_rank_00_model_states\.pt", n)),
+                    key=lambda n: int(n.split("_")[3]))
+    optims = []
+    for r in range(len(models)):
+        n = [m for m in names
+             if re.fullmatch(rf"(bf16_|fp16_)?zero_pp_rank_{r}_mp_rank_00_optim_states\.pt", m)]
+        if len(n) != 1:
+            raise df.ViewError(f"{tag}: optimizer file of rank {r}: {n}")
+        optims.append((n[0], df.Loaded(tdir / n[0])))
+    return tag, tdir, [(m, df.Loaded(tdir / m)) for m in models], optims
+
+
+def reference_dp(root, D):
+    """What ROOT/.views/dpD must hold for a stage 3 source, from the source files alone: the
+    files DeepSpeed writes at dp size D [ENGINE][ZERO3]. Every parameter re-cut into D
+    partitions of ceil(numel / D), padded with zeros; the sub-groups those of sub_group_size at
+    D (ds_config; DeepSpeed's default 1e9); rank 0's other entries, and shared_params as
+    DeepSpeed fills them (rank 0 only)."""
+    tag, tdir, model_files, optims = _source(root)
+    models = [m for _, m in model_files]
+    S = len(models)
+    ms0, (oname, o0) = models[0].obj, optims[0]
+    inner0 = o0.obj["optimizer_state_dict"]["optimizer_state_dict"]
+    shapes = ms0["param_shapes"]
+    groups = [[(n, s) for i in pg["params"] for n, s in shapes[i].items()]
+              for pg in inner0["param_groups"]]
+    size = ms0["ds_config"].get("zero_optimization", {}).get("sub_group_size", 1_000_000_000)
+    have = [list(shapes[i].items()) for pg in inner0["param_groups"] for i in pg["params"]]
+    if [p for _, p in sub_groups(S, size, groups)] != have:
+        raise df.ViewError(f"{tag}: sub-groups do not follow sub_group_size {size}")
+    where = {}  # name -> (source sub-group, offset of its partition)
+    for g, shp in enumerate(shapes):
+        off = 0
+        for name, s in shp.items():
+            where[name] = (g, off)
+            off += _part(math.prod(s), S)
+
+    def full(name, key):
+        """The parameter's `key` elements, from every source rank's partition."""
+        g, off = where[name]
+        numel = math.prod(dict(sum(groups, []))[name])
+        sds = [o.obj["optimizer_state_dict"] for _, o in optims]
+        flat = [sd["fp32_flat_groups"][g] if key == "fp32" else
+                sd["optimizer_state_dict"]["state"][g][key] for sd in sds]
+        return torch.cat([f.narrow(0, off, _part(numel, S)) for f in flat])[:numel]
+
+    def cut(t, d):
+        n = _part(t.numel(), D)
+        out = torch.zeros(n, dtype=t.dtype)
+        piece = t[d * n:(d + 1) * n]
+        out[:piece.numel()] = piece
+        return out
+
+    frozen = {n: torch.cat([m.obj["frozen_param_fragments"][n] for m in models])
+              [:math.prod(s)] for n, s in ms0["frozen_param_shapes"].items()}
+    subs = sub_groups(D, size, groups)
+    out = df.Expected(tag)
+    out["latest"] = (Path(root) / "latest").read_bytes()
+    OD = collections.OrderedDict
+    for d in range(D):
+        ms = dict(ms0)
+        ms["dp_world_size"] = D
+        ms["param_shapes"] = [OD(params) for _, params in subs]
+        ms["frozen_param_fragments"] = OD((n, cut(t, d)) for n, t in frozen.items())
+        if d > 0:
+            ms["shared_params"] = models[1].obj["shared_params"] if S > 1 else {}
+        out[f"{tag}/{model_name(d)}"] = ms
+        osd = dict(o0.obj["optimizer_state_dict"])
+        flats, state = [], {}
+        params_of = [[] for _ in inner0["param_groups"]]
+        for i, (pg, params) in enumerate(subs):
+            params_of[pg].append(i)
+            flats.append(torch.cat([cut(full(n, "fp32"), d) for n, _ in params]))
+            if inner0["state"]:
+                first = inner0["state"][where[params[0][0]][0]]
+                state[i] = {k: torch.cat([cut(full(n, k), d) for n, _ in params])
+                            if df._is_sharded(v) else v for k, v in first.items()}
+        osd["partition_count"] = D
+        osd["fp32_flat_groups"] = flats
+        osd["optimizer_state_dict"] = {
+            "state": state,
+            "param_groups": [{**pg, "params": params_of[j]}
+                             for j, pg in enumerate(inner0["param_groups"])]}
+        out[f"{tag}/{oname.replace('rank_0_', f'rank_{d}_', 1)}"] = \
+            {**o0.obj, "optimizer_state_dict": osd}
+    return out
+
+
+def compare_dp(root, D, view_dir=None, expected_dir=None):
+    """ROOT/.views/dpD (or view_dir) against reference_dp; then, with expected_dir (what
+    `generate` wrote at dp D from the same model, padding zeros), every view file loaded
+    against that file loaded."""
+    root = Path(root)
+    view = Path(view_dir) if view_dir else root / ".views" / f"dp{D}"
+    ref = reference_dp(root, D)
+    df.compare_tree(view, ref)
+    if expected_dir is None:
+        return
+    exp = Path(expected_dir)
+    got, want = df._files_under(view), df._files_under(exp)
+    assert got == want, f"extra {sorted(got - want)}, missing {sorted(want - got)}"
+    for rel in sorted(want):
+        if rel.endswith(".pt"):
+            df.assert_same(df.Loaded(view / rel).obj, df.Loaded(exp / rel).obj, rel)
+        else:
+            assert (view / rel).read_bytes() == (exp / rel).read_bytes(), rel
 
 
 def compare_universal(root, view_dir=None, model=None):
