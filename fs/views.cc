@@ -780,6 +780,17 @@ Status ViewTree::Read(uint64_t ino, uint64_t offset, size_t len, std::vector<Rea
       out->push_back(ReadSlice{body, pc.literal, pc.len});  // the body keeps the bytes alive
       return Status::Ok();
     }
+    if (pc.mean) {  // computed: read the ranges it averages, into a buffer of its own
+      std::shared_ptr<uint8_t[]> buf(new (std::nothrow) uint8_t[pc.len]);
+      if (!buf) return IoError("no memory for a view's computed bytes");
+      auto read = [&](uint32_t s, uint64_t off, uint64_t len,
+                      const std::function<void(const uint8_t*, size_t)>& sink) {
+        return ReadSource(store_, *body->sources, s, off, len, sink);
+      };
+      RETURN_IF_ERROR(reshard::MeanBytes(pc, read, buf.get()));
+      out->push_back(ReadSlice{buf, buf.get(), pc.len});
+      return Status::Ok();
+    }
     WarmAhead(*body, pc.source, pc.offset + pc.len);
     const size_t before = out->size();
     Status st = store_->ReadCommitted(*body->sources->manifests[pc.source], pc.offset, pc.len, out);

@@ -30,7 +30,7 @@ void Recipe::AddGather(uint64_t rows, std::vector<Part> parts) {
   // A single row continuing the previous single-row gather from the same source merges with it.
   if (rows == 1 && parts.size() == 1 && !segments_.empty()) {
     Segment& last = segments_.back();
-    if (!last.parts.empty() && last.rows == 1 && last.parts.size() == 1 &&
+    if (!last.parts.empty() && !last.mean && last.rows == 1 && last.parts.size() == 1 &&
         last.parts[0].source == parts[0].source &&
         last.parts[0].offset + last.parts[0].len == parts[0].offset) {
       last.parts[0].len += parts[0].len;
@@ -49,6 +49,18 @@ void Recipe::AddGather(uint64_t rows, std::vector<Part> parts) {
   segments_.push_back(std::move(s));
 }
 
+void Recipe::AddMean(std::vector<Part> parts) {
+  if (parts.empty() || parts[0].len == 0) return;
+  Segment s;
+  s.start = size_;
+  s.row_len = parts[0].len;
+  s.mean = true;
+  for (Part& p : parts) p.stride = p.len;
+  s.parts = std::move(parts);
+  size_ += s.size();
+  segments_.push_back(std::move(s));
+}
+
 void Recipe::PatchLiteral(size_t literal_index, size_t pos, uint32_t v) {
   std::string& b = literals_[literal_index];
   for (int i = 0; i < 4; ++i) b[pos + i] = static_cast<char>((v >> (8 * i)) & 0xff);
@@ -61,6 +73,7 @@ Status Recipe::WalkSegment(const Segment& s, uint64_t from, uint64_t to,
     const auto* p = reinterpret_cast<const uint8_t*>(literals_[s.literal].data());
     return fn(Piece{p + from, 0, 0, to - from});
   }
+  if (s.mean) return fn(Piece{nullptr, 0, from, to - from, &s.parts});
   uint64_t row = from / s.row_len;
   uint64_t in_row = from % s.row_len;
   uint64_t pos = from;

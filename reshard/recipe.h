@@ -6,6 +6,8 @@
 // [offset_p + r * stride_p, + len_p). One gather segment covers a tensor cut along any dimension:
 // a dim-0 chunk is one row of one part; a dim-1 slice of a row-major matrix is one part per source
 // shard with the source's row pitch as stride; stride 0 repeats a row (vocabulary padding).
+// A mean segment computes its bytes: the elementwise float32 mean of its parts' ranges (a
+// parameter that universal checkpoints average over TP ranks).
 //
 // Pure and immutable once built: readers on any thread share one Recipe.
 #pragma once
@@ -32,15 +34,17 @@ struct Segment {
   uint64_t row_len = 0;  // sum of the parts' len; literal: its size
   std::vector<Part> parts;  // empty for a literal
   uint32_t literal = 0;     // index into Recipe::literals when parts is empty
+  bool mean = false;  // the bytes are the mean of the parts, each row_len bytes (see AddMean)
   uint64_t size() const { return rows * row_len; }
 };
 
-// A piece of a read: literal bytes, or one contiguous range of one source file.
+// A piece of a read: literal bytes, one contiguous range of one source file, or bytes of a mean.
 struct Piece {
   const uint8_t* literal = nullptr;  // non-null for literal bytes
   uint32_t source = 0;
-  uint64_t offset = 0;  // in the source
+  uint64_t offset = 0;  // in the source; for a mean, from the start of each of its ranges
   uint64_t len = 0;
+  const std::vector<Part>* mean = nullptr;  // non-null: bytes of the mean of these ranges
 };
 
 class Recipe {
@@ -51,6 +55,10 @@ class Recipe {
   // Appends literal bytes / a gather at the end of the file. Zero-length pieces are dropped.
   void AddLiteral(std::string bytes);
   void AddGather(uint64_t rows, std::vector<Part> parts);
+  // Appends the elementwise mean of the float32 arrays in `parts` (one row each, all the same
+  // length, a multiple of 4 bytes), computed as Python's sum(arrays) / len(arrays) computes it
+  // on torch tensors: 0 + a0 + a1 + ... in order, then divided by their count. REQUIRES: so.
+  void AddMean(std::vector<Part> parts);
   // Replaces 4 bytes at `pos` of literal segment `literal_index` (a CRC filled in later).
   // REQUIRES: not yet shared with readers.
   void PatchLiteral(size_t literal_index, size_t pos, uint32_t le32);

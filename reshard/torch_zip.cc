@@ -91,6 +91,10 @@ void TorchZipWriter::AddGathers(const std::string& name, const std::vector<Gathe
   Record r;
   r.name = name;
   for (const Gather& g : gathers) {
+    if (g.mean) {
+      r.size += g.parts.empty() ? 0 : g.parts[0].len;
+      continue;
+    }
     for (const Part& p : g.parts) r.size += g.rows * p.len;
     if (g.parts.empty()) r.size += g.zeros;
   }
@@ -98,7 +102,9 @@ void TorchZipWriter::AddGathers(const std::string& name, const std::vector<Gathe
   CrcTask task;
   task.first_segment = file_.recipe.segment_count();
   for (const Gather& g : gathers) {
-    if (g.parts.empty()) {
+    if (g.mean) {
+      file_.recipe.AddMean(g.parts);
+    } else if (g.parts.empty()) {
       file_.recipe.AddLiteral(std::string(g.zeros, '\0'));
     } else {
       file_.recipe.AddGather(g.rows, g.parts);
@@ -209,9 +215,16 @@ Result<uint32_t> UnitCrc(const ViewFile& f, const CrcUnit& u, const SourceReadFn
     if (keep && kept + n <= u.len) std::memcpy(keep + kept, b, n);
     kept += n;
   };
+  std::vector<uint8_t> mean;
   RETURN_IF_ERROR(f.recipe.Walk(u.offset, u.len, [&](const Piece& pc) -> Status {
     if (pc.literal) {
       take(pc.literal, pc.len);
+      return Status::Ok();
+    }
+    if (pc.mean) {
+      mean.resize(pc.len);
+      RETURN_IF_ERROR(MeanBytes(pc, read, mean.data()));
+      take(mean.data(), pc.len);
       return Status::Ok();
     }
     return read(pc.source, pc.offset, pc.len, take);
@@ -221,6 +234,28 @@ Result<uint32_t> UnitCrc(const ViewFile& f, const CrcUnit& u, const SourceReadFn
 }
 
 }  // namespace
+
+Status MeanBytes(const Piece& pc, const SourceReadFn& read, uint8_t* out) {
+  // Whole floats around the bytes asked for.
+  const uint64_t from = pc.offset / 4 * 4, to = (pc.offset + pc.len + 3) / 4 * 4;
+  const size_t n = static_cast<size_t>(to - from) / 4;
+  std::vector<float> sum(n, 0.0f), x(n);
+  for (const Part& p : *pc.mean) {
+    size_t at = 0;
+    auto sink = [&](const uint8_t* b, size_t len) {
+      len = std::min(len, n * 4 - at);
+      std::memcpy(reinterpret_cast<uint8_t*>(x.data()) + at, b, len);
+      at += len;
+    };
+    RETURN_IF_ERROR(read(p.source, p.offset + from, to - from, sink));
+    if (at != n * 4) return Internal("a source read gave a mean the wrong byte count");
+    for (size_t i = 0; i < n; ++i) sum[i] = sum[i] + x[i];  // 0 + a0 first: -0.0 becomes +0.0
+  }
+  const float count = static_cast<float>(pc.mean->size());
+  for (size_t i = 0; i < n; ++i) sum[i] = sum[i] / count;
+  std::memcpy(out, reinterpret_cast<const uint8_t*>(sum.data()) + (pc.offset - from), pc.len);
+  return Status::Ok();
+}
 
 Status ComputeCrcs(ViewFile* f, const SourceReadFn& read, const KnownCrcFn& known,
                    size_t threads, const ViewBytesFn& seen) {
@@ -243,7 +278,7 @@ Status ComputeCrcs(ViewFile* f, const SourceReadFn& read, const KnownCrcFn& know
     };
     for (size_t k = t.first_segment; k < t.last_segment; ++k) {
       const Segment& s = segs[k];
-      if (known && s.rows == 1 && s.parts.size() == 1) {
+      if (known && !s.mean && s.rows == 1 && s.parts.size() == 1) {
         if (auto c = known(s.parts[0].source, s.parts[0].offset, s.parts[0].len)) {
           flush();
           units.push_back(CrcUnit{i, c, s.start, s.size()});

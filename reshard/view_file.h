@@ -18,11 +18,13 @@
 namespace ckptfs::reshard {
 
 // One gather of a record: `rows` rows of the concatenated parts (see Segment); a gather with no
-// parts is `zeros` zero bytes (padding a partition).
+// parts is `zeros` zero bytes (padding a partition); a `mean` gather is one row, the mean of
+// its parts (Recipe::AddMean).
 struct Gather {
   uint64_t rows = 1;
   std::vector<Part> parts;
   uint64_t zeros = 0;
+  bool mean = false;
 };
 
 struct CrcTask {
@@ -42,6 +44,9 @@ using SourceReadFn = std::function<Status(uint32_t source, uint64_t offset, uint
 // record of a source zip), else nullopt.
 using KnownCrcFn = std::function<std::optional<uint32_t>(uint32_t source, uint64_t offset,
                                                          uint64_t len)>;
+
+// Bytes [offset, offset + len) of mean piece `pc` (Piece::mean), read through `read`, into out.
+Status MeanBytes(const Piece& pc, const SourceReadFn& read, uint8_t* out);
 
 // Bytes [offset, offset + len) of a view file.
 using ViewBytesFn = std::function<void(uint64_t offset, const uint8_t* data, size_t len)>;

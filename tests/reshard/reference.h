@@ -176,6 +176,15 @@ inline std::string ReadView(const Recipe& r, const std::vector<std::string>& src
   Status st = r.Walk(offset, len, [&](const Piece& p) {
     if (p.literal) {
       out.append(reinterpret_cast<const char*>(p.literal), p.len);
+    } else if (p.mean) {
+      SourceReadFn read = [&](uint32_t s, uint64_t off, uint64_t n,
+                              const std::function<void(const uint8_t*, size_t)>& sink) {
+        sink(reinterpret_cast<const uint8_t*>(src[s].data()) + off, n);
+        return Status::Ok();
+      };
+      std::string bytes(p.len, '\0');
+      RETURN_IF_ERROR(MeanBytes(p, read, reinterpret_cast<uint8_t*>(bytes.data())));
+      out += bytes;
     } else {
       out += src[p.source].substr(p.offset, p.len);
     }

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <zlib.h>
 
+#include <cmath>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -331,6 +332,61 @@ TEST(TorchZip, KnownCrcsSkipReadsAndAgreeWithReading) {
                  {"data/3", std::string(src[0].substr(8, 16)) + src[0].substr(8, 16) +
                                 src[0].substr(8, 16) + src[0].substr(8, 16)},
                  {"data/4", b + src[0].substr(5, 3)}});
+}
+
+std::string Floats(const std::vector<float>& v) {
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * 4);
+}
+
+TEST(TorchZip, MeanIsPythonsSumOverLen) {
+  // Three float32 arrays. Element 0: the order of the additions shows ((0 + 1e8) + 1) - 1e8 is
+  // 0, not 1; element 1: 0 + (-0.0) is +0.0; element 2: 10 / 3 divides (no reciprocal).
+  const std::vector<std::string> src{Floats({1e8f, -0.0f, 1.0f, 7.5f}),
+                                     Floats({1.0f, -0.0f, 2.0f, 0.25f}),
+                                     Floats({-1e8f, -0.0f, 7.0f, -1.5f})};
+  std::vector<float> want(4);
+  for (size_t i = 0; i < 4; ++i) {
+    volatile float acc = 0.0f;  // as torch adds, one rounding per step
+    for (const std::string& a : src) acc = acc + reinterpret_cast<const float*>(a.data())[i];
+    want[i] = acc / 3.0f;
+  }
+  EXPECT_EQ(want[0], 0.0f);
+  EXPECT_FALSE(std::signbit(want[1]));
+  EXPECT_EQ(want[2], 10.0f / 3.0f);
+  Recipe r;
+  r.AddLiteral("hdr");
+  r.AddMean({Part{0, 0, 16, 16}, Part{1, 0, 16, 16}, Part{2, 0, 16, 16}});
+  r.AddLiteral("end");
+  ASSERT_EQ(r.size(), 22u);
+  EXPECT_EQ(ReadView(r, src, 0, r.size()), "hdr" + Floats(want) + "end");
+  // Reads that start and end inside a float.
+  for (uint64_t from = 0; from < r.size(); ++from) {
+    for (uint64_t len : {1u, 3u, 5u, 9u}) {
+      EXPECT_EQ(ReadView(r, src, from, len), ("hdr" + Floats(want) + "end").substr(from, len))
+          << from << "+" << len;
+    }
+  }
+  // Ranges inside the sources: elements 1..2 of each.
+  Recipe part;
+  part.AddMean({Part{0, 4, 8, 8}, Part{1, 4, 8, 8}, Part{2, 4, 8, 8}});
+  EXPECT_EQ(ReadView(part, src, 0, 8), Floats({want[1], want[2]}));
+}
+
+TEST(TorchZip, MeanRecordIsComputedNotTakenFromAKnownCrc) {
+  // A mean of one array (a parameter averaged at TP 1) is the array with -0.0 made +0.0, so a
+  // whole-record CRC of the source does not hold for it.
+  const std::vector<std::string> src{Floats({-0.0f, 1.5f, -2.0f})};
+  TorchZipWriter w("fp32");
+  w.AddGathers("data/0", {Gather{1, {Part{0, 0, 12, 12}}, 0, true}});
+  ViewFile f = w.Finish();
+  MemSources mem{src};
+  KnownCrcFn known = [&](uint32_t, uint64_t, uint64_t) -> std::optional<uint32_t> {
+    return Crc(src[0]);
+  };
+  ASSERT_TRUE(ComputeCrcs(&f, mem.Fn(), known).ok());
+  EXPECT_FALSE(mem.reads.empty());
+  ExpectArchive(ReadView(f.recipe, src, 0, f.recipe.size()), "fp32",
+                {{"data/0", Floats({0.0f, 1.5f, -2.0f})}});
 }
 
 TEST(TorchZip, CrcsOnSeveralThreadsEqualOneThread) {
