@@ -124,7 +124,8 @@ std::string ArchivePrefix(std::string_view file_name);
 
 // How ds_to_universal merges a parameter's TP slices into the full tensor.
 struct Merge {
-  enum Kind { kCat, kReplicated, kTwoSubParams, kSubParams } kind = kCat;
+  // kAverage: the float32 mean of the slices (Python's sum(slices) / len(slices)).
+  enum Kind { kCat, kReplicated, kAverage, kTwoSubParams, kSubParams } kind = kCat;
   int cat_dim = 0;            // kCat, kTwoSubParams
   bool vocab = false;         // then cut to original_rows rows
   int64_t original_rows = -1;
@@ -145,8 +146,8 @@ struct UcInfo {
   int64_t original_vocab_size = -1;
   // From the first model-states file. Errors: a malformed entry.
   static Result<UcInfo> Read(const Checkpoint& c);
-  // The merge of parameter `name` (without original_rows). Errors: averaged parameters, a
-  // vocabulary parameter without original_vocab_size.
+  // The merge of parameter `name` (without original_rows). Errors: a vocabulary parameter
+  // without original_vocab_size.
   Result<Merge> Classify(const std::string& name) const;
 };
 

@@ -96,6 +96,7 @@ Result<MergeLayout> LayoutOf(const Merge& m, const std::vector<std::vector<int64
 }
 
 uint64_t GatherBytes(const Gather& g) {
+  if (g.mean) return g.parts.empty() ? 0 : g.parts[0].len;
   if (g.parts.empty()) return g.zeros;
   uint64_t row = 0;
   for (const Part& p : g.parts) row += p.len;
@@ -123,7 +124,11 @@ std::vector<Gather> Cut(const std::vector<Gather>& gs, uint64_t from, uint64_t t
     const uint64_t size = GatherBytes(g);
     const uint64_t a = std::max(from, at), b = std::min(to, at + size);
     if (a < b) {
-      if (g.parts.empty()) {
+      if (g.mean) {  // the same range of every array it averages
+        std::vector<Part> parts;
+        for (const Part& p : g.parts) parts.push_back(Part{p.source, p.offset + (a - at), b - a, b - a});
+        out.push_back(Gather{1, std::move(parts), 0, true});
+      } else if (g.parts.empty()) {
         out.push_back(Gather{1, {}, b - a});
       } else {
         const uint64_t row = size / g.rows;

@@ -261,6 +261,11 @@ Status TpPlanner::Run(std::vector<ViewEntry>* out) {
       TargetParam p;
       p.name = sp.name;
       ASSIGN_OR_RETURN(p.merge, uc_.Classify(p.name));
+      if (p.merge.kind == Merge::kAverage) {
+        return Invalid("parameter " + p.name + " is averaged over TP ranks "
+                       "(parameter_to_average_patterns): its 16-bit module weight at another TP "
+                       "size would be the rounded mean, which the view does not compute");
+      }
       p.merge.original_rows = uc_.original_vocab_size;
       ASSIGN_OR_RETURN(p.slices, Locate(c_, p.name));
       ASSIGN_OR_RETURN(FullTensor full, Full(c_, p.slices, p.merge, "fp32"));

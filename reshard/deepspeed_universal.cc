@@ -154,8 +154,7 @@ Result<Merge> UcInfo::Classify(const std::string& name) const {
   if (MatchAny(p.replicated, name)) {
     m.kind = Merge::kReplicated;
   } else if (MatchAny(p.average, name)) {
-    return Invalid("parameter " + name + " is to be averaged over TP ranks "
-                   "(parameter_to_average_patterns), which takes arithmetic; not supported");
+    m.kind = Merge::kAverage;
   } else if (MatchAny(p.two_sub_params, name)) {
     m.kind = Merge::kTwoSubParams;
   } else if (const Merge* sub = MatchSubParams(p, name)) {
@@ -205,6 +204,44 @@ const TorchTensor* Pick(const Optim& o, size_t g, const std::string& key) {
 
 }  // namespace
 
+namespace {
+
+// The mean gathers of an averaged parameter: each slice's elements (every slice has the full
+// shape) from its flat buffers, in lockstep, cut wherever any slice crosses a dp partition.
+Result<std::vector<Gather>> MeanOf(const Checkpoint& c, const std::vector<Located>& slices,
+                                   const std::string& key, const std::string& what) {
+  std::vector<std::vector<Part>> runs;
+  for (const Located& s : slices) {
+    if (s.p->shape != slices[0].p->shape) {
+      return Invalid(what + ": its TP slices differ in shape, so they cannot be averaged");
+    }
+    ASSIGN_OR_RETURN(std::vector<Part> parts,
+                     c.Flat(*s.tr, s.g, s.p->offset, s.p->offset + s.p->numel,
+                            [&key, g = s.g](const Optim& o) { return Pick(o, g, key); }, what));
+    runs.push_back(std::move(parts));
+  }
+  std::vector<Gather> out;
+  std::vector<size_t> at(runs.size(), 0);     // the part each slice is in
+  std::vector<uint64_t> used(runs.size(), 0);  // bytes of it already taken
+  while (!runs.empty() && at[0] < runs[0].size()) {
+    uint64_t len = UINT64_MAX;
+    for (size_t i = 0; i < runs.size(); ++i) len = std::min(len, runs[i][at[i]].len - used[i]);
+    Gather g{1, {}, 0, true};
+    for (size_t i = 0; i < runs.size(); ++i) {
+      const Part& p = runs[i][at[i]];
+      g.parts.push_back(Part{p.source, p.offset + used[i], len, len});
+      if ((used[i] += len) == p.len) {
+        ++at[i];
+        used[i] = 0;
+      }
+    }
+    out.push_back(std::move(g));
+  }
+  return out;
+}
+
+}  // namespace
+
 Result<FullTensor> Full(const Checkpoint& c, const std::vector<Located>& slices,
                         const Merge& m, const std::string& key) {
   const std::string what = "'" + key + "' of " + slices[0].p->name;
@@ -219,10 +256,22 @@ Result<FullTensor> Full(const Checkpoint& c, const std::vector<Located>& slices,
   }
   const uint64_t item = DtypeSize(full.like->dtype);
   if (item == 0) return Invalid(what + " has an unknown dtype " + full.like->dtype);
+  if (m.kind == Merge::kAverage) {
+    if (full.like->dtype != "float32") {
+      return Invalid(what + " is averaged over TP ranks (parameter_to_average_patterns) but is " +
+                     full.like->dtype + "; the view averages float32 only");
+    }
+    full.shape = slices[0].p->shape;
+    ASSIGN_OR_RETURN(full.gathers, MeanOf(c, slices, key, what));
+  }
   std::vector<std::vector<int64_t>> shapes;
   for (const Located& s : slices) shapes.push_back(s.p->shape);
-  ASSIGN_OR_RETURN(MergeLayout l, LayoutOf(m, shapes, what));
-  full.shape = l.shape;
+  MergeLayout l;
+  l.rows = 0;  // averaged: gathered above
+  if (m.kind != Merge::kAverage) {
+    ASSIGN_OR_RETURN(l, LayoutOf(m, shapes, what));
+    full.shape = l.shape;
+  }
 
   // Runs of rows that lie in one dp partition of every slice become one strided gather; a row
   // that crosses a partition boundary in some slice is gathered piece by piece.

@@ -43,6 +43,10 @@ UNIVERSAL_CASES = {
     "dp3-tp1-universal-info-amsgrad": (3, dict(optimizer="torch_adamw", amsgrad=True,
                                                uc_info=True)),
     "dp2-tp2-fp16": (2, dict(tp=2, dtype="fp16")),
+    # parameter_to_average_patterns: the TP ranks' copies averaged (element 0 is -0.0 in each)
+    "dp3-tp2-averaged": (3, dict(tp=2, uc_info=True, average=True)),
+    "dp2-tp4-averaged-sgd": (2, dict(tp=4, uc_info=True, average=True, optimizer="sgd")),
+    "dp1-tp1-averaged-fp16": (1, dict(uc_info=True, average=True, dtype="fp16")),
 }
 
 
@@ -337,12 +341,15 @@ def test_sub_params_views(mnt):
     assert "sub-parameter of 4 does not split in 3" in why, why
 
 
-@pytest.mark.parametrize("what", ["no universal_checkpoint_info", "T does not divide", "frozen"])
+@pytest.mark.parametrize("what", ["no universal_checkpoint_info", "T does not divide", "frozen",
+                                  "averaged"])
 def test_tp_view_refusals(mnt, what):
     root = mnt / "ds"
     T, kw, reason = {"no universal_checkpoint_info": (2, dict(), "universal_checkpoint_info"),
                      "T does not divide": (8, dict(uc_info=True), "query_key_value"),
-                     "frozen": (2, dict(uc_info=True, stage=2), "frozen")}[what]
+                     "frozen": (2, dict(uc_info=True, stage=2), "frozen"),
+                     "averaged": (2, dict(uc_info=True, average=True),
+                                  "is averaged over TP ranks")}[what]
     df.generate(root, dp=2, tp=1, **{"stage": 1, **kw})
     with pytest.raises(df.ViewError, match=reason):
         df.reference_tp(root, T, 2)  # the reference agrees

@@ -254,6 +254,9 @@ class Options:
     megatron: bool = False       # Megatron-DeepSpeed's `args` (make_vocab_size_divisible_by 4:
                                  # padded 16 at TP 1, 2, 4) and zero vocabulary padding rows
                                  # (as after a universal load)
+    average: bool = False        # the replicated parameters listed in
+                                 # parameter_to_average_patterns instead (as GPTModelPipe lists
+                                 # its norms), each TP rank's copy a little different
 
     def __post_init__(self):
         if self.uc_info is None:
@@ -290,8 +293,9 @@ class FullModel:
     master (fp32; the 16-bit weight is its rounding), exp_avg, exp_avg_sq, max_exp_avg_sq,
     momentum_buffer, buffer)."""
 
-    def __init__(self, seed, zero_vocab_pad=False):
+    def __init__(self, seed, zero_vocab_pad=False, averaged=False):
         self.seed, self._cache, self.zero_pad = seed, {}, zero_vocab_pad
+        self.averaged = averaged  # replicated parameters differ per TP rank (see local)
 
     def full(self, name, kind):
         key = (name, kind)
@@ -313,7 +317,14 @@ class FullModel:
         return self._cache[key]
 
     def local(self, name, kind, tp, t):
-        return split(self.full(name, kind), SPLIT[name], tp, t)
+        x = split(self.full(name, kind), SPLIT[name], tp, t)
+        if self.averaged and SPLIT[name] == "rep":
+            # Rank t's copy: scaled by up to 1 + 0.001 (t + 1) (signs kept), element 0 -0.0.
+            g = torch.Generator()
+            g.manual_seed(zlib.crc32(f"{self.seed}/{name}/{kind}/{tp}/{t}".encode()))
+            x = x * (1 + 1e-3 * (t + 1) * torch.rand(x.shape, generator=g))
+            x.view(-1)[0] = -0.0
+        return x
 
 
 def group_params(tp, t):
@@ -386,8 +397,11 @@ def ds_config(o):
 
 
 def uc_info(o):
+    patterns = dict(UC_PATTERNS)
+    if o.average:
+        patterns["parameter_to_average_patterns"] = patterns.pop("tp_replicated_parameter_patterns")
     return {"universal_checkpoint_version": UC_VERSION, "original_vocab_size": ORIG_VOCAB,
-            "padded_vocab_size": PADDED_VOCAB, **UC_PATTERNS}
+            "padded_vocab_size": PADDED_VOCAB, **patterns}
 
 
 def _module(entries):
@@ -564,12 +578,12 @@ class Generated:
 
 def generate(root, dp=4, tp=1, step=10, dtype="bf16", stage=2, optimizer="fused_adam",
              amsgrad=False, seed=1234, cuda=False, uc_info=None, enum_by_value=True,
-             megatron=False):
+             megatron=False, average=False):
     """Writes ROOT/global_step{step}/... and then ROOT/latest; returns a Generated (the model)."""
     o = Options(dp, tp, step, dtype, stage, optimizer, amsgrad, seed, cuda, uc_info, enum_by_value,
-                megatron)
+                megatron, average)
     root, tag, cfg = Path(root), f"global_step{step}", ds_config(o)
-    model = FullModel(seed, megatron)
+    model = FullModel(seed, megatron, average)
     (root / tag).mkdir(parents=True, exist_ok=True)
     had = ZeroStageEnum.__dict__.get("__reduce_ex__")
     ZeroStageEnum.__reduce_ex__ = (lambda self, proto: (type(self), (self._value_,))) \
@@ -876,6 +890,8 @@ def reference_universal(root):
                         raise ViewError(f"{name}: {k} differs between TP ranks, but the "
                                         f"universal_checkpoint_info says it is replicated")
                 param = slices[0]
+            elif _matches(uc.get("parameter_to_average_patterns"), name):
+                param = sum(slices) / len(slices)
             elif (e := _sub_params(uc, name)) is not None:
                 d["sub_param_shape"] = SubparamShape(patterns=e["patterns"], shape=e["shape"],
                                                      partition_dim=e["partition_dim"])
@@ -933,6 +949,9 @@ def reference_tp(root, T, D):
         raise ViewError(f"{tag}/{model_name(0)} has no universal_checkpoint_info")
     if any(m.obj.get("frozen_param_shapes") for m in src.models):
         raise ViewError("frozen parameters (frozen_param_shapes)")
+    for n in (n for shp in src.shapes(0) for n in shp):
+        if _matches(uc.get("parameter_to_average_patterns"), n):
+            raise ViewError(f"{n} is averaged over TP ranks")
     padded, cache = padded_vocab(ms0, T), {}
     mods = [{p: d[k] for p, d, k in _leaves(m.obj["module"])} for m in src.models]
 
@@ -1134,6 +1153,7 @@ def compare_universal(root, view_dir=None, model=None):
     ref = reference_universal(root)
     compare_tree(view, ref)
     src = Source(root)
+    uc = src.models[0].obj.get("universal_checkpoint_info") or {}
     zdir = view / ref.tag / "zero"
     for tt in range(src.tp):
         for shapes in src.shapes(tt):
@@ -1148,7 +1168,11 @@ def compare_universal(root, view_dir=None, model=None):
                     full, T, t = obj["param"], src.tp, tt
                     if full.shape == shape:
                         T, t = 1, 0
-                    want = _expected_local(src, model, tt, name, kind).clone()
+                    if _matches(uc.get("parameter_to_average_patterns"), name):
+                        want = sum(_expected_local(src, model, t2, name, kind)
+                                   for t2 in range(src.tp)) / src.tp
+                    else:
+                        want = _expected_local(src, model, tt, name, kind).clone()
                     if obj.get("vocab_tensor"):
                         rows = shape[0] * T
                         full = torch.cat([full, full.new_zeros((rows - full.shape[0],) +

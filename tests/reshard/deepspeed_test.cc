@@ -610,16 +610,50 @@ TEST(DeepSpeedDp, PipelineLayerFilesAsTheyAre) {
   EXPECT_TRUE(Contains(st.message(), "layer_01-model_00-model_states.pt")) << st.ToString();
 }
 
+TEST(DeepSpeedUniversal, AveragedParameterIsTheMeanOfItsSlices) {
+  // layers.0.norm.weight averaged instead of replicated: its files hold the mean of the TP
+  // slices (here equal, so the mean is the slice), computed by a mean segment, and no cat_dim.
+  const Options o{.uc = {{"tp_replicated_parameter_patterns", StrList({})},
+                         {"parameter_to_average_patterns",
+                          StrList({R"(layers\.\d+\.norm\.weight)"})}}};
+  for (int64_t D : {1, 3}) {
+    SCOPED_TRACE("dp " + std::to_string(D));
+    const Source src = Build(D, o, kTp2);
+    DsSpec spec;
+    ASSERT_TRUE(ParseDsSpec("universal", &spec));
+    auto plan = PlanDeepSpeed(src.src, spec);
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    for (const std::string key : {"fp32", "exp_avg", "exp_avg_sq"}) {
+      const std::string path = "global_step10/zero/layers.0.norm.weight/" + key + ".pt";
+      auto e = std::find_if(plan->begin(), plan->end(),
+                            [&](const ViewEntry& v) { return v.path == path; });
+      ASSERT_NE(e, plan->end()) << path;
+      const auto& segs = e->file.recipe.segments();
+      EXPECT_TRUE(std::any_of(segs.begin(), segs.end(), [](const Segment& x) {
+        return x.mean && x.parts.size() == 2;
+      })) << path << ": not averaged over the two TP ranks";
+      FileBuilder fb;
+      const ValuePtr want = pickle::MakeDict(
+          {{S("param"), fb.Tensor(FullTensor(kTp2, key, "layers.0.norm.weight"))}});
+      EXPECT_EQ(CanonFile(Realize(std::move(e->file), src.bytes)),
+                CanonFile(fb.Write(want, key)))
+          << path;
+    }
+    Status st = PlanError(src, "tp1-dp2");
+    EXPECT_EQ(st.code(), Code::kInvalid);
+    EXPECT_TRUE(Contains(st.message(), "layers.0.norm.weight is averaged over TP ranks"))
+        << st.ToString();
+  }
+}
+
 TEST(DeepSpeedErrors, UniversalInfoThatCannotBeGathered) {
-  // Averaging takes arithmetic; uneven sub-parameters and an integer at partition_dim are not
-  // described well enough to gather. Each refusal names what it refuses, in both TP views.
+  // Uneven sub-parameters and an integer at partition_dim are not described well enough to
+  // gather. Each refusal names what it refuses, in both TP views.
   ValuePtr scalar_sub = pickle::MakeList({pickle::MakeDict(
       {{S("patterns"), StrList({R"(layers\.\d+\.gqa\.weight)"})},
        {S("shape"), pickle::MakeTuple({I(16), I(3)})},
        {S("partition_dim"), I(0)}})});
   const std::vector<std::pair<Options, std::string>> cases = {
-      {{.uc = {{"parameter_to_average_patterns", StrList({R"(layers.\d+.qkv.bias)"})}}},
-       "parameter_to_average_patterns"},
       {{.uc = {{"sub_param_shard_widths",
                 pickle::MakeDict({{S("gqa"), pickle::MakeList({I(4), I(4)})}})}}},
        "sub_param_shard_widths"},
