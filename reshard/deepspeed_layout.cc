@@ -96,7 +96,7 @@ Result<MergeLayout> LayoutOf(const Merge& m, const std::vector<std::vector<int64
 }
 
 uint64_t GatherBytes(const Gather& g) {
-  if (g.mean) return g.parts.empty() ? 0 : g.parts[0].len;
+  if (g.mean) return g.parts.empty() ? 0 : g.parts[0].len / 4 * MeanOutSize(g.mean_out);
   if (g.parts.empty()) return g.zeros;
   uint64_t row = 0;
   for (const Part& p : g.parts) row += p.len;
@@ -124,10 +124,12 @@ std::vector<Gather> Cut(const std::vector<Gather>& gs, uint64_t from, uint64_t t
     const uint64_t size = GatherBytes(g);
     const uint64_t a = std::max(from, at), b = std::min(to, at + size);
     if (a < b) {
-      if (g.mean) {  // the same range of every array it averages
+      if (g.mean) {  // the same elements of every array it averages (a cut between elements)
+        const uint64_t size = MeanOutSize(g.mean_out), from = (a - at) / size * 4;
+        const uint64_t len = (b - a) / size * 4;
         std::vector<Part> parts;
-        for (const Part& p : g.parts) parts.push_back(Part{p.source, p.offset + (a - at), b - a, b - a});
-        out.push_back(Gather{1, std::move(parts), 0, true});
+        for (const Part& p : g.parts) parts.push_back(Part{p.source, p.offset + from, len, len});
+        out.push_back(Gather{1, std::move(parts), 0, true, g.mean_out});
       } else if (g.parts.empty()) {
         out.push_back(Gather{1, {}, b - a});
       } else {

@@ -49,12 +49,13 @@ void Recipe::AddGather(uint64_t rows, std::vector<Part> parts) {
   segments_.push_back(std::move(s));
 }
 
-void Recipe::AddMean(std::vector<Part> parts) {
+void Recipe::AddMean(std::vector<Part> parts, MeanOut out) {
   if (parts.empty() || parts[0].len == 0) return;
   Segment s;
   s.start = size_;
-  s.row_len = parts[0].len;
+  s.row_len = parts[0].len / 4 * MeanOutSize(out);
   s.mean = true;
+  s.mean_out = out;
   for (Part& p : parts) p.stride = p.len;
   s.parts = std::move(parts);
   size_ += s.size();
@@ -73,7 +74,7 @@ Status Recipe::WalkSegment(const Segment& s, uint64_t from, uint64_t to,
     const auto* p = reinterpret_cast<const uint8_t*>(literals_[s.literal].data());
     return fn(Piece{p + from, 0, 0, to - from});
   }
-  if (s.mean) return fn(Piece{nullptr, 0, from, to - from, &s.parts});
+  if (s.mean) return fn(Piece{nullptr, 0, from, to - from, &s.parts, s.mean_out});
   uint64_t row = from / s.row_len;
   uint64_t in_row = from % s.row_len;
   uint64_t pos = from;

@@ -21,6 +21,11 @@
 
 namespace ckptfs::reshard {
 
+// What a mean segment's floats become: float32 as they are, or rounded to nearest even into
+// bfloat16 or float16 (as torch's .to() rounds; NaN becomes the quiet NaN).
+enum class MeanOut : uint8_t { kFloat32, kBFloat16, kFloat16 };
+inline uint64_t MeanOutSize(MeanOut o) { return o == MeanOut::kFloat32 ? 4 : 2; }
+
 struct Part {
   uint32_t source = 0;  // index into the view's source list
   uint64_t offset = 0;  // in the source file, of row 0
@@ -34,7 +39,8 @@ struct Segment {
   uint64_t row_len = 0;  // sum of the parts' len; literal: its size
   std::vector<Part> parts;  // empty for a literal
   uint32_t literal = 0;     // index into Recipe::literals when parts is empty
-  bool mean = false;  // the bytes are the mean of the parts, each row_len bytes (see AddMean)
+  bool mean = false;  // the bytes are the mean of the parts' floats (see AddMean)
+  MeanOut mean_out = MeanOut::kFloat32;
   uint64_t size() const { return rows * row_len; }
 };
 
@@ -44,7 +50,8 @@ struct Piece {
   uint32_t source = 0;
   uint64_t offset = 0;  // in the source; for a mean, from the start of each of its ranges
   uint64_t len = 0;
-  const std::vector<Part>* mean = nullptr;  // non-null: bytes of the mean of these ranges
+  const std::vector<Part>* mean = nullptr;  // non-null: bytes of the mean of these ranges,
+  MeanOut mean_out = MeanOut::kFloat32;     // as this type (offset and len count its bytes)
 };
 
 class Recipe {
@@ -57,8 +64,9 @@ class Recipe {
   void AddGather(uint64_t rows, std::vector<Part> parts);
   // Appends the elementwise mean of the float32 arrays in `parts` (one row each, all the same
   // length, a multiple of 4 bytes), computed as Python's sum(arrays) / len(arrays) computes it
-  // on torch tensors: 0 + a0 + a1 + ... in order, then divided by their count. REQUIRES: so.
-  void AddMean(std::vector<Part> parts);
+  // on torch tensors: 0 + a0 + a1 + ... in order, then divided by their count; then as `out`.
+  // REQUIRES: so.
+  void AddMean(std::vector<Part> parts, MeanOut out = MeanOut::kFloat32);
   // Replaces 4 bytes at `pos` of literal segment `literal_index` (a CRC filled in later).
   // REQUIRES: not yet shared with readers.
   void PatchLiteral(size_t literal_index, size_t pos, uint32_t le32);

@@ -92,7 +92,7 @@ void TorchZipWriter::AddGathers(const std::string& name, const std::vector<Gathe
   r.name = name;
   for (const Gather& g : gathers) {
     if (g.mean) {
-      r.size += g.parts.empty() ? 0 : g.parts[0].len;
+      r.size += g.parts.empty() ? 0 : g.parts[0].len / 4 * MeanOutSize(g.mean_out);
       continue;
     }
     for (const Part& p : g.parts) r.size += g.rows * p.len;
@@ -103,7 +103,7 @@ void TorchZipWriter::AddGathers(const std::string& name, const std::vector<Gathe
   task.first_segment = file_.recipe.segment_count();
   for (const Gather& g : gathers) {
     if (g.mean) {
-      file_.recipe.AddMean(g.parts);
+      file_.recipe.AddMean(g.parts, g.mean_out);
     } else if (g.parts.empty()) {
       file_.recipe.AddLiteral(std::string(g.zeros, '\0'));
     } else {
@@ -235,10 +235,33 @@ Result<uint32_t> UnitCrc(const ViewFile& f, const CrcUnit& u, const SourceReadFn
 
 }  // namespace
 
+namespace {
+
+// float -> bfloat16, rounding to nearest even; NaN -> the quiet NaN.
+uint16_t ToBFloat16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if (f != f) return 0x7fc0;
+  return static_cast<uint16_t>((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+}
+// float -> float16 (IEEE, nearest even, subnormals kept); NaN -> the quiet NaN, sign kept.
+uint16_t ToFloat16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if (f != f) return static_cast<uint16_t>(((u >> 16) & 0x8000) | 0x7e00);
+  const _Float16 h = static_cast<_Float16>(f);
+  uint16_t out;
+  std::memcpy(&out, &h, 2);
+  return out;
+}
+
+}  // namespace
+
 Status MeanBytes(const Piece& pc, const SourceReadFn& read, uint8_t* out) {
-  // Whole floats around the bytes asked for.
-  const uint64_t from = pc.offset / 4 * 4, to = (pc.offset + pc.len + 3) / 4 * 4;
-  const size_t n = static_cast<size_t>(to - from) / 4;
+  // Whole elements around the bytes asked for.
+  const uint64_t size = MeanOutSize(pc.mean_out);
+  const uint64_t first = pc.offset / size, last = (pc.offset + pc.len + size - 1) / size;
+  const size_t n = static_cast<size_t>(last - first);
   std::vector<float> sum(n, 0.0f), x(n);
   for (const Part& p : *pc.mean) {
     size_t at = 0;
@@ -247,13 +270,22 @@ Status MeanBytes(const Piece& pc, const SourceReadFn& read, uint8_t* out) {
       std::memcpy(reinterpret_cast<uint8_t*>(x.data()) + at, b, len);
       at += len;
     };
-    RETURN_IF_ERROR(read(p.source, p.offset + from, to - from, sink));
+    RETURN_IF_ERROR(read(p.source, p.offset + first * 4, n * 4, sink));
     if (at != n * 4) return Internal("a source read gave a mean the wrong byte count");
     for (size_t i = 0; i < n; ++i) sum[i] = sum[i] + x[i];  // 0 + a0 first: -0.0 becomes +0.0
   }
   const float count = static_cast<float>(pc.mean->size());
   for (size_t i = 0; i < n; ++i) sum[i] = sum[i] / count;
-  std::memcpy(out, reinterpret_cast<const uint8_t*>(sum.data()) + (pc.offset - from), pc.len);
+  const uint8_t* bytes = reinterpret_cast<const uint8_t*>(sum.data());
+  std::vector<uint16_t> half;
+  if (pc.mean_out != MeanOut::kFloat32) {
+    half.resize(n);
+    for (size_t i = 0; i < n; ++i) {
+      half[i] = pc.mean_out == MeanOut::kBFloat16 ? ToBFloat16(sum[i]) : ToFloat16(sum[i]);
+    }
+    bytes = reinterpret_cast<const uint8_t*>(half.data());
+  }
+  std::memcpy(out, bytes + (pc.offset - first * size), pc.len);
   return Status::Ok();
 }
 

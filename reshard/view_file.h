@@ -19,12 +19,13 @@ namespace ckptfs::reshard {
 
 // One gather of a record: `rows` rows of the concatenated parts (see Segment); a gather with no
 // parts is `zeros` zero bytes (padding a partition); a `mean` gather is one row, the mean of
-// its parts (Recipe::AddMean).
+// its parts as `mean_out` (Recipe::AddMean).
 struct Gather {
   uint64_t rows = 1;
   std::vector<Part> parts;
   uint64_t zeros = 0;
   bool mean = false;
+  MeanOut mean_out = MeanOut::kFloat32;
 };
 
 struct CrcTask {

@@ -5,6 +5,7 @@
 #include <zlib.h>
 
 #include <cmath>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -370,6 +371,28 @@ TEST(TorchZip, MeanIsPythonsSumOverLen) {
   Recipe part;
   part.AddMean({Part{0, 4, 8, 8}, Part{1, 4, 8, 8}, Part{2, 4, 8, 8}});
   EXPECT_EQ(ReadView(part, src, 0, 8), Floats({want[1], want[2]}));
+}
+
+TEST(TorchZip, MeanRoundsToSixteenBitsAsTorchDoes) {
+  // One array (its mean is itself): 1, two bfloat16 ties (1 + 2^-8 to 1, 1 + 3 * 2^-8 to
+  // 1 + 2^-6: nearest even; float16 holds both), 1/3, -0.0 (+0.0 after the 0 + a0), NaN. The
+  // expected halves are what torch's .to(bfloat16 / float16) gives (NaN: the quiet NaN).
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<std::string> src{
+      Floats({1.0f, 1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, 1.0f / 3, -0.0f, nan})};
+  auto halves = [](const std::vector<uint16_t>& v) {
+    return std::string(reinterpret_cast<const char*>(v.data()), v.size() * 2);
+  };
+  Recipe bf, fp;
+  bf.AddMean({Part{0, 0, 24, 24}}, MeanOut::kBFloat16);
+  fp.AddMean({Part{0, 0, 24, 24}}, MeanOut::kFloat16);
+  ASSERT_EQ(bf.size(), 12u);
+  EXPECT_EQ(ReadView(bf, src, 0, 12),
+            halves({0x3f80, 0x3f80, 0x3f82, 0x3eab, 0x0000, 0x7fc0}));
+  EXPECT_EQ(ReadView(fp, src, 0, 12),
+            halves({0x3c00, 0x3c04, 0x3c0c, 0x3555, 0x0000, 0x7e00}));
+  EXPECT_EQ(ReadView(bf, src, 5, 4),
+            halves({0x3f80, 0x3f80, 0x3f82, 0x3eab, 0x0000, 0x7fc0}).substr(5, 4));
 }
 
 TEST(TorchZip, MeanRecordIsComputedNotTakenFromAKnownCrc) {
