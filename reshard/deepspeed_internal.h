@@ -142,6 +142,9 @@ struct Merge {
 struct UcInfo {
   struct Patterns;  // compiled (deepspeed_universal.cc keeps <regex> out of this header)
   bool present = false;
+  // Whether it lists tp_replicated_parameter_patterns or parameter_with_row_parallelism_patterns
+  // (Megatron-DeepSpeed writes both only when TP > 1).
+  bool tp_lists = false;
   std::shared_ptr<const Patterns> patterns;
   int64_t original_vocab_size = -1;
   // From the first model-states file. Errors: a malformed entry.

@@ -17,6 +17,10 @@ using pickle::ValuePtr;
 
 int64_t RoundUp(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
+// Whether every target rank holds the parameter whole (replicated, or averaged over the source's
+// ranks).
+bool Whole(const Merge& m) { return m.kind == Merge::kReplicated || m.kind == Merge::kAverage; }
+
 ValuePtr ArgsDict(const ValuePtr& args) {
   if (args && args->kind == Kind::kObject && args->state && IsMapping(args->state)) {
     return args->state;
@@ -92,7 +96,7 @@ std::vector<Gather> Shares(const std::vector<Gather>& full, const std::vector<in
 std::vector<Gather> TpPlanner::SliceOf(const TargetParam& p, const std::vector<Gather>& full,
                                        uint64_t item, uint32_t t) const {
   const Merge& m = p.merge;
-  if (m.kind == Merge::kReplicated && !m.vocab) return full;
+  if (Whole(m) && !m.vocab) return full;
   if (m.vocab) {
     // Zero rows up to padded_, then (unless replicated) rank t's rows.
     std::vector<int64_t> shape = p.full_shape;
@@ -101,7 +105,7 @@ std::vector<Gather> TpPlanner::SliceOf(const TargetParam& p, const std::vector<G
     std::vector<Gather> padded = full;
     const uint64_t extra = static_cast<uint64_t>(padded_ - shape[0]) * row;
     if (extra) padded.push_back(Gather{1, {}, extra});
-    if (m.kind == Merge::kReplicated) return padded;
+    if (Whole(m)) return padded;
     shape[0] = padded_;
     return Shares(padded, shape, item, 0, {padded_}, T_, t);
   }
@@ -137,6 +141,30 @@ const TorchTensor* TpPlanner::ModuleTensor(const TpRank& tr, const std::string& 
 
 Result<std::vector<Gather>> TpPlanner::ModuleFull(const TargetParam& p, uint64_t* item,
                                                   const TorchTensor** like) const {
+  if (p.merge.kind == Merge::kAverage) {
+    // What DeepSpeed's universal loading leaves in the 16-bit weight: the fp32 mean, rounded.
+    const TorchTensor* t = ModuleTensor(*p.slices[0].tr, p.name);
+    if (!t || t->shape != p.slices[0].p->shape) {
+      return Invalid("module tensor " + p.name + " of " + p.slices[0].tr->model->name +
+                     " is missing or differs from param_shapes");
+    }
+    MeanOut out;
+    if (t->dtype == "bfloat16") {
+      out = MeanOut::kBFloat16;
+    } else if (t->dtype == "float16") {
+      out = MeanOut::kFloat16;
+    } else if (t->dtype == "float32") {
+      out = MeanOut::kFloat32;
+    } else {
+      return Invalid("module tensor " + p.name + " is " + t->dtype + "; an averaged parameter's "
+                     "weight is made as bfloat16, float16 or float32 only");
+    }
+    ASSIGN_OR_RETURN(FullTensor full, Full(c_, p.slices, p.merge, "fp32"));
+    for (Gather& g : full.gathers) g.mean_out = out;
+    *like = t;
+    *item = DtypeSize(t->dtype);
+    return full.gathers;
+  }
   std::vector<const TorchTensor*> ts;
   for (const Located& s : p.slices) {
     const TorchTensor* t = ModuleTensor(*s.tr, p.name);
@@ -242,6 +270,13 @@ Status TpPlanner::Run(std::vector<ViewEntry>* out) {
     return Invalid("a new TP size needs the checkpoint's universal_checkpoint_info (which "
                    "Megatron-DeepSpeed writes) to know how each parameter is split");
   }
+  if (c_.tp.size() == 1 && T_ > 1 && !uc_.tp_lists) {
+    return Invalid("this checkpoint was saved at TP 1 and its universal_checkpoint_info lists "
+                   "neither tp_replicated_parameter_patterns nor "
+                   "parameter_with_row_parallelism_patterns (Megatron-DeepSpeed writes them only "
+                   "when TP > 1), so which parameters TP " + std::to_string(T_) +
+                   " replicates or cuts by column is unknown");
+  }
   const TpRank& tr0 = c_.tp[0];
   for (const auto& [k, v] : PairsOf(*tr0.model->file->root)) {
     if (KeyName(k) == "frozen_param_shapes" && v && !PairsOf(*v).empty()) {
@@ -261,11 +296,6 @@ Status TpPlanner::Run(std::vector<ViewEntry>* out) {
       TargetParam p;
       p.name = sp.name;
       ASSIGN_OR_RETURN(p.merge, uc_.Classify(p.name));
-      if (p.merge.kind == Merge::kAverage) {
-        return Invalid("parameter " + p.name + " is averaged over TP ranks "
-                       "(parameter_to_average_patterns): its 16-bit module weight at another TP "
-                       "size would be the rounded mean, which the view does not compute");
-      }
       p.merge.original_rows = uc_.original_vocab_size;
       ASSIGN_OR_RETURN(p.slices, Locate(c_, p.name));
       ASSIGN_OR_RETURN(FullTensor full, Full(c_, p.slices, p.merge, "fp32"));
@@ -275,7 +305,7 @@ Status TpPlanner::Run(std::vector<ViewEntry>* out) {
       if (m.vocab) {
         if (m.kind == Merge::kCat && m.cat_dim != 0) return Invalid(what + ": a row-parallel vocabulary");
         if (m.kind == Merge::kSubParams) return Invalid(what + ": a vocabulary of sub-parameters");
-        p.shape[0] = m.kind == Merge::kReplicated ? padded_ : padded_ / T_;
+        p.shape[0] = Whole(m) ? padded_ : padded_ / T_;
       } else if (m.kind == Merge::kSubParams) {
         // The target's slice keeps the source slice's shape but for partition_dim.
         std::vector<int64_t> want = m.sub_shape;

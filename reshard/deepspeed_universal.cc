@@ -105,6 +105,8 @@ Result<UcInfo> UcInfo::Read(const Checkpoint& c) {
     ValuePtr v = Get(uc, key);
     return v ? compile(key, v, out) : Status::Ok();
   };
+  info.tp_lists = Get(uc, "tp_replicated_parameter_patterns") ||
+                  Get(uc, "parameter_with_row_parallelism_patterns");
   RETURN_IF_ERROR(patterns("tp_replicated_parameter_patterns", &pats->replicated));
   RETURN_IF_ERROR(patterns("parameter_to_average_patterns", &pats->average));
   RETURN_IF_ERROR(patterns("parameter_with_2_sub_params_cat_dim_0", &pats->two_sub_params));

@@ -268,10 +268,16 @@ def test_undecodable_checkpoint_lists_no_specs(mnt):
 TP_CASES = {
     "tp2-to-tp1-dp2-megatron-args": (2, 2, 1, 2, dict(megatron=True)),
     "tp2-to-tp4-dp1-vocab-padded-to-512": (2, 2, 4, 1, dict()),
+    # TP 1 with the TP pattern lists (Megatron-DeepSpeed writes none at TP 1: refused below)
     "tp1-to-tp2-dp3-uc-info-fp16-adamw-cuda": (1, 4, 2, 3, dict(
-        uc_info=True, dtype="fp16", optimizer="torch_adamw", amsgrad=True, cuda=True)),
+        uc_info=True, tp_lists=True, dtype="fp16", optimizer="torch_adamw", amsgrad=True,
+        cuda=True)),
     "tp2-to-tp2-dp2-same-size": (2, 2, 2, 2, dict(megatron=True, optimizer="sgd")),
     "tp4-to-tp2-dp4-megatron": (4, 1, 2, 4, dict(megatron=True)),
+    # parameter_to_average_patterns: the fp32 mean in the optimizer files, rounded in the module
+    "tp2-to-tp4-dp2-averaged": (2, 2, 4, 2, dict(megatron=True, average=True)),
+    "tp4-to-tp1-dp3-averaged-fp16": (4, 1, 1, 3, dict(megatron=True, average=True,
+                                                      dtype="fp16")),
 }
 
 
@@ -342,14 +348,16 @@ def test_sub_params_views(mnt):
 
 
 @pytest.mark.parametrize("what", ["no universal_checkpoint_info", "T does not divide", "frozen",
-                                  "averaged"])
+                                  "TP 1 without TP lists"])
 def test_tp_view_refusals(mnt, what):
     root = mnt / "ds"
+    lists = dict(uc_info=True, tp_lists=True)
     T, kw, reason = {"no universal_checkpoint_info": (2, dict(), "universal_checkpoint_info"),
-                     "T does not divide": (8, dict(uc_info=True), "query_key_value"),
-                     "frozen": (2, dict(uc_info=True, stage=2), "frozen"),
-                     "averaged": (2, dict(uc_info=True, average=True),
-                                  "is averaged over TP ranks")}[what]
+                     "T does not divide": (8, lists, "query_key_value"),
+                     "frozen": (2, dict(lists, stage=2), "frozen"),
+                     "TP 1 without TP lists": (2, dict(uc_info=True),
+                                               "lists neither tp_replicated_parameter_patterns")
+                     }[what]
     df.generate(root, dp=2, tp=1, **{"stage": 1, **kw})
     with pytest.raises(df.ViewError, match=reason):
         df.reference_tp(root, T, 2)  # the reference agrees

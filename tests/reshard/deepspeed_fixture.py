@@ -61,6 +61,13 @@ Facts taken from DeepSpeed's own code (deepspeedai/DeepSpeed 0.16.5 and 0.19.6; 
   [PIPE]   runtime/pipe/module.py: ckpt_layer_path (layer_{idx:02d}[-{rank_repr}]-model_states.pt,
            no data-parallel axis in rank_repr), save_state_dict (data_parallel_id 0 only);
            runtime/pipe/engine.py module_state_dict (the layers go to those files, `module` None).
+  [MDS]    Megatron-DeepSpeed megatron/model/gpt_model.py UniversalCheckpointInfo:
+           vocabulary_parameter_patterns always; tp_replicated_parameter_patterns (norms,
+           position embeddings, biases of row-parallel layers) and
+           parameter_with_row_parallelism_patterns only when tensor_model_parallel_size > 1;
+           never parameter_to_average_patterns (which ds_to_universal still reads).
+           checkpoint/universal_checkpoint.py load_hp_checkpoint_state also takes a universal
+           tensor whole when its shape is the target parameter's.
   The views' contract generalises ds_to_universal (which hard-codes exp_avg/exp_avg_sq): one
   <key>.pt per tensor state key the checkpoint holds, e.g. SGD's momentum_buffer.
 """
@@ -255,12 +262,17 @@ class Options:
                                  # padded 16 at TP 1, 2, 4) and zero vocabulary padding rows
                                  # (as after a universal load)
     average: bool = False        # the replicated parameters listed in
-                                 # parameter_to_average_patterns instead (as GPTModelPipe lists
-                                 # its norms), each TP rank's copy a little different
+                                 # parameter_to_average_patterns instead (which ds_to_universal
+                                 # averages), each TP rank's copy a little different
+    tp_lists: bool = None        # tp_replicated_parameter_patterns and
+                                 # parameter_with_row_parallelism_patterns in uc_info; default
+                                 # tp > 1, as Megatron-DeepSpeed writes them [MDS]
 
     def __post_init__(self):
         if self.uc_info is None:
             self.uc_info = self.tp > 1
+        if self.tp_lists is None:
+            self.tp_lists = self.tp > 1
         assert 1 <= self.dp and self.tp in TP_SIZES and self.stage in (1, 2)
         assert self.dtype in ("bf16", "fp16") and self.optimizer in ("fused_adam", "torch_adamw",
                                                                        "sgd")
@@ -398,8 +410,12 @@ def ds_config(o):
 
 def uc_info(o):
     patterns = dict(UC_PATTERNS)
+    if not o.tp_lists:
+        del patterns["tp_replicated_parameter_patterns"]
+        del patterns["parameter_with_row_parallelism_patterns"]
     if o.average:
-        patterns["parameter_to_average_patterns"] = patterns.pop("tp_replicated_parameter_patterns")
+        patterns["parameter_to_average_patterns"] = patterns.pop(
+            "tp_replicated_parameter_patterns", UC_PATTERNS["tp_replicated_parameter_patterns"])
     return {"universal_checkpoint_version": UC_VERSION, "original_vocab_size": ORIG_VOCAB,
             "padded_vocab_size": PADDED_VOCAB, **patterns}
 
@@ -562,7 +578,9 @@ class Generated:
                 continue
             for kind in ["master"] + o.state_kinds():
                 full = self.model.full(name, kind)
-                if not o.uc_info:
+                if o.uc_info and o.average and rule == "rep":
+                    d = {"param": sum(self.local(name, kind, t) for t in range(o.tp)) / o.tp}
+                elif not o.uc_info or (rule in ("rep", "row") and not o.tp_lists):
                     d = {"cat_dim": 0, "param": full}
                 elif rule == "rep":
                     d = {"param": full}
@@ -578,10 +596,10 @@ class Generated:
 
 def generate(root, dp=4, tp=1, step=10, dtype="bf16", stage=2, optimizer="fused_adam",
              amsgrad=False, seed=1234, cuda=False, uc_info=None, enum_by_value=True,
-             megatron=False, average=False):
+             megatron=False, average=False, tp_lists=None):
     """Writes ROOT/global_step{step}/... and then ROOT/latest; returns a Generated (the model)."""
     o = Options(dp, tp, step, dtype, stage, optimizer, amsgrad, seed, cuda, uc_info, enum_by_value,
-                megatron, average)
+                megatron, average, tp_lists)
     root, tag, cfg = Path(root), f"global_step{step}", ds_config(o)
     model = FullModel(seed, megatron, average)
     (root / tag).mkdir(parents=True, exist_ok=True)
@@ -922,6 +940,8 @@ def tp_cut(uc, name, slices, T, padded):
     load_hp_checkpoint_state does (vocabulary zero-padded to `padded` rows): T tensors."""
     if _matches(uc.get("tp_replicated_parameter_patterns"), name):
         return [slices[0]] * T
+    if _matches(uc.get("parameter_to_average_patterns"), name):
+        return [sum(slices) / len(slices)] * T
     if (e := _sub_params(uc, name)) is not None:
         return sub_cut(e, name, sub_merge(e, name, slices), T)
     dim = 1 if _matches(uc.get("parameter_with_row_parallelism_patterns"), name) else 0
@@ -947,18 +967,24 @@ def reference_tp(root, T, D):
     uc = ms0.get("universal_checkpoint_info")
     if uc is None:
         raise ViewError(f"{tag}/{model_name(0)} has no universal_checkpoint_info")
+    if Ts == 1 and T > 1 and not {"tp_replicated_parameter_patterns",
+                                  "parameter_with_row_parallelism_patterns"} & set(uc):
+        raise ViewError("saved at TP 1 and its universal_checkpoint_info lists neither "
+                        "tp_replicated_parameter_patterns nor "
+                        "parameter_with_row_parallelism_patterns")
     if any(m.obj.get("frozen_param_shapes") for m in src.models):
         raise ViewError("frozen parameters (frozen_param_shapes)")
-    for n in (n for shp in src.shapes(0) for n in shp):
-        if _matches(uc.get("parameter_to_average_patterns"), n):
-            raise ViewError(f"{n} is averaged over TP ranks")
     padded, cache = padded_vocab(ms0, T), {}
     mods = [{p: d[k] for p, d, k in _leaves(m.obj["module"])} for m in src.models]
 
     def cut(n, k):  # k: 'fp32', a state key or 'module'
         if (n, k) not in cache:
-            cache[n, k] = tp_cut(uc, n, [mods[s][n] if k == "module" else src.local(s, n, k)
-                                         for s in range(Ts)], T, padded)
+            if k == "module" and _matches(uc.get("parameter_to_average_patterns"), n):
+                # the universal load leaves the fp32 mean, rounded, in the 16-bit weight
+                cache[n, k] = [x.to(mods[0][n].dtype) for x in cut(n, "fp32")]
+            else:
+                cache[n, k] = tp_cut(uc, n, [mods[s][n] if k == "module" else src.local(s, n, k)
+                                             for s in range(Ts)], T, padded)
         return cache[n, k]
     out = Expected(tag)
     out["latest"] = src.latest
@@ -1203,6 +1229,10 @@ def compare_tp(root, view_dir, T, D, model=None):
     orig, padded = ORIG_VOCAB, padded_vocab(src.models[0].obj, T)
     for t in range(T):
         for name, got in _zero_to_fp32(view / ref.tag, t, D, src.bf16, D).items():
+            if model.options.average and SPLIT[name] == "rep":  # the source ranks' mean
+                want = sum(model.local(name, "master", s) for s in range(src.tp)) / src.tp
+                assert torch.equal(_bits(got), _bits(want)), f"mp_rank {t}: {name} mean"
+                continue
             want = model.model.full(name, "master")
             if SPLIT[name] == "vocab":
                 want = torch.cat([want[:orig], want.new_zeros((padded - orig,) + want.shape[1:])])

@@ -28,6 +28,8 @@ COMBOS = {
     "bf16-s2-fused-tp2": dict(dtype="bf16", stage=2, optimizer="fused_adam", tp=2),
     "fp16-s2-sgd-tp1-ucinfo-cuda": dict(dtype="fp16", stage=2, optimizer="sgd", uc_info=True,
                                         cuda=True),
+    "bf16-s1-adamw-tp4-averaged": dict(dtype="bf16", stage=1, optimizer="torch_adamw", tp=4,
+                                       average=True),
 }
 IGNORE = {"zero_to_fp32.py"}
 
@@ -355,7 +357,7 @@ def test_cli(tmp_path):
 # ZeRO stage 1 (stage 2 has the frozen tokentype embedding in frozen_param_shapes: refused);
 # megatron=True: args with make_vocab_size_divisible_by 4 (padded 16 at TP 1, 2, 4) and zero
 # vocabulary padding rows, so the generator at the new TP is what the view must be.
-TP = dict(stage=1, uc_info=True, megatron=True)
+TP = dict(stage=1, uc_info=True, megatron=True, tp_lists=True)
 EMB = "language_model.embedding.word_embeddings.weight"
 
 
@@ -396,11 +398,14 @@ def test_reference_tp_pads_the_vocabulary_to_128_times_t(tmp_path):
     df.compare_tp(tmp_path / "src", tmp_path / "view", 4, 2, model=g)
 
 
-@pytest.mark.parametrize("what", ["no universal_checkpoint_info", "frozen", "T does not divide"])
+@pytest.mark.parametrize("what", ["no universal_checkpoint_info", "frozen", "T does not divide",
+                                  "TP 1 without TP lists"])
 def test_reference_tp_refusals(tmp_path, what):
     kw, T, match = {"no universal_checkpoint_info": (dict(stage=1), 2, "universal_checkpoint"),
-                    "frozen": (dict(uc_info=True), 2, "frozen"),
-                    "T does not divide": (TP, 8, "query_key_value.weight: dimension 0")}[what]
+                    "frozen": (dict(uc_info=True, tp_lists=True), 2, "frozen"),
+                    "T does not divide": (TP, 8, "query_key_value.weight: dimension 0"),
+                    "TP 1 without TP lists": (dict(stage=1, uc_info=True), 2, "lists neither")
+                    }[what]
     df.generate(tmp_path, dp=2, **kw)
     with pytest.raises(df.ViewError, match=match):
         df.reference_tp(tmp_path, T, 2)
