@@ -371,7 +371,7 @@ Status ViewTree::PlanDcp(Node* spec) {
 }
 
 Result<reshard::DeepSpeedSource> ViewTree::ReadDeepSpeed(uint64_t root, Sources* sources,
-                                                         std::string* latest) {
+                                                         std::string* latest, bool parse_layers) {
   reshard::DeepSpeedSource src;
   ASSIGN_OR_RETURN(src.tag, DeepSpeedTag(root, latest));
   ASSIGN_OR_RETURN(InodeRecord dir, store_->Lookup(root, src.tag));
@@ -381,11 +381,15 @@ Result<reshard::DeepSpeedSource> ViewTree::ReadDeepSpeed(uint64_t root, Sources*
     if (reshard::IsDeepSpeedLayerName(item.name)) layers.emplace_back(item.name);
     return true;
   }));
-  for (const std::string& name : layers) {  // copied whole where a view has them: not parsed
+  for (const std::string& name : layers) {
     ASSIGN_OR_RETURN(InodeRecord f, store_->Lookup(dir.ino, name));
     ASSIGN_OR_RETURN(auto m, store_->CommittedManifest(f.ino));
-    const uint64_t size = m->size();
-    src.layers.push_back(reshard::DsLayerFile{name, sources->Add(f.ino, m), size});
+    reshard::DsLayerFile lf{name, sources->Add(f.ino, m), m->size(), nullptr, {}};
+    if (parse_layers) {
+      ASSIGN_OR_RETURN(lf.file, ReadSourceTorch(store_, sources, lf.source, src.tag + "/" + name,
+                                                &lf.extra_records));
+    }
+    src.layers.push_back(std::move(lf));
   }
   for (const std::string& name : names) {
     ASSIGN_OR_RETURN(InodeRecord f, store_->Lookup(dir.ino, name));
@@ -407,7 +411,8 @@ Status ViewTree::PlanDeepSpeed(Node* spec) {
   if (!reshard::ParseDsSpec(spec->spec, &ds)) return NotFound(spec->spec);
   auto sources = std::make_shared<Sources>();
   ASSIGN_OR_RETURN(reshard::DeepSpeedSource src,
-                   ReadDeepSpeed(spec->root, sources.get(), &spec->tracker));
+                   ReadDeepSpeed(spec->root, sources.get(), &spec->tracker,
+                                 ds.kind == reshard::DsSpec::kTpDp));
   ASSIGN_OR_RETURN(std::vector<reshard::ViewEntry> entries, reshard::PlanDeepSpeed(src, ds));
   // The tree, directories made as the paths name them.
   for (reshard::ViewEntry& e : entries) {

@@ -78,9 +78,10 @@ class ViewTree {
   Status PlanMegatronIter(Node* iter);  // REQUIRES: mu_ held
   Status PlanDcp(Node* spec);           // REQUIRES: mu_ held
   Status PlanDeepSpeed(Node* spec);     // REQUIRES: mu_ held
-  // The files of the tag `latest` in `root` names, read into *sources.
+  // The files of the tag `latest` in `root` names, read into *sources; the layer files parsed
+  // too with `parse_layers`.
   Result<reshard::DeepSpeedSource> ReadDeepSpeed(uint64_t root, Sources* sources,
-                                                 std::string* latest);
+                                                 std::string* latest, bool parse_layers = false);
   // The tag directory DeepSpeed's `latest` in `root` names, when it holds a model-states file;
   // *latest (if given) gets the file's bytes.
   Result<std::string> DeepSpeedTag(uint64_t root, std::string* latest);

@@ -28,12 +28,15 @@ struct DsSourceFile {
   std::vector<std::pair<std::string, std::string>> extra_records;
 };
 
-// A pipeline module's layer file of the tag (IsDeepSpeedLayerName): its layers' weights, the
-// same at every data-parallel size.
+// A pipeline module's layer file of the tag (IsDeepSpeedLayerName): one layer's state_dict
+// (keys relative to the layer) on one TP rank, the same at every data-parallel size.
 struct DsLayerFile {
   std::string name;
   uint32_t source = 0;  // the index Part::source uses for this file
   uint64_t size = 0;
+  // Parsed only for the views that reshard it (tpT-dpD); null otherwise.
+  std::shared_ptr<const TorchFile> file;
+  std::vector<std::pair<std::string, std::string>> extra_records;
 };
 
 struct DeepSpeedSource {

@@ -3,6 +3,7 @@
 // full tensor (merged by universal_checkpoint_info's patterns) cut again for T, the vocabulary
 // zero-padded to its padded size for T, then laid out in ZeRO partitions for D.
 #include <algorithm>
+#include <cstdio>
 #include <map>
 #include <memory>
 
@@ -57,16 +58,35 @@ class TpPlanner {
   // Target rank t's slice of a full tensor (shape as full_shape, bytes per element `item`).
   std::vector<Gather> SliceOf(const TargetParam& p, const std::vector<Gather>& full,
                               uint64_t item, uint32_t t) const;
-  Result<ViewEntry> ModelStates(uint32_t t, const std::vector<std::vector<TargetParam>>& groups);
+  Result<ViewEntry> ModelStates(uint32_t t);
   // The module tensor at key path `name` of TP rank tr's module; nullptr when absent.
   const TorchTensor* ModuleTensor(const TpRank& tr, const std::string& name) const;
-  Result<std::vector<Gather>> ModuleFull(const TargetParam& p, uint64_t* item,
+  // A parameter's 16-bit (module) tensor on source TP rank i, and the source holding it.
+  using TensorAt = std::function<std::pair<const TorchTensor*, uint32_t>(size_t i)>;
+  // The full module tensor of p, merged from its source TP ranks' tensors `at` gives.
+  Result<std::vector<Gather>> ModuleFull(const TargetParam& p, const TensorAt& at, uint64_t* item,
                                          const TorchTensor** like) const;
+  // A module tensor of rank t: p's full module tensor (from `at`) cut for t.
+  Result<ValuePtr> ModuleSlice(TorchOut* out, const TargetParam& p, const TensorAt& at,
+                               uint32_t t) const;
+  // The pipeline layer files of target rank t (Megatron-DeepSpeed's GPTModelPipe).
+  Status LayerFiles(uint32_t t, std::vector<ViewEntry>* out) const;
+  // Fills layers_ from the source's layer files. Errors: names without a TP rank, a layer
+  // missing on some TP rank, a file that is not a state_dict.
+  Status ReadLayers();
 
   const Checkpoint& c_;
   const uint32_t T_, D_;
   UcInfo uc_;
   int64_t padded_ = -1;  // vocabulary rows for T
+  const std::vector<std::vector<TargetParam>>* groups_ = nullptr;  // by group, TP rank 0's order
+  std::unordered_map<std::string, const TargetParam*> by_name_;
+  // The layer files by layer index, each by source TP rank, with their tensors.
+  struct Layer {
+    std::vector<const DsLayerFile*> by_tp;
+    std::vector<TensorIndex> tensors;
+  };
+  std::map<uint32_t, Layer> layers_;
 };
 
 // Rank t's share of `full`, a tensor of `shape` with `item`-byte elements, when each of `subs`
@@ -139,14 +159,14 @@ const TorchTensor* TpPlanner::ModuleTensor(const TpRank& tr, const std::string& 
   return nullptr;
 }
 
-Result<std::vector<Gather>> TpPlanner::ModuleFull(const TargetParam& p, uint64_t* item,
-                                                  const TorchTensor** like) const {
+Result<std::vector<Gather>> TpPlanner::ModuleFull(const TargetParam& p, const TensorAt& at,
+                                                  uint64_t* item, const TorchTensor** like) const {
   if (p.merge.kind == Merge::kAverage) {
     // What DeepSpeed's universal loading leaves in the 16-bit weight: the fp32 mean, rounded.
-    const TorchTensor* t = ModuleTensor(*p.slices[0].tr, p.name);
+    const TorchTensor* t = at(0).first;
     if (!t || t->shape != p.slices[0].p->shape) {
-      return Invalid("module tensor " + p.name + " of " + p.slices[0].tr->model->name +
-                     " is missing or differs from param_shapes");
+      return Invalid("module tensor " + p.name + " of TP rank 0 is missing or differs from "
+                     "param_shapes");
     }
     MeanOut out;
     if (t->dtype == "bfloat16") {
@@ -166,13 +186,15 @@ Result<std::vector<Gather>> TpPlanner::ModuleFull(const TargetParam& p, uint64_t
     return full.gathers;
   }
   std::vector<const TorchTensor*> ts;
-  for (const Located& s : p.slices) {
-    const TorchTensor* t = ModuleTensor(*s.tr, p.name);
-    if (!t || !IsContiguous(t->shape, t->stride) || t->shape != s.p->shape) {
-      return Invalid("module tensor " + p.name + " of " + s.tr->model->name +
+  std::vector<uint32_t> sources;
+  for (size_t i = 0; i < p.slices.size(); ++i) {
+    const auto [t, source] = at(i);
+    if (!t || !IsContiguous(t->shape, t->stride) || t->shape != p.slices[i].p->shape) {
+      return Invalid("module tensor " + p.name + " of TP rank " + std::to_string(i) +
                      " is missing or differs from param_shapes");
     }
     ts.push_back(t);
+    sources.push_back(source);
     if (p.merge.kind == Merge::kReplicated) break;
   }
   *like = ts[0];
@@ -183,7 +205,7 @@ Result<std::vector<Gather>> TpPlanner::ModuleFull(const TargetParam& p, uint64_t
   // The module tensors are contiguous: the full tensor is one gather of the layout's rows.
   std::vector<Part> parts;
   for (const MergeLayout::Piece& pc : l.pieces) {
-    parts.push_back(Part{p.slices[pc.slice].tr->model->source, ts[pc.slice]->offset + pc.from * *item,
+    parts.push_back(Part{sources[pc.slice], ts[pc.slice]->offset + pc.from * *item,
                          pc.len * *item, l.widths[pc.slice] * *item});
   }
   std::vector<Gather> full{Gather{l.rows, std::move(parts)}};
@@ -195,30 +217,35 @@ Result<std::vector<Gather>> TpPlanner::ModuleFull(const TargetParam& p, uint64_t
   return full;
 }
 
-Result<ViewEntry> TpPlanner::ModelStates(uint32_t t,
-                                         const std::vector<std::vector<TargetParam>>& groups) {
+Result<ValuePtr> TpPlanner::ModuleSlice(TorchOut* out, const TargetParam& p, const TensorAt& at,
+                                        uint32_t t) const {
+  uint64_t item = 0;
+  const TorchTensor* like = nullptr;
+  ASSIGN_OR_RETURN(std::vector<Gather> full, ModuleFull(p, at, &item, &like));
+  uint64_t nbytes = item;
+  for (int64_t x : p.shape) nbytes *= static_cast<uint64_t>(x);
+  return out->NewTensor(*like->node, SliceOf(p, full, item, t), p.shape, ContiguousStride(p.shape),
+                        nbytes);
+}
+
+Result<ViewEntry> TpPlanner::ModelStates(uint32_t t) {
   const TpRank& primary = c_.tp[static_cast<size_t>(uint64_t{t} * c_.tp.size() / T_)];
   const TorchFile& f = *primary.model->file;
   TorchOut out;
-  std::unordered_map<std::string, const TargetParam*> by_name;
-  for (const auto& g : groups) {
-    for (const TargetParam& p : g) by_name[p.name] = &p;
-  }
   // The module: every parameter cut for rank t, everything else from the primary rank.
   std::function<Result<ValuePtr>(const ValuePtr&, const std::string&)> module =
       [&](const ValuePtr& m, const std::string& prefix) -> Result<ValuePtr> {
     ValuePtr n = EmptyLike(m);
     for (const auto& [k, v] : PairsOf(*m)) {
       const std::string path = prefix + KeyName(k);
-      auto p = by_name.find(path);
-      if (p != by_name.end()) {
-        uint64_t item = 0;
-        const TorchTensor* like = nullptr;
-        ASSIGN_OR_RETURN(std::vector<Gather> full, ModuleFull(*p->second, &item, &like));
-        uint64_t nbytes = item;
-        for (int64_t x : p->second->shape) nbytes *= static_cast<uint64_t>(x);
-        Put(n, k, out.NewTensor(*like->node, SliceOf(*p->second, full, item, t), p->second->shape,
-                                ContiguousStride(p->second->shape), nbytes));
+      auto p = by_name_.find(path);
+      if (p != by_name_.end()) {
+        auto at = [&](size_t i) {
+          const TpRank& tr = *p->second->slices[i].tr;
+          return std::pair{ModuleTensor(tr, path), tr.model->source};
+        };
+        ASSIGN_OR_RETURN(ValuePtr nt, ModuleSlice(&out, *p->second, at, t));
+        Put(n, k, nt);
       } else if (IsMapping(v)) {
         ASSIGN_OR_RETURN(ValuePtr nv, module(v, path + "."));
         Put(n, k, nv);
@@ -238,9 +265,11 @@ Result<ViewEntry> TpPlanner::ModelStates(uint32_t t,
       Put(root, k, m);
     } else if (key == "param_shapes") {
       std::vector<ValuePtr> gs;
-      for (size_t g = 0; g < groups.size(); ++g) {
+      for (size_t g = 0; g < groups_->size(); ++g) {
         ValuePtr m = EmptyLike(src_shapes->items[g]);
-        for (const TargetParam& p : groups[g]) Put(m, pickle::MakeStr(p.name), SizeLike(p.shape));
+        for (const TargetParam& p : (*groups_)[g]) {
+          Put(m, pickle::MakeStr(p.name), SizeLike(p.shape));
+        }
         gs.push_back(m);
       }
       Put(root, k, pickle::MakeList(std::move(gs)));
@@ -262,6 +291,85 @@ Result<ViewEntry> TpPlanner::ModelStates(uint32_t t,
   }
   ASSIGN_OR_RETURN(ViewFile vf, out.Finish(f.prefix, root, primary.model->extra_records));
   return ViewEntry{c_.src.tag + "/" + ModelName(t), std::move(vf)};
+}
+
+Status TpPlanner::ReadLayers() {
+  const size_t Ts = c_.tp.size();
+  for (const DsLayerFile& l : c_.src.layers) {
+    unsigned idx = 0, tp = 0;
+    char tail = 0;
+    char canon[96];
+    if (std::sscanf(l.name.c_str(), "layer_%u-model_%u-model_states.p%c", &idx, &tp, &tail) != 3 ||
+        tail != 't' ||
+        (std::snprintf(canon, sizeof canon, "layer_%02u-model_%02u-model_states.pt", idx, tp),
+         l.name != canon)) {
+      return Invalid("layer file " + l.name + " does not name its TP rank "
+                     "(layer_XX-model_TT-model_states.pt), so tpT-dpD cannot reshard it");
+    }
+    if (tp >= Ts) return Invalid(l.name + " lies outside the " + std::to_string(Ts) + " TP ranks");
+    if (!l.file || !IsMapping(l.file->root)) {
+      return Invalid(l.name + " is not a layer's state_dict");
+    }
+    Layer& layer = layers_[idx];
+    layer.by_tp.resize(Ts, nullptr);
+    layer.tensors.resize(Ts);
+    layer.by_tp[tp] = &l;
+    layer.tensors[tp] = IndexTensors(*l.file);
+  }
+  for (const auto& [idx, layer] : layers_) {
+    for (size_t i = 0; i < Ts; ++i) {
+      if (!layer.by_tp[i]) {
+        char name[96];
+        std::snprintf(name, sizeof name, "layer_%02u-model_%02zu-model_states.pt", idx, i);
+        return Invalid("layer file " + std::string(name) + " of " + c_.src.tag + " is missing");
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+Status TpPlanner::LayerFiles(uint32_t t, std::vector<ViewEntry>* out) const {
+  const size_t Ts = c_.tp.size(), primary = static_cast<size_t>(uint64_t{t} * Ts / T_);
+  for (const auto& [idx, layer] : layers_) {
+    const DsLayerFile& f = *layer.by_tp[primary];
+    const TensorIndex& tensors = layer.tensors[primary];
+    TorchOut o;
+    ValuePtr root = EmptyLike(f.file->root);
+    for (const auto& [k, v] : PairsOf(*f.file->root)) {
+      // The parameter's name: "<index>.<key>", or a tied module's "tied_modules.<tied>.<key>".
+      const std::string key = KeyName(k);
+      const TargetParam* p = nullptr;
+      if (auto it = by_name_.find(std::to_string(idx) + "." + key); it != by_name_.end()) {
+        p = it->second;
+      } else {
+        for (const auto& [name, q] : by_name_) {
+          if (!name.starts_with("tied_modules.") || !name.ends_with("." + key)) continue;
+          const std::string tied = name.substr(13, name.size() - 13 - key.size() - 1);
+          if (tied.find('.') != std::string::npos) continue;
+          if (p) return Invalid(f.name + ": key " + key + " is in several tied modules");
+          p = q;
+        }
+      }
+      if (!p || !tensors.count(v.get())) {  // buffers, frozen parameters: the primary's
+        ASSIGN_OR_RETURN(ValuePtr nv, o.Copy(tensors, f.source, v));
+        Put(root, k, nv);
+        continue;
+      }
+      auto at = [&, v = v](size_t i) -> std::pair<const TorchTensor*, uint32_t> {
+        const DsLayerFile& li = *layer.by_tp[i];
+        ValuePtr x = Get(li.file->root, key);
+        auto it = x ? layer.tensors[i].find(x.get()) : layer.tensors[i].end();
+        return {it == layer.tensors[i].end() ? nullptr : it->second, li.source};
+      };
+      ASSIGN_OR_RETURN(ValuePtr nt, ModuleSlice(&o, *p, at, t));
+      Put(root, k, nt);
+    }
+    char name[96];
+    std::snprintf(name, sizeof name, "layer_%02u-model_%02u-model_states.pt", idx, t);
+    ASSIGN_OR_RETURN(ViewFile vf, o.Finish(ArchivePrefix(name), root, f.extra_records));
+    out->push_back(ViewEntry{c_.src.tag + "/" + name, std::move(vf)});
+  }
+  return Status::Ok();
 }
 
 Status TpPlanner::Run(std::vector<ViewEntry>* out) {
@@ -339,11 +447,17 @@ Status TpPlanner::Run(std::vector<ViewEntry>* out) {
     }
   }
 
+  groups_ = &groups;
+  for (const auto& g : groups) {
+    for (const TargetParam& p : g) by_name_[p.name] = &p;
+  }
+  RETURN_IF_ERROR(ReadLayers());
   out->push_back(ViewEntry{"latest", {}});
   out->back().file.recipe.AddLiteral(c_.src.tag);
   for (uint32_t t = 0; t < T_; ++t) {
-    ASSIGN_OR_RETURN(ViewEntry ms, ModelStates(t, groups));
+    ASSIGN_OR_RETURN(ViewEntry ms, ModelStates(t));
     out->push_back(std::move(ms));
+    RETURN_IF_ERROR(LayerFiles(t, out));
     Target target;
     target.primary = &c_.tp[static_cast<size_t>(uint64_t{t} * c_.tp.size() / T_)];
     target.groups.resize(groups.size());
@@ -392,10 +506,6 @@ Status TpPlanner::Run(std::vector<ViewEntry>* out) {
 }  // namespace
 
 Status PlanTpDp(const Checkpoint& c, uint32_t T, uint32_t D, std::vector<ViewEntry>* out) {
-  if (!c.src.layers.empty()) {
-    return Invalid("the weights of this pipeline module are in its layer files (" +
-                   c.src.layers[0].name + ", ...), which tpT-dpD does not reshard yet");
-  }
   return TpPlanner(c, T, D).Run(out);
 }
 

@@ -188,12 +188,31 @@ def test_zero3_refusals(mnt):
         assert "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt" in why and "missing" in why, why
 
 
+@pytest.mark.parametrize("Ts,S,T,D", [(2, 2, 4, 1), (4, 1, 2, 3), (2, 3, 1, 2)])
+def test_pipeline_module_tp_view(mnt, tmp_path, Ts, S, T, D):
+    # Megatron-DeepSpeed's GPTModelPipe keeps its weights in layer_XX-model_TT-model_states.pt
+    # files. The source is the fixture's checkpoint laid out as the pipeline saves it
+    # (df.to_pipe); every view of it must be the flat checkpoint's view laid out the same way.
+    flat = tmp_path / "flat"
+    df.generate(flat, dp=S, tp=Ts, stage=1, megatron=True)
+    root = mnt / "ds"
+    df.write_expected(df.to_pipe(df.load_tree(flat)), root)
+    assert (root / TAG / "layer_02-model_00-model_states.pt").exists()
+    assert torch.load(root / TAG / "mp_rank_00_model_states.pt")["module"] is None
+    view = root / ".views" / f"tp{T}-dp{D}"
+    df.compare_tree(view, df.to_pipe(df.reference_tp(flat, T, D)))
+    check_reads_are_stable(view / TAG / f"layer_01-model_{T - 1:02d}-model_states.pt")
+    df.compare_dp(root, root / ".views" / "dp2", 2)
+    df.compare_universal(root)
+
+
 def test_pipeline_layer_files(mnt):
     # A pipeline module (Megatron-DeepSpeed's GPTModelPipe) saves its layers in
     # layer_XX-model_TT-model_states.pt beside the model-states file: dpD copies them, the
-    # universal view leaves them out as ds_to_universal does, tpT-dpD refuses with the reason.
+    # universal view leaves them out as ds_to_universal does, tpT-dpD refuses a layer whose file
+    # is missing on a TP rank.
     root = mnt / "ds"
-    df.generate(root, dp=2)
+    df.generate(root, dp=2, tp=2, stage=1)
     layer = root / TAG / "layer_01-model_00-model_states.pt"
     torch.save({"weight": torch.arange(6.0)}, layer)
     dp = root / ".views" / "dp4"
@@ -203,7 +222,8 @@ def test_pipeline_layer_files(mnt):
     df.compare_universal(root)
     expect_errno(errno.EINVAL, os.stat, root / ".views" / "tp1-dp2")
     why = os.getxattr(root / ".views", "user.ckptfs.view_errors").decode()
-    assert "tp1-dp2" in why and layer.name in why, why
+    assert "tp1-dp2: layer file layer_01-model_01-model_states.pt of global_step10 is missing" \
+        in why, why
 
 
 def test_missing_optim_file_fails_with_einval_and_a_reason(mnt):

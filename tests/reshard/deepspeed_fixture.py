@@ -1035,6 +1035,89 @@ def write_expected(expected, out_dir):
 
 
 # ------------------------------------------------------------------------------------------------
+# The same checkpoint as a pipeline module saves it (Megatron-DeepSpeed's GPTModelPipe) [PIPE]
+# ------------------------------------------------------------------------------------------------
+
+# Where each module entry lives in GPTModelPipe: (layer index, key in its layer file); the
+# parameter's name in param_shapes is then "<index>.<key>", or "tied_modules.embed.<key>" for
+# the tied embedding (index 1: spec 0 is the _to_float16 function, which has no file).
+_EMBED = "language_model.embedding."
+
+
+def pipe_place(name):
+    if name.startswith(_EMBED):
+        return 1, name[len(_EMBED):]
+    assert name.startswith(_L), name
+    return 2, name[len(_L):]
+
+
+def pipe_name(name):
+    idx, key = pipe_place(name)
+    return f"tied_modules.embed.{key}" if idx == 1 else f"{idx}.{key}"
+
+
+# universal_checkpoint_info's patterns for these names, as Megatron-DeepSpeed writes them for
+# GPTModelPipe at TP > 1 [MDS] (the lists the fixture's model needs).
+PIPE_PATTERNS = {
+    "vocabulary_parameter_patterns": [r"tied_modules.embed.word_embeddings.weight"],
+    "pipeline_replicated_parameter_patterns": [r"tied_modules.embed.word_embeddings.weight",
+                                               r"tied_modules.embed.position_embeddings.weight"],
+    "tp_replicated_parameter_patterns": [r"\d+.input_layernorm.weight",
+                                         "tied_modules.embed.position_embeddings.weight"],
+    "parameter_with_row_parallelism_patterns": [r"\d+.self_attention.dense.weight"],
+}
+
+
+def to_pipe(tree):
+    """A tree {relative path: bytes or object} of this fixture's (flat, GPTModel) checkpoint or
+    view as GPTModelPipe saves it: each model-states file's module moved into
+    layer_XX-model_TT-model_states.pt files (an OrderedDict of the layer's entries, in module
+    order) and set to None, and parameter names and patterns made the pipeline's."""
+    out = Expected(tree.tag)
+    out.locations = tree.locations
+    for rel, obj in tree.items():
+        name = rel.rsplit("/", 1)[-1]
+        if isinstance(obj, bytes) or not isinstance(obj, dict):
+            out[rel] = obj
+        elif re.fullmatch(r"mp_rank_\d\d_model_states\.pt", name):
+            tt = int(name[8:10])
+            ms = dict(obj)
+            layers = {}
+            for k, v in ms["module"].items():
+                idx, key = pipe_place(k)
+                layers.setdefault(idx, collections.OrderedDict())[key] = v
+            for idx, sd in layers.items():
+                out[f"{rel.rsplit('/', 1)[0]}/layer_{idx:02d}-model_{tt:02d}-model_states.pt"] = sd
+            ms["module"] = None
+            ms["buffer_names"] = [pipe_place(n)[1] for n in ms["buffer_names"]]
+            ms["param_shapes"] = [type(g)((pipe_name(n), v) for n, v in g.items())
+                                  for g in ms["param_shapes"]]
+            uc = dict(ms["universal_checkpoint_info"])
+            uc.update((k, list(v)) for k, v in PIPE_PATTERNS.items()
+                      if k in uc or k == "pipeline_replicated_parameter_patterns")
+            ms["universal_checkpoint_info"] = uc
+            out[rel] = ms
+        elif name.endswith("_optim_states.pt"):
+            f = dict(obj)
+            osd = dict(f["optimizer_state_dict"])
+            osd[PSM] = [type(m)((pipe_name(n), v) for n, v in m.items()) for m in osd[PSM]]
+            f["optimizer_state_dict"] = osd
+            out[rel] = f
+        else:
+            out[rel] = obj
+    return out
+
+
+def load_tree(root):
+    """Every file under ROOT as {relative path: bytes, or the torch.load object of a .pt}."""
+    root = Path(root)
+    tree = Expected((root / "latest").read_text().strip())
+    for rel in sorted(_files_under(root)):
+        tree[rel] = Loaded(root / rel).obj if rel.endswith(".pt") else (root / rel).read_bytes()
+    return tree
+
+
+# ------------------------------------------------------------------------------------------------
 # Comparison
 # ------------------------------------------------------------------------------------------------
 

@@ -595,20 +595,26 @@ TEST(DeepSpeedErrors, Refusals) {
 }
 
 TEST(DeepSpeedDp, PipelineLayerFilesAsTheyAre) {
-  // A pipeline module's layer files: dpD copies them, universal leaves them out, tpT-dpD
-  // refuses (the weights in them are per TP rank).
-  Source s = Build(2);
-  s.src.layers.push_back(DsLayerFile{"layer_01-model_00-model_states.pt",
-                                     static_cast<uint32_t>(s.bytes.size()), 6});
-  s.bytes.push_back("layers");
+  // A pipeline module's layer files: dpD copies them, universal leaves them out; tpT-dpD
+  // reshards them (the mount tests), so it refuses one it cannot read or place.
+  Source s = Build(2, {}, kTp2);
+  for (const char* name : {"layer_01-model_00-model_states.pt", "layer_01-model_01-model_states.pt"}) {
+    s.src.layers.push_back(DsLayerFile{name, static_cast<uint32_t>(s.bytes.size()), 6});
+    s.bytes.push_back("layers");
+  }
   const auto dp = Plan(s, "dp4");
   EXPECT_EQ(dp.at("global_step10/layer_01-model_00-model_states.pt"), "layers");
   const auto uni = Plan(s, "universal");
   EXPECT_EQ(uni.count("global_step10/layer_01-model_00-model_states.pt"), 0u);
   EXPECT_TRUE(uni.count("global_step10/zero/optimizer_state.pt"));
-  Status st = PlanError(s, "tp1-dp2");
+  Status st = PlanError(s, "tp1-dp2");  // not parsed: no state_dict
   EXPECT_EQ(st.code(), Code::kInvalid);
-  EXPECT_TRUE(Contains(st.message(), "layer_01-model_00-model_states.pt")) << st.ToString();
+  EXPECT_TRUE(Contains(st.message(), "layer_01-model_00-model_states.pt is not a layer's "
+                                     "state_dict")) << st.ToString();
+  s.src.layers[0].name = "layer_01-model_states.pt";  // no TP rank in the name
+  st = PlanError(s, "tp1-dp2");
+  EXPECT_TRUE(Contains(st.message(), "layer_01-model_states.pt does not name its TP rank"))
+      << st.ToString();
 }
 
 TEST(DeepSpeedUniversal, AveragedParameterIsTheMeanOfItsSlices) {
