@@ -78,6 +78,17 @@ using pickle::Kind;
 using pickle::Value;
 using pickle::ValuePtr;
 
+Result<uint64_t> Numel(const std::vector<int64_t>& shape, const std::string& what) {
+  uint64_t n = 1;
+  for (int64_t x : shape) {
+    // Below 2^56 elements, so that byte counts of any dtype stay in 64 bits.
+    if (x < 0 || __builtin_mul_overflow(n, static_cast<uint64_t>(x), &n) || n >= (1ull << 56)) {
+      return Invalid(what + " has a negative size or too many elements");
+    }
+  }
+  return n;
+}
+
 Result<std::vector<std::vector<Param>>> ParamShapes(const ValuePtr& root,
                                                     const std::string& where) {
   ValuePtr shapes = Get(root, "param_shapes");
@@ -90,8 +101,7 @@ Result<std::vector<std::vector<Param>>> ParamShapes(const ValuePtr& root,
       Param p;
       p.name = KeyName(k);
       if (!IntsOf(v, &p.shape)) return Invalid(where + ": the shape of " + p.name);
-      p.numel = 1;
-      for (int64_t x : p.shape) p.numel *= static_cast<uint64_t>(std::max<int64_t>(x, 0));
+      ASSIGN_OR_RETURN(p.numel, Numel(p.shape, where + ": the shape of " + p.name));
       params.push_back(std::move(p));
     }
     groups.push_back(std::move(params));

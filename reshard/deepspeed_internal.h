@@ -30,6 +30,8 @@ struct Partitioning {
   uint64_t End(uint64_t r) const { return std::min(total, (r + 1) * size); }
   uint64_t Real(uint64_t r) const { return End(r) - Begin(r); }
   uint64_t Padding(uint64_t r) const { return size - Real(r); }
+  // The rank whose partition holds element e (0 for an empty group).
+  uint64_t RankOf(uint64_t e) const { return size ? std::min(e / size, dp - 1) : 0; }
 };
 
 struct Param {
@@ -117,6 +119,8 @@ std::vector<std::pair<std::string, std::pair<uint64_t, uint64_t>>> Fragments(
 // of shapes.
 Result<std::vector<std::vector<Param>>> ParamShapes(const pickle::ValuePtr& root,
                                                     const std::string& where);
+// The element count of `shape`. Errors (naming `what`): a negative size, 2^56 elements or more.
+Result<uint64_t> Numel(const std::vector<int64_t>& shape, const std::string& what);
 std::string ModelName(uint32_t tp);
 std::string OptimFileName(const std::string& prefix, uint32_t dp, uint32_t tp);
 // torch.save names a file's records after the file: "fp32.pt" -> "fp32/...".
@@ -177,6 +181,7 @@ Result<MergeLayout> LayoutOf(const Merge& m, const std::vector<std::vector<int64
 uint64_t GatherBytes(const Gather& g);
 std::vector<Part> RowPiece(const Gather& g, uint64_t r, uint64_t from, uint64_t to,
                            bool strided = false);
+// REQUIRES (Cut): a cut inside a mean gather falls between its output elements.
 std::vector<Gather> Cut(const std::vector<Gather>& gs, uint64_t from, uint64_t to);
 std::vector<Gather> Columns(const std::vector<Gather>& gs,
                             const std::vector<std::pair<uint64_t, uint64_t>>& ranges);

@@ -189,9 +189,10 @@ Result<std::vector<Gather>> TpPlanner::ModuleFull(const TargetParam& p, const Te
   std::vector<uint32_t> sources;
   for (size_t i = 0; i < p.slices.size(); ++i) {
     const auto [t, source] = at(i);
-    if (!t || !IsContiguous(t->shape, t->stride) || t->shape != p.slices[i].p->shape) {
+    if (!t || !IsContiguous(t->shape, t->stride) || t->shape != p.slices[i].p->shape ||
+        (!ts.empty() && t->dtype != ts[0]->dtype)) {
       return Invalid("module tensor " + p.name + " of TP rank " + std::to_string(i) +
-                     " is missing or differs from param_shapes");
+                     " is missing or differs from param_shapes or from TP rank 0's dtype");
     }
     ts.push_back(t);
     sources.push_back(source);
@@ -411,6 +412,7 @@ Status TpPlanner::Run(std::vector<ViewEntry>* out) {
       const Merge& m = p.merge;
       const std::string what = "parameter " + p.name;
       if (m.vocab) {
+        if (p.shape.empty()) return Invalid(what + ": a vocabulary parameter without rows");
         if (m.kind == Merge::kCat && m.cat_dim != 0) return Invalid(what + ": a row-parallel vocabulary");
         if (m.kind == Merge::kSubParams) return Invalid(what + ": a vocabulary of sub-parameters");
         p.shape[0] = Whole(m) ? padded_ : padded_ / T_;

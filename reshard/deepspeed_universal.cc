@@ -217,10 +217,24 @@ Result<std::vector<Gather>> MeanOf(const Checkpoint& c, const std::vector<Locate
     if (s.p->shape != slices[0].p->shape) {
       return Invalid(what + ": its TP slices differ in shape, so they cannot be averaged");
     }
+    for (const Optim& o : s.tr->optim) {
+      const TorchTensor* t = Pick(o, s.g, key);
+      if (t && t->dtype != "float32") {
+        return Invalid(what + " is averaged over TP ranks (parameter_to_average_patterns) but " +
+                       o.file->name + " holds it as " + t->dtype +
+                       "; the view averages float32 only");
+      }
+    }
     ASSIGN_OR_RETURN(std::vector<Part> parts,
                      c.Flat(*s.tr, s.g, s.p->offset, s.p->offset + s.p->numel,
                             [&key, g = s.g](const Optim& o) { return Pick(o, g, key); }, what));
     runs.push_back(std::move(parts));
+  }
+  for (const std::vector<Part>& r : runs) {  // float32 everywhere: the same bytes in each
+    uint64_t bytes = 0, first = 0;
+    for (const Part& p : r) bytes += p.len;
+    for (const Part& p : runs[0]) first += p.len;
+    if (bytes != first) return Invalid(what + ": its TP slices differ in size");
   }
   std::vector<Gather> out;
   std::vector<size_t> at(runs.size(), 0);     // the part each slice is in
@@ -252,7 +266,7 @@ Result<FullTensor> Full(const Checkpoint& c, const std::vector<Located>& slices,
   {
     const Located& s = slices[0];
     const Partitioning part(s.tr->totals[s.g], c.D);
-    const Optim& o = s.tr->optim[std::min<uint64_t>(s.p->offset / part.size, c.D - 1)];
+    const Optim& o = s.tr->optim[part.RankOf(s.p->offset)];
     full.like = Pick(o, s.g, key);
     if (!full.like) return Invalid(o.file->name + " has no " + what);
   }
@@ -285,7 +299,7 @@ Result<FullTensor> Full(const Checkpoint& c, const std::vector<Located>& slices,
       const Located& s = slices[i];
       const Partitioning part(s.tr->totals[s.g], c.D);
       const uint64_t e = s.p->offset + r * l.widths[i];
-      const uint64_t rank = std::min<uint64_t>(e / part.size, c.D - 1);
+      const uint64_t rank = part.RankOf(e);
       k = std::min(k, l.widths[i] ? (part.End(rank) - std::min(part.End(rank), e)) / l.widths[i] : k);
       base[i] = e - part.Begin(rank);
       in[i] = &s.tr->optim[rank];
@@ -314,6 +328,7 @@ Result<FullTensor> Full(const Checkpoint& c, const std::vector<Located>& slices,
     ++r;
   }
   if (m.vocab) {
+    if (full.shape.empty()) return Invalid(what + " is a vocabulary parameter without rows");
     if (m.original_rows > full.shape[0]) {
       return Invalid(what + ": original_vocab_size " + std::to_string(m.original_rows) +
                      " exceeds its " + std::to_string(full.shape[0]) + " rows");
@@ -458,7 +473,7 @@ Status PlanUniversal(const Checkpoint& c, std::vector<ViewEntry>* out) {
       keys.erase(keys.begin());
       // step.pt: the raw step of the first dp rank holding a piece of the parameter.
       const Partitioning part(tr.totals[g], c.D);
-      const Optim& o = tr.optim[std::min<uint64_t>(p.offset / part.size, c.D - 1)];
+      const Optim& o = tr.optim[part.RankOf(p.offset)];
       if (ValuePtr step = Get(o.group_state[g], "step")) {
         TorchOut so;
         so.set_location("cpu");

@@ -165,6 +165,10 @@ Result<std::vector<Part>> Elements(const Zero3& z, size_t g, const Zero3Param& p
     const Zero3Rank& o = z.ranks[r];
     const TorchTensor* t = FlatOf(o, g, key);
     if (!t) return Invalid(o.optim->name + " has no '" + key + "' of " + p.name);
+    if (t->shape.size() != 1) {  // a scalar state: not sized by DecodeZero3
+      return Invalid(o.optim->name + ": '" + key + "' of sub-group " + std::to_string(g) +
+                     " is not a flat tensor");
+    }
     if (t->dtype != (*like)->dtype) {
       return Invalid("'" + key + "' of " + p.name + " has different dtypes across ranks");
     }
@@ -365,10 +369,16 @@ Result<std::vector<SubGroup>> Regroup(const Checkpoint& c, uint32_t D2) {
 Result<std::vector<Gather>> FlatAt(const Zero3& z, const SubGroup& s, const std::string& key,
                                    uint32_t d, const TorchTensor** like) {
   std::vector<Gather> out;
+  const TorchTensor* first = nullptr;
   for (const Slot& sl : s.slots) {
     const uint64_t a = std::min(sl.p->numel, d * sl.part);
     const uint64_t b = std::min(sl.p->numel, a + sl.part);
     ASSIGN_OR_RETURN(std::vector<Part> parts, Elements(z, sl.g, *sl.p, key, a, b, like));
+    if (!first) first = *like;
+    if ((*like)->dtype != first->dtype) {
+      return Invalid("'" + key + "' differs in dtype between source sub-groups that are one "
+                     "sub-group at the new dp size");
+    }
     const uint64_t zeros = (sl.part - (b - a)) * DtypeSize((*like)->dtype);
     for (Gather& g : GatherOf(std::move(parts), zeros)) out.push_back(std::move(g));
   }
@@ -518,8 +528,8 @@ Result<ViewEntry> PlanZero3Model(const Checkpoint& c, const std::vector<SubGroup
         return Invalid(o0.model->name + ": frozen parameter " + KeyName(name) +
                        " has no shape in frozen_param_shapes");
       }
-      uint64_t numel = 1;
-      for (int64_t x : shape) numel *= static_cast<uint64_t>(std::max<int64_t>(x, 0));
+      ASSIGN_OR_RETURN(const uint64_t numel,
+                       Numel(shape, o0.model->name + ": frozen parameter " + KeyName(name)));
       ASSIGN_OR_RETURN(ValuePtr t, FrozenFragment(c, &out, KeyName(name), numel, d, D2));
       Put(m, name, t);
     }

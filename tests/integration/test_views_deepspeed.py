@@ -188,6 +188,21 @@ def test_zero3_refusals(mnt):
         assert "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt" in why and "missing" in why, why
 
 
+def test_averaged_parameter_with_a_16bit_slice_is_refused(mnt):
+    # TP rank 1's fp32 partitions saved as bfloat16: an average of them would read the wrong
+    # bytes, so the universal view refuses, naming the file and the dtype.
+    root = mnt / "ds"
+    df.generate(root, dp=1, tp=2, stage=1, uc_info=True, average=True)
+    p = root / TAG / "bf16_zero_pp_rank_0_mp_rank_01_optim_states.pt"
+    o = torch.load(p)
+    sd = o["optimizer_state_dict"]
+    sd[df.SINGLE] = [t.to(torch.bfloat16) for t in sd[df.SINGLE]]
+    torch.save(o, p)
+    expect_errno(errno.EINVAL, os.stat, root / ".views" / "universal")
+    why = os.getxattr(root / ".views", "user.ckptfs.view_errors").decode()
+    assert "is averaged over TP ranks" in why and "holds it as bfloat16" in why, why
+
+
 @pytest.mark.parametrize("Ts,S,T,D", [(2, 2, 4, 1), (4, 1, 2, 3), (2, 3, 1, 2)])
 def test_pipeline_module_tp_view(mnt, tmp_path, Ts, S, T, D):
     # Megatron-DeepSpeed's GPTModelPipe keeps its weights in layer_XX-model_TT-model_states.pt

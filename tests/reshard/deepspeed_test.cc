@@ -21,6 +21,7 @@
 
 #include "formats/pickle.h"
 #include "formats/torch_file.h"
+#include "reshard/deepspeed_internal.h"  // ds::Numel
 #include "tests/reshard/reference.h"
 
 namespace ckptfs::reshard {
@@ -702,6 +703,7 @@ TEST(DeepSpeedErrors, UniversalInfoThatCannotBeGathered) {
 struct Zero3Options {
   bool missing_optim = false, short_fp32 = false, tp2 = false;
   bool odd_shapes = false;  // dp rank 1's param_shapes lack the last parameter
+  bool scalar_state = false;  // dp rank 1's exp_avg of sub-group 0 is a 0-dim tensor
   std::vector<int64_t> group_of;  // each sub-group's optimizer param group (empty: all in 0)
   int64_t sub_group_size = -1;    // written into ds_config when set
   uint32_t pad = 0xDEADBEEF;      // what the padding holds
@@ -757,8 +759,10 @@ Source BuildZero3(int64_t D, const std::vector<std::vector<P>>& subs, Zero3Optio
         flat[key] = x;
       }
       flats.push_back(fb.Tensor(flat["fp32"]));
+      const bool scalar = o.scalar_state && d == 1 && g == 0;
       ValuePtr st = pickle::MakeDict({{S("step"), I(10)},
-                                      {S("exp_avg"), fb.Tensor(flat["exp_avg"])},
+                                      {S("exp_avg"), fb.Tensor(scalar ? T32{{}, {7}}
+                                                                      : flat["exp_avg"])},
                                       {S("exp_avg_sq"), fb.Tensor(flat["exp_avg_sq"])}});
       state->pairs.push_back({I(static_cast<int64_t>(g)), st});
       const size_t pg = o.group_of.empty() ? 0 : static_cast<size_t>(o.group_of[g]);
@@ -878,6 +882,12 @@ TEST(DeepSpeedZero3, Refusals) {
       << st.ToString();
   st = PlanError(BuildZero3(2, kZero3Subs), "dp4");  // no ds_config: DeepSpeed's 1e9
   EXPECT_TRUE(Contains(st.message(), "sub_group_size 1000000000")) << st.ToString();
+  // A scalar where a flat state belongs is refused, not read past.
+  st = PlanError(BuildZero3(2, two.subs, {.scalar_state = true, .group_of = two.group_of,
+                                          .sub_group_size = 4}),
+                 "dp1");
+  EXPECT_TRUE(Contains(st.message(), "'exp_avg' of sub-group 0 is not a flat tensor"))
+      << st.ToString();
   const std::vector<std::tuple<int64_t, Zero3Options, std::string>> universal = {
       {3, {.missing_optim = true},
        "bf16_zero_pp_rank_2_mp_rank_00_optim_states.pt of global_step10 is missing"},
@@ -897,6 +907,22 @@ TEST(DeepSpeedZero3, Refusals) {
   ASSERT_TRUE(specs.ok()) << specs.status().ToString();
   EXPECT_EQ(specs->back(), "universal");
   EXPECT_EQ(specs->front(), "dp1");
+}
+
+TEST(DeepSpeedShapes, ElementCountsThatOverflowAreRefused) {
+  EXPECT_EQ(*ds::Numel({2, 3}, "w"), 6u);
+  EXPECT_EQ(*ds::Numel({}, "w"), 1u);
+  EXPECT_EQ(*ds::Numel({4, 0}, "w"), 0u);
+  for (const std::vector<int64_t>& bad : std::vector<std::vector<int64_t>>{
+           {3, 6148914691236517205}, {-1}, {1ll << 30, 1ll << 30}}) {
+    auto n = ds::Numel(bad, "w");
+    ASSERT_FALSE(n.ok());
+    EXPECT_TRUE(Contains(n.status().message(), "w has a negative size or too many elements"));
+  }
+  // An empty parameter group: the universal view has no element to find a rank for.
+  const Model empty = {{{{"a", {3}}}, {{"z", {0}}}}};
+  const auto view = Plan(Build(2, {}, empty), "universal");
+  EXPECT_TRUE(view.count("global_step10/zero/z/fp32.pt"));
 }
 
 TEST(DeepSpeedSpec, Names) {
