@@ -72,8 +72,8 @@ struct ViewEntry {
 // Plans every file of the view `spec` of `src`, in path order. Errors (kInvalid, naming the
 // file or the parameter): what the view cannot be made from (see docs/views.md).
 Result<std::vector<ViewEntry>> PlanDeepSpeed(const DeepSpeedSource& src, const DsSpec& spec);
-// The specs a listing of ROOT/.views offers for `src`: dpD for a few D, and universal. Errors: those PlanDeepSpeed gives for the source
-// itself, before any spec.
+// The specs a listing of ROOT/.views offers for `src`: dpD for a few D, and universal.
+// Errors: those PlanDeepSpeed gives for the source itself, before any spec.
 Result<std::vector<std::string>> DeepSpeedSpecs(const DeepSpeedSource& src);
 
 }  // namespace ckptfs::reshard

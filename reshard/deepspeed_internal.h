@@ -175,10 +175,9 @@ struct MergeLayout {
 Result<MergeLayout> LayoutOf(const Merge& m, const std::vector<std::vector<int64_t>>& slices,
                              const std::string& what);
 
-// Gather streams: the bytes of a gather; bytes [from, to) of row r of g as parts (`strided`:
-// parts that go on to the next rows); bytes [from, to) of the stream gs makes; and for a stream
-// of whole rows, the byte ranges `ranges` of every row, in order.
-uint64_t GatherBytes(const Gather& g);
+// Gather streams (GatherBytes, view_file.h: the bytes of one): bytes [from, to) of row r of g
+// as parts (`strided`: parts that go on to the next rows); bytes [from, to) of the stream gs
+// makes; and for a stream of whole rows, the byte ranges `ranges` of every row, in order.
 std::vector<Part> RowPiece(const Gather& g, uint64_t r, uint64_t from, uint64_t to,
                            bool strided = false);
 // REQUIRES (Cut): a cut inside a mean gather falls between its output elements.

@@ -95,14 +95,6 @@ Result<MergeLayout> LayoutOf(const Merge& m, const std::vector<std::vector<int64
   return l;
 }
 
-uint64_t GatherBytes(const Gather& g) {
-  if (g.mean) return g.parts.empty() ? 0 : g.parts[0].len / 4 * MeanOutSize(g.mean_out);
-  if (g.parts.empty()) return g.zeros;
-  uint64_t row = 0;
-  for (const Part& p : g.parts) row += p.len;
-  return g.rows * row;
-}
-
 std::vector<Part> RowPiece(const Gather& g, uint64_t r, uint64_t from, uint64_t to, bool strided) {
   std::vector<Part> out;
   uint64_t at = 0;

@@ -81,6 +81,9 @@ class TpPlanner {
   int64_t padded_ = -1;  // vocabulary rows for T
   const std::vector<std::vector<TargetParam>>* groups_ = nullptr;  // by group, TP rank 0's order
   std::unordered_map<std::string, const TargetParam*> by_name_;
+  // Tied modules' parameters by their key in a layer file ("tied_modules.<tied>.<key>" ->
+  // <key>); nullptr for a key in several tied modules.
+  std::unordered_map<std::string, const TargetParam*> tied_;
   // The layer files by layer index, each by source TP rank, with their tensors.
   struct Layer {
     std::vector<const DsLayerFile*> by_tp;
@@ -342,14 +345,9 @@ Status TpPlanner::LayerFiles(uint32_t t, std::vector<ViewEntry>* out) const {
       const TargetParam* p = nullptr;
       if (auto it = by_name_.find(std::to_string(idx) + "." + key); it != by_name_.end()) {
         p = it->second;
-      } else {
-        for (const auto& [name, q] : by_name_) {
-          if (!name.starts_with("tied_modules.") || !name.ends_with("." + key)) continue;
-          const std::string tied = name.substr(13, name.size() - 13 - key.size() - 1);
-          if (tied.find('.') != std::string::npos) continue;
-          if (p) return Invalid(f.name + ": key " + key + " is in several tied modules");
-          p = q;
-        }
+      } else if (auto tied = tied_.find(key); tied != tied_.end()) {
+        p = tied->second;
+        if (!p) return Invalid(f.name + ": key " + key + " is in several tied modules");
       }
       if (!p || !tensors.count(v.get())) {  // buffers, frozen parameters: the primary's
         ASSIGN_OR_RETURN(ValuePtr nv, o.Copy(tensors, f.source, v));
@@ -450,8 +448,15 @@ Status TpPlanner::Run(std::vector<ViewEntry>* out) {
   }
 
   groups_ = &groups;
+  constexpr std::string_view kTied = "tied_modules.";
   for (const auto& g : groups) {
-    for (const TargetParam& p : g) by_name_[p.name] = &p;
+    for (const TargetParam& p : g) {
+      by_name_[p.name] = &p;
+      const size_t dot = p.name.find('.', kTied.size());
+      if (!p.name.starts_with(kTied) || dot == std::string::npos) continue;
+      auto [it, fresh] = tied_.emplace(p.name.substr(dot + 1), &p);
+      if (!fresh) it->second = nullptr;
+    }
   }
   RETURN_IF_ERROR(ReadLayers());
   out->push_back(ViewEntry{"latest", {}});

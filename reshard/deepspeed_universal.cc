@@ -230,11 +230,13 @@ Result<std::vector<Gather>> MeanOf(const Checkpoint& c, const std::vector<Locate
                             [&key, g = s.g](const Optim& o) { return Pick(o, g, key); }, what));
     runs.push_back(std::move(parts));
   }
+  auto bytes = [](const std::vector<Part>& r) {
+    uint64_t n = 0;
+    for (const Part& p : r) n += p.len;
+    return n;
+  };
   for (const std::vector<Part>& r : runs) {  // float32 everywhere: the same bytes in each
-    uint64_t bytes = 0, first = 0;
-    for (const Part& p : r) bytes += p.len;
-    for (const Part& p : runs[0]) first += p.len;
-    if (bytes != first) return Invalid(what + ": its TP slices differ in size");
+    if (bytes(r) != bytes(runs[0])) return Invalid(what + ": its TP slices differ in size");
   }
   std::vector<Gather> out;
   std::vector<size_t> at(runs.size(), 0);     // the part each slice is in
@@ -256,6 +258,21 @@ Result<std::vector<Gather>> MeanOf(const Checkpoint& c, const std::vector<Locate
   return out;
 }
 
+// A vocabulary parameter's full tensor cut to its original_rows rows (`item`: bytes per element).
+Status CutToVocabulary(const Merge& m, uint64_t item, const std::string& what, FullTensor* full) {
+  if (!m.vocab) return Status::Ok();
+  if (full->shape.empty()) return Invalid(what + " is a vocabulary parameter without rows");
+  if (m.original_rows > full->shape[0]) {
+    return Invalid(what + ": original_vocab_size " + std::to_string(m.original_rows) +
+                   " exceeds its " + std::to_string(full->shape[0]) + " rows");
+  }
+  uint64_t bytes = item;
+  for (size_t i = 1; i < full->shape.size(); ++i) bytes *= static_cast<uint64_t>(full->shape[i]);
+  full->shape[0] = m.original_rows;
+  full->gathers = Cut(full->gathers, 0, bytes * static_cast<uint64_t>(m.original_rows));
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<FullTensor> Full(const Checkpoint& c, const std::vector<Located>& slices,
@@ -273,21 +290,15 @@ Result<FullTensor> Full(const Checkpoint& c, const std::vector<Located>& slices,
   const uint64_t item = DtypeSize(full.like->dtype);
   if (item == 0) return Invalid(what + " has an unknown dtype " + full.like->dtype);
   if (m.kind == Merge::kAverage) {
-    if (full.like->dtype != "float32") {
-      return Invalid(what + " is averaged over TP ranks (parameter_to_average_patterns) but is " +
-                     full.like->dtype + "; the view averages float32 only");
-    }
     full.shape = slices[0].p->shape;
     ASSIGN_OR_RETURN(full.gathers, MeanOf(c, slices, key, what));
+    RETURN_IF_ERROR(CutToVocabulary(m, item, what, &full));
+    return full;
   }
   std::vector<std::vector<int64_t>> shapes;
   for (const Located& s : slices) shapes.push_back(s.p->shape);
-  MergeLayout l;
-  l.rows = 0;  // averaged: gathered above
-  if (m.kind != Merge::kAverage) {
-    ASSIGN_OR_RETURN(l, LayoutOf(m, shapes, what));
-    full.shape = l.shape;
-  }
+  ASSIGN_OR_RETURN(MergeLayout l, LayoutOf(m, shapes, what));
+  full.shape = l.shape;
 
   // Runs of rows that lie in one dp partition of every slice become one strided gather; a row
   // that crosses a partition boundary in some slice is gathered piece by piece.
@@ -327,17 +338,7 @@ Result<FullTensor> Full(const Checkpoint& c, const std::vector<Located>& slices,
     full.gathers.push_back(Gather{1, std::move(parts)});
     ++r;
   }
-  if (m.vocab) {
-    if (full.shape.empty()) return Invalid(what + " is a vocabulary parameter without rows");
-    if (m.original_rows > full.shape[0]) {
-      return Invalid(what + ": original_vocab_size " + std::to_string(m.original_rows) +
-                     " exceeds its " + std::to_string(full.shape[0]) + " rows");
-    }
-    uint64_t bytes = item;
-    for (size_t i = 1; i < full.shape.size(); ++i) bytes *= static_cast<uint64_t>(full.shape[i]);
-    full.shape[0] = m.original_rows;
-    full.gathers = Cut(full.gathers, 0, bytes * static_cast<uint64_t>(m.original_rows));
-  }
+  RETURN_IF_ERROR(CutToVocabulary(m, item, what, &full));
   return full;
 }
 

@@ -87,17 +87,18 @@ void TorchZipWriter::AddBytes(const std::string& name, std::string bytes) {
   records_.push_back(std::move(r));
 }
 
+uint64_t GatherBytes(const Gather& g) {
+  if (g.mean) return g.parts.empty() ? 0 : g.parts[0].len / 4 * MeanOutSize(g.mean_out);
+  if (g.parts.empty()) return g.zeros;
+  uint64_t row = 0;
+  for (const Part& p : g.parts) row += p.len;
+  return g.rows * row;
+}
+
 void TorchZipWriter::AddGathers(const std::string& name, const std::vector<Gather>& gathers) {
   Record r;
   r.name = name;
-  for (const Gather& g : gathers) {
-    if (g.mean) {
-      r.size += g.parts.empty() ? 0 : g.parts[0].len / 4 * MeanOutSize(g.mean_out);
-      continue;
-    }
-    for (const Part& p : g.parts) r.size += g.rows * p.len;
-    if (g.parts.empty()) r.size += g.zeros;
-  }
+  for (const Gather& g : gathers) r.size += GatherBytes(g);
   AddHeader(&r);
   CrcTask task;
   task.first_segment = file_.recipe.segment_count();

@@ -27,6 +27,8 @@ struct Gather {
   bool mean = false;
   MeanOut mean_out = MeanOut::kFloat32;
 };
+// The bytes a gather makes.
+uint64_t GatherBytes(const Gather& g);
 
 struct CrcTask {
   size_t first_segment = 0, last_segment = 0;  // the record's data segments
