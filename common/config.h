@@ -81,6 +81,10 @@ struct Config {
   // Resharded views (docs/views.md): a file of parameter rules ("REGEX RULE" per line) checked
   // before the built-in ones; empty: the built-in rules only.
   std::string view_rules;
+  // Whether a checkpoint directory's listing shows `.views` (-o views=visible). Hidden by
+  // default, as ZFS hides `.zfs`: tools that copy or measure a tree (cp -r, du, rsync, find)
+  // would otherwise read every view of every checkpoint. A lookup of `.views` works either way.
+  bool views_visible = false;
 
   // Options handed to libfuse as given (-o allow_other, ...).
   std::vector<std::string> fuse_options;

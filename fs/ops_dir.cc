@@ -28,8 +28,9 @@ void ReadDir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_i
     st = ctx.views->ReadDir(ino, offset, add);
   } else if (offset < kViewsDirOffset) {
     st = ctx.store->ReadDir(ino, offset, add);
-    // A checkpoint directory ends its listing with `.views` (ls -a shows it).
-    if (st.ok() && !full && ctx.views->HasViews(ino)) {
+    // With -o views=visible a checkpoint directory ends its listing with `.views`; hidden (the
+    // default), it resolves on lookup only, so tree walkers do not read every view.
+    if (st.ok() && !full && ctx.cfg.views_visible && ctx.views->HasViews(ino)) {
       add(DirItem{kViewsName, kViewInoBit, S_IFDIR, kViewsDirOffset});
     }
   }

@@ -16,6 +16,9 @@
 namespace ckptfs::fs {
 
 namespace {
+
+// The refused names a .views directory remembers for user.ckptfs.view_errors.
+constexpr size_t kMaxViewErrors = 64;
 constexpr std::string_view kTracker = "latest_checkpointed_iteration.txt";
 constexpr std::string_view kDcpMetadata = ".metadata";
 constexpr std::string_view kRankFile = "model_optim_rng.pt";
@@ -117,7 +120,7 @@ struct ViewTree::Node {
   std::vector<std::shared_ptr<Body>> plan;  // kIterDir: per target rank (p * T + t)
   std::shared_ptr<Body> body;               // kFile
   uint32_t t = 0, p = 0;                    // kRankDir
-  std::map<std::string, std::string> errors;  // kViewsDir: spec -> why it failed
+  std::map<std::string, std::string> errors;  // kViewsDir: spec -> why it failed (bounded)
   std::string tracker;  // the tracker file's bytes, for its view copy; DeepSpeed: `latest`'s
   std::shared_ptr<Sources> sources;  // a DeepSpeed spec's: what its files read
 };
@@ -454,7 +457,9 @@ Result<reshard::MegatronModel> ViewTree::ReadModel(uint64_t root) {
 
 Status ViewTree::MakeSpec(Node* views, const std::string& spec, Node** out) {
   if (views->kind == Kind::kDcp) {
-    if (spec != "consolidated") return NotFound(spec);
+    if (spec != "consolidated") {
+      return NotFound("no view of a DCP checkpoint: its one view is consolidated");
+    }
     Node* n = AddChild(views, spec, kSpecDir);
     n->spec = spec;
     Status st = PlanDcp(n);
@@ -467,7 +472,10 @@ Status ViewTree::MakeSpec(Node* views, const std::string& spec, Node** out) {
   }
   if (views->kind == Kind::kDeepSpeed) {
     reshard::DsSpec ds;
-    if (!reshard::ParseDsSpec(spec, &ds)) return NotFound(spec);
+    if (!reshard::ParseDsSpec(spec, &ds)) {
+      return NotFound("no view of a DeepSpeed checkpoint: its views are dpD, tpT-dpD (D and T "
+                      "from 1, without leading zeros) and universal");
+    }
     Node* n = AddChild(views, spec, kSpecDir);
     n->spec = spec;
     Status st = PlanDeepSpeed(n);
@@ -479,7 +487,10 @@ Status ViewTree::MakeSpec(Node* views, const std::string& spec, Node** out) {
     return Status::Ok();
   }
   uint32_t T, P;
-  if (!ParseMegatronSpec(spec, &T, &P)) return NotFound(spec);
+  if (!ParseMegatronSpec(spec, &T, &P)) {
+    return NotFound("no view of a Megatron-LM checkpoint: its views are tpT-ppP (T and P from 1, "
+                    "without leading zeros)");
+  }
   // Plan the iteration the tracker names now, so that an impossible spec fails here.
   ASSIGN_OR_RETURN(InodeRecord tr, store_->Lookup(views->root, kTracker));
   ASSIGN_OR_RETURN(std::string tracker, ReadReal(tr.ino, 4096));
@@ -543,14 +554,18 @@ Result<InodeRecord> ViewTree::Lookup(uint64_t parent, std::string_view name_view
     case kViewsDir: {
       Status st = MakeSpec(dir, name, &made);
       if (!st.ok()) {
-        if (st.code() != Code::kNotFound) {
-          auto path = store_->ParentOf(dir->root);
-          log_->warn("view {} of directory inode {}{}: {}", name, dir->root,
-                     path.ok() ? " (" + path->second + ")" : "", st.message());
-          dir->errors[name] = st.message();
-          return Status(Code::kInvalid, st.message());
+        // Every refusal is kept with its reason (user.ckptfs.view_errors) and logged, whatever
+        // its errno: a loader that finds no view starts from scratch without saying why.
+        const bool invalid = st.code() != Code::kNotFound;
+        auto path = store_->ParentOf(dir->root);
+        log_->log(invalid ? spdlog::level::warn : spdlog::level::info,
+                  "view {} of directory inode {}{}: {}", name, dir->root,
+                  path.ok() ? " (" + path->second + ")" : "", st.message());
+        if (dir->errors.size() >= kMaxViewErrors && !dir->errors.count(name)) {
+          dir->errors.erase(dir->errors.begin());  // bounded: a name may be anything
         }
-        return st;
+        dir->errors[name] = st.message();
+        return invalid ? Status(Code::kInvalid, st.message()) : st;
       }
       dir->errors.erase(name);
       break;

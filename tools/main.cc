@@ -46,7 +46,8 @@ mount options (-o): ram_cache=SIZE, write_queue=SIZE, write_threads=N, reorder_b
   writeback_cache[=0|1], max_threads=N, max_background=N, max_readahead=SIZE,
   attr_timeout=SECONDS, entry_timeout=SECONDS, chunk_min=SIZE, chunk_avg=SIZE, chunk_max=SIZE,
   tensor_chunking[=0|1], tensor_piece=SIZE, durability=local|remote, cache_size=SIZE,
-  upload_threads=N, remote_timeout=SECONDS, sync_interval=SECONDS, view_rules=FILE;
+  upload_threads=N, remote_timeout=SECONDS, sync_interval=SECONDS, view_rules=FILE,
+  views=hidden|visible;
   any other option goes to FUSE (e.g. ro, allow_other).
 --backend-faults SPEC (tests) injects backend faults, e.g. fail=0.1,seed=7,ops=put+get.
 --backend: file:///PATH or s3://BUCKET[/PREFIX] (endpoint: --s3-endpoint or AWS_ENDPOINT_URL;
@@ -83,6 +84,10 @@ Status ApplyOption(const std::string& opt, Config& cfg) {
     if (key == "tensor_chunking") return (cfg.chunking.tensor_boundaries = val != "0"), Status::Ok();
     if (key == "io_engine") return (cfg.io_engine = val), Status::Ok();
     if (key == "view_rules") return (cfg.view_rules = val), Status::Ok();
+    if (key == "views") {
+      if (val != "hidden" && val != "visible") return Invalid("views= takes hidden or visible");
+      return (cfg.views_visible = val == "visible"), Status::Ok();
+    }
     if (key == "durability") return (cfg.durability = val), Status::Ok();
     if (key == "cache_size") return size(cfg.cache_bytes);
     if (key == "upload_threads") return (cfg.upload_threads = std::stoul(val)), Status::Ok();

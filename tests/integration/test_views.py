@@ -173,14 +173,16 @@ def test_round_trip_tp4_tp2_tp4(mnt):
         mf.assert_same(got["rng_state"], primary["rng_state"], "rng_state")
 
 
-def test_views_directory_is_listed_and_read_only(mnt):
+def test_views_directory_resolves_on_lookup_and_is_read_only(mnt):
     # Rank directory names: mp_rank_TT, or mp_rank_TT_PPP when PP > 1 (Megatron-LM
     # megatron/training/checkpointing.py get_checkpoint_name).
     root = mnt / "ckpt"
     make_source(root, dict(era="mcore", num_query_groups=4), (2, 2))
-    assert ".views" in os.listdir(root)
+    # Hidden from listings (as ZFS hides .zfs), there on lookup.
+    assert ".views" not in os.listdir(root)
     ls = subprocess.run(["ls", "-a", str(root)], stdout=subprocess.PIPE, text=True, check=True)
-    assert ".views" in ls.stdout.split()
+    assert ".views" not in ls.stdout.split()
+    assert os.path.isdir(root / ".views")
     # heads 8, query groups 4, ffn 128, 4 layers: T in {1, 2, 4}, P in {1, 2, 4}.
     want = {spec(t, p) for t in (1, 2, 4) for p in (1, 2, 4)}
     specs = set(os.listdir(root / ".views"))
@@ -207,6 +209,38 @@ def test_views_directory_is_listed_and_read_only(mnt):
     plain = mnt / "plain"
     plain.mkdir()
     (plain / "notes.txt").write_bytes(b"hello")
+    assert ".views" not in os.listdir(plain)
+
+
+def test_tree_walkers_do_not_read_views(mnt, tmp_path):
+    """cp -r, du and find walk what readdir returns: none of them meets .views by default."""
+    root = mnt / "ckpt"
+    make_source(root, dict(era="mcore", num_query_groups=4), (2, 2))
+    files = {os.path.relpath(os.path.join(r, f), root): os.path.getsize(os.path.join(r, f))
+             for r, _, fs in os.walk(root) for f in fs}
+    assert files and not any(".views" in p for p in files)
+    run(["cp", "-r", str(root), str(tmp_path / "copy")])
+    copied = {os.path.relpath(os.path.join(r, f), tmp_path / "copy")
+              for r, _, fs in os.walk(tmp_path / "copy") for f in fs}
+    assert copied == set(files)
+    du = run(["du", "-s", "--apparent-size", "--block-size=1", str(root)])
+    dirs = sum(os.path.getsize(os.path.join(r, d)) for r, ds, _ in os.walk(root) for d in ds)
+    assert int(du.stdout.split()[0]) == sum(files.values()) + dirs + os.path.getsize(root)
+    found = run(["find", str(root)]).stdout
+    assert ".views" not in found
+    # Listing inside .views still shows the specs.
+    assert "tp1-pp1" in os.listdir(root / ".views")
+
+
+def test_views_listed_with_views_visible(make_mount):
+    m = make_mount(options="views=visible")
+    root = m / "ckpt"
+    make_source(root, dict(era="mcore", num_query_groups=4), (2, 2))
+    assert ".views" in os.listdir(root)
+    ls = subprocess.run(["ls", "-a", str(root)], stdout=subprocess.PIPE, text=True, check=True)
+    assert ".views" in ls.stdout.split()
+    plain = m / "plain"
+    plain.mkdir()
     assert ".views" not in os.listdir(plain)
 
 

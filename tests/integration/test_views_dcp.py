@@ -48,7 +48,7 @@ def read_safetensors(path):
 def test_consolidated_view(mnt, fixture):
     root = mnt / "ckpt"
     shutil.copytree(DATA / fixture, root)
-    assert ".views" in os.listdir(root)
+    assert ".views" not in os.listdir(root)  # hidden; resolves on lookup
     views = root / ".views"
     assert os.listdir(views) == ["consolidated"]
     view = views / "consolidated"
