@@ -234,6 +234,14 @@ Status Checkpoint::DecodeOptim(TpRank* tr, uint32_t d) {
     return Invalid(where + " is a ZeRO stage 3 optimizer file, but the tag holds no stage 3 "
                    "model-states files (zero_pp_rank_D_mp_rank_TT_model_states.pt)");
   }
+  // BF16_Optimizer.state_dict writes no zero_stage; DeepSpeedZeroOptimizer always does.
+  const bool bf16_opt = stage == nullptr;
+  if (!bf16_optimizer) bf16_optimizer = bf16_opt;
+  if (*bf16_optimizer != bf16_opt) {
+    return Invalid(where + (bf16_opt ? " has no zero_stage (a BF16_Optimizer file)"
+                                     : " has a zero_stage (a ZeRO stage 1/2 file)") +
+                   ", unlike the tag's first optimizer file");
+  }
   o.base = Get(o.osd, "base_optimizer_state");
   if (o.base && o.base->kind == Kind::kList) {
     return Invalid(where + " is an elastic checkpoint (zero_optimization.elastic_checkpoint), "
@@ -268,11 +276,12 @@ Status Checkpoint::DecodeOptim(TpRank* tr, uint32_t d) {
       return Invalid(where + ": single_partition_of_fp32_groups[" + std::to_string(g) +
                      "] is not a 1-D tensor");
     }
-    if (static_cast<uint64_t>(it->second->shape[0]) != part.Real(d)) {
+    const uint64_t want = bf16_opt ? part.size : part.Real(d);
+    if (static_cast<uint64_t>(it->second->shape[0]) != want) {
       return Invalid(where + ": group " + std::to_string(g) + " holds " +
                      std::to_string(it->second->shape[0]) + " fp32 elements; param_shapes and " +
-                     "dp_world_size " + std::to_string(D) + " give " +
-                     std::to_string(part.Real(d)));
+                     "dp_world_size " + std::to_string(D) + " give " + std::to_string(want) +
+                     (bf16_opt ? " (BF16_Optimizer: the partition with its padding)" : ""));
     }
     o.fp32.push_back(it->second);
     if (!IsMapping(maps->items[g])) return Invalid(where + ": param_slice_mappings");
@@ -424,8 +433,13 @@ Result<std::vector<ViewEntry>> PlanDeepSpeed(const DeepSpeedSource& src, const D
     }
   } else if (spec.kind == DsSpec::kUniversal) {
     RETURN_IF_ERROR(ds::PlanUniversal(c, &out));
-  } else if (spec.kind == DsSpec::kTpDp) {
+  } else if (spec.kind == DsSpec::kTpDp && spec.T != c.tp.size()) {
     RETURN_IF_ERROR(ds::PlanTpDp(c, spec.T, spec.D, &out));
+  } else if (spec.kind == DsSpec::kTpDp) {
+    // The source's own TP size: nothing to split, so universal_checkpoint_info is not needed;
+    // without it the view is dpD's.
+    ASSIGN_OR_RETURN(const ds::UcInfo uc, ds::UcInfo::Read(c));
+    RETURN_IF_ERROR(uc.present ? ds::PlanTpDp(c, spec.T, spec.D, &out) : ds::PlanDp(c, spec.D, &out));
   } else {
     RETURN_IF_ERROR(ds::PlanDp(c, spec.D, &out));
   }

@@ -55,14 +55,20 @@ Result<ViewEntry> PlanOptimFile(const Checkpoint& c, const Target& target, uint3
       if (!fragment_class && !PairsOf(*m).empty()) fragment_class = PairsOf(*m)[0].second;
     }
   }
+  const bool bf16_opt = c.bf16_optimizer.value_or(false);
   for (size_t g = 0; g < G; ++g) {
     const Partitioning part(target.totals[g], D);
     const TorchTensor& like = *o0.fp32[g];
     ASSIGN_OR_RETURN(std::vector<Gather> gathers, target.range(g, "fp32", part.Begin(d), part.End(d)));
-    const int64_t n = static_cast<int64_t>(part.Real(d));
-    fp32.push_back(out.NewTensor(*like.node, std::move(gathers), {n}, {1},
-                                 part.Real(d) * DtypeSize(like.dtype)));
-    paddings.push_back(pickle::MakeInt(static_cast<int64_t>(part.Padding(d))));
+    // ZeRO 1/2 saves its fp32 partition without the padding; BF16_Optimizer with it (zeros, as
+    // its flat buffer is padded), and the whole padding as the last rank's group_paddings.
+    const uint64_t n = bf16_opt ? part.size : part.Real(d), item = DtypeSize(like.dtype);
+    if (n > part.Real(d)) gathers.push_back(Gather{1, {}, (n - part.Real(d)) * item});
+    fp32.push_back(out.NewTensor(*like.node, std::move(gathers), {static_cast<int64_t>(n)}, {1},
+                                 n * item));
+    const uint64_t padding =
+        !bf16_opt ? part.Padding(d) : d + 1 == D ? part.size * D - part.total : 0;
+    paddings.push_back(pickle::MakeInt(static_cast<int64_t>(padding)));
     ValuePtr m = EmptyLike(o0.mappings[g]);
     for (const auto& [name, frag] : Fragments(target.groups[g], part, d)) {
       if (!fragment_class) return Invalid("the source's param_slice_mappings are all empty");

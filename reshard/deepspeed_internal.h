@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -46,7 +47,7 @@ struct Optim {
   const DsSourceFile* file = nullptr;
   TensorIndex tensors;
   pickle::ValuePtr root, osd, base, state;
-  std::vector<const TorchTensor*> fp32;       // per group, padding stripped
+  std::vector<const TorchTensor*> fp32;  // per group (padding stripped, but for BF16_Optimizer)
   std::vector<pickle::ValuePtr> group_state;          // per group: the state mapping (null: none yet)
   std::vector<pickle::ValuePtr> mappings;             // per group: param_slice_mappings
 };
@@ -101,6 +102,11 @@ class Checkpoint {
   std::unique_ptr<Zero3> z3;  // stage 3 instead (deepspeed_zero3.cc)
   uint32_t D = 0;            // the source's data-parallel size
   std::string optim_prefix;  // "", "bf16_" or "fp16_"
+  // DeepSpeed's BF16_Optimizer (bf16 with ZeRO stage 1 and fp32 gradient accumulation) wrote
+  // the optimizer files: no zero_stage, and each rank's fp32 partition keeps its alignment
+  // padding (Partitioning::size elements); group_paddings holds the whole padding on the last
+  // rank only. Decided by the first file; every other file must agree.
+  std::optional<bool> bf16_optimizer;
 
  private:
   Status DecodeZero3(const std::map<uint32_t, const DsSourceFile*>& models,

@@ -419,7 +419,9 @@ Result<ViewEntry> PlanZero3Optim(const Checkpoint& c, const std::vector<SubGroup
     params_of[s.group].push_back(pickle::MakeInt(static_cast<int64_t>(i)));
     if (!stepped) continue;
     // The state of the source sub-group holding the first parameter gives the entries that
-    // are not partitions ('step': every sub-group steps together).
+    // are not partitions ('step': every sub-group steps together). Each target sub-group gets
+    // objects of its own: several may be cut from one source sub-group, and torch steps each
+    // sub-group's 'step' tensor in place.
     const ValuePtr& first = o0.group_state[s.slots.empty() ? 0 : s.slots[0].g];
     Entries parts;
     for (const auto& [k, v] : PairsOf(*first)) {
@@ -434,7 +436,8 @@ Result<ViewEntry> PlanZero3Optim(const Checkpoint& c, const std::vector<SubGroup
       parts.push_back({key, out.NewTensor(*t->second->node, std::move(g), {n}, {1},
                                           s.total * DtypeSize(t->second->dtype))});
     }
-    ASSIGN_OR_RETURN(ValuePtr ns, copy_with(first, parts));
+    ASSIGN_OR_RETURN(ValuePtr ns,
+                     out.CopyWithUnshared(o0.tensors, o0.optim->source, first, parts));
     Put(state, pickle::MakeInt(static_cast<int64_t>(i)), ns);
   }
 

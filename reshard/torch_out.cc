@@ -140,6 +140,16 @@ Result<ValuePtr> TorchOut::CopyWith(const TensorIndex& tensors, uint32_t source,
   return out;
 }
 
+Result<ValuePtr> TorchOut::CopyWithUnshared(const TensorIndex& tensors, uint32_t source,
+                                            const ValuePtr& m, const Entries& with) {
+  // A memo of its own: neither finds the copies made before nor leaves its nodes to later ones.
+  std::unordered_map<const Value*, ValuePtr> outer;
+  outer.swap(memo_);
+  Result<ValuePtr> r = CopyWith(tensors, source, m, with);
+  outer.swap(memo_);
+  return r;
+}
+
 Result<ViewFile> TorchOut::Finish(
     const std::string& prefix, const ValuePtr& root,
     const std::vector<std::pair<std::string, std::string>>& extra_records) {

@@ -53,6 +53,12 @@ class TorchOut {
   // hold the given values instead of copies of theirs. REQUIRES: IsMapping(m).
   Result<pickle::ValuePtr> CopyWith(const TensorIndex& tensors, uint32_t source,
                                     const pickle::ValuePtr& m, const Entries& with);
+  // CopyWith for a source subtree that is the template of several places in the target (one
+  // source sub-group's optimizer state for each sub-group cut from it): the copy shares nothing
+  // with earlier or later copies, since the framework writes a separate object for each place
+  // and torch's optimizers update state in place (Adam's `step`). Sharing inside m is kept.
+  Result<pickle::ValuePtr> CopyWithUnshared(const TensorIndex& tensors, uint32_t source,
+                                            const pickle::ValuePtr& m, const Entries& with);
   // Records `location` (e.g. "cpu") for every tensor made from now on, in place of the source's
   // (a file saved after torch.load(map_location='cpu')). Empty: keep the source's.
   void set_location(std::string location) { location_ = std::move(location); }

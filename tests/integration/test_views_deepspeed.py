@@ -33,6 +33,10 @@ DP_CASES = {
     "dp4-to-dp2-cuda-locations": (4, 2, dict(optimizer="torch_adamw", cuda=True)),
     "dp2-to-dp3-fp16-sgd-cuda": (2, 3, dict(dtype="fp16", optimizer="sgd", cuda=True)),
     "dp2-to-dp1-tp2": (2, 1, dict(tp=2)),
+    # BF16_Optimizer: fp32 partitions saved with their padding (235 elements at DP 4: 236)
+    "dp4-to-dp2-bf16-optimizer-adamw": (4, 2, dict(stage=1, bf16_optimizer=True,
+                                                   optimizer="torch_adamw")),
+    "dp3-to-dp4-bf16-optimizer-tp2": (3, 4, dict(stage=1, bf16_optimizer=True, tp=2)),
 }
 
 UNIVERSAL_CASES = {
@@ -47,6 +51,9 @@ UNIVERSAL_CASES = {
     "dp3-tp2-averaged": (3, dict(tp=2, uc_info=True, average=True)),
     "dp2-tp4-averaged-sgd": (2, dict(tp=4, uc_info=True, average=True, optimizer="sgd")),
     "dp1-tp1-averaged-fp16": (1, dict(uc_info=True, average=True, dtype="fp16")),
+    "dp4-bf16-optimizer": (4, dict(stage=1, bf16_optimizer=True)),
+    "dp3-tp2-bf16-optimizer-adamw": (3, dict(tp=2, stage=1, bf16_optimizer=True,
+                                             optimizer="torch_adamw")),
 }
 
 
@@ -80,7 +87,7 @@ def test_universal_view_equals_reference(mnt, case):
 def test_views_are_listed_and_others_resolve_on_lookup(mnt):
     root = mnt / "ds"
     df.generate(root, dp=4)
-    assert ".views" in os.listdir(root)
+    assert ".views" not in os.listdir(root)  # hidden; resolves on lookup
     names = set(os.listdir(root / ".views"))
     assert {"dp1", "dp2", "dp4", "dp8", "universal"} <= names, names
     assert "dp3" not in names
@@ -152,6 +159,9 @@ ZERO3_DP_CASES = {
                                                           sub_group_size=30)),
     "dp2-to-dp1-sgd-sub-groups": (2, 1, dict(optimizer="sgd", sub_group_size=30)),
     "dp1-to-dp3-bf16": (1, 3, dict()),
+    # One source sub-group cut into several at the smaller size: each gets a 'step' of its own.
+    "dp4-to-dp2-torch-adamw-sub-groups-split": (4, 2, dict(optimizer="torch_adamw",
+                                                            sub_group_size=30)),
 }
 
 
@@ -171,6 +181,12 @@ def test_zero3_dp_view_equals_reference(mnt, tmp_path, case):
     prefix = "" if kw.get("dtype") == "fp16" else "bf16_"
     check_reads_are_stable(view / TAG / f"{prefix}zero_pp_rank_{D - 1}_mp_rank_00_optim_states.pt")
     check_reads_are_stable(view / TAG / z3.model_name(D - 1))
+    if kw.get("optimizer") == "torch_adamw":
+        # torch's AdamW steps each sub-group's 'step' tensor in place: none may be shared.
+        o = torch.load(view / TAG / f"{prefix}zero_pp_rank_0_mp_rank_00_optim_states.pt")
+        steps = [s["step"] for s in o["optimizer_state_dict"]["optimizer_state_dict"]["state"]
+                 .values()]
+        assert len(steps) > 1 and len({id(s) for s in steps}) == len(steps)
 
 
 def test_zero3_refusals(mnt):
@@ -253,6 +269,34 @@ def test_missing_optim_file_fails_with_einval_and_a_reason(mnt):
     assert name in why, why
 
 
+def test_names_that_are_no_spec_fail_with_enoent_and_a_reason(mnt):
+    root = mnt / "ds"
+    df.generate(root, dp=4)
+    for name in ("dp0", "nonsense", "dp-1"):
+        expect_errno(errno.ENOENT, os.stat, root / ".views" / name)
+    why = os.getxattr(root / ".views", "user.ckptfs.view_errors").decode().splitlines()
+    for name in ("dp0", "nonsense", "dp-1"):
+        line = next((x for x in why if x.startswith(name + ": ")), None)
+        assert line and "dpD, tpT-dpD" in line and "universal" in line, why
+    assert "view nonsense of directory inode" in mnt.log()
+    # A valid spec looked up later is served, and leaves no error of its own.
+    assert os.path.isdir(root / ".views" / "dp2")
+    assert not any(x.startswith("dp2: ") for x in
+                   os.getxattr(root / ".views", "user.ckptfs.view_errors").decode().splitlines())
+
+
+def test_tp1_of_a_tp1_source_without_universal_info_is_dp(mnt):
+    # Megatron-DeepSpeed writes no universal_checkpoint_info at TP 1 unless asked; TP does not
+    # change, so tp1-dpD serves what dpD serves.
+    root = mnt / "ds"
+    df.generate(root, dp=4, uc_info=False)
+    a, b = root / ".views" / "tp1-dp2" / TAG, root / ".views" / "dp2" / TAG
+    assert sorted(os.listdir(a)) == sorted(os.listdir(b))
+    for n in os.listdir(b):
+        assert read_file(a / n) == read_file(b / n), n
+    df.compare_dp(root, root / ".views" / "tp1-dp2", 2)
+
+
 def test_views_are_read_only(mnt):
     root = mnt / "ds"
     df.generate(root, dp=2)
@@ -288,7 +332,7 @@ def test_undecodable_checkpoint_lists_no_specs(mnt):
     torch.save({"module": {"w": torch.ones(2)}}, d / TAG / "mp_rank_00_model_states.pt")
     torch.save({"optimizer_state_dict": {}}, d / TAG / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
     (d / "latest").write_bytes(TAG.encode())
-    assert ".views" in os.listdir(d)
+    assert ".views" not in os.listdir(d)
     assert os.listdir(d / ".views") == []
     walked = [os.path.relpath(os.path.join(r, f), d) for r, _, fs in os.walk(d) for f in fs]
     assert sorted(walked) == sorted(["latest", f"{TAG}/mp_rank_00_model_states.pt",
@@ -313,6 +357,7 @@ TP_CASES = {
     "tp2-to-tp4-dp2-averaged": (2, 2, 4, 2, dict(megatron=True, average=True)),
     "tp4-to-tp1-dp3-averaged-fp16": (4, 1, 1, 3, dict(megatron=True, average=True,
                                                       dtype="fp16")),
+    "tp2-to-tp1-dp3-bf16-optimizer": (2, 4, 1, 3, dict(megatron=True, bf16_optimizer=True)),
 }
 
 

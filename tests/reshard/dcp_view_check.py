@@ -7,10 +7,14 @@ state_dict(), whose flattened names are also the fixtures' planner_data paths jo
 Prints "ok" and exits 0 when the file is a sound zip that torch.load reads to exactly that state
 dict (every tensor contiguous, of the same dtype and shape and equal values).
 """
+import os
 import sys
 import zipfile
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import sharing  # noqa: E402
 
 
 def main():
@@ -25,6 +29,8 @@ def main():
         assert z.read("model/version") == b"3\n"
 
     got = torch.load(path)
+    # torch's dcp_to_torch_save loads every tensor into storage of its own: nothing is shared.
+    assert sharing.objects(got) == [] and sharing.storages(got) == {}, "shared objects"
     want = state_dict()
     leaves = []
 

@@ -41,6 +41,15 @@ Facts taken from DeepSpeed's own code (deepspeedai/DeepSpeed 0.16.5 and 0.19.6; 
            padding), state_dict (key order; rigid base_optimizer_state with full-partition state
            tensors; fp32 partitions saved as [:numel - padding] views), _create_param_mapping,
            _load_legacy_checkpoint. runtime/utils.py align_dense_tensors.
+  [BF16]   runtime/bf16_optimizer.py BF16_Optimizer (chosen by the engine for bf16 with ZeRO
+           stage 1 and data_types.grad_accum_dtype fp32): the same flat buffer per group,
+           aligned to 2*dp and cut into dp partitions, and the fp32 partition a clone of the
+           rank's whole partition; state_dict keys clip_grad, base_optimizer_state,
+           single_partition_of_fp32_groups (the partitions whole, padding included),
+           group_paddings (aligned - numel on the last rank, 0 elsewhere), partition_count,
+           ds_version, param_slice_mappings; no zero_stage, no loss scaler.
+           _load_legacy_checkpoint takes its own rank's file whole (fp32 padded to the
+           partition size).
   [FRAG]   utils/tensor_fragment.py fragment_address (@dataclass numel, start) and
            get_hp_fragment_mapping (start inside the partition); utils/mixed_precision_linkage.py.
   [SCALER] runtime/fp16/loss_scaler.py CreateLossScaler (bf16: LossScaler(1.0); fp16:
@@ -85,6 +94,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+import sharing
 
 DS_VERSION = "0.16.5"
 UC_VERSION = 0.2            # UNIVERSAL_CHECKPOINT_VERSION_VALUE of 0.16.5
@@ -267,6 +278,8 @@ class Options:
     tp_lists: bool = None        # tp_replicated_parameter_patterns and
                                  # parameter_with_row_parallelism_patterns in uc_info; default
                                  # tp > 1, as Megatron-DeepSpeed writes them [MDS]
+    bf16_optimizer: bool = False  # bf16, ZeRO stage 1 and fp32 gradient accumulation: the
+                                  # engine's BF16_Optimizer writes the optimizer files [BF16]
 
     def __post_init__(self):
         if self.uc_info is None:
@@ -276,6 +289,7 @@ class Options:
         assert 1 <= self.dp and self.tp in TP_SIZES and self.stage in (1, 2)
         assert self.dtype in ("bf16", "fp16") and self.optimizer in ("fused_adam", "torch_adamw",
                                                                        "sgd")
+        assert not self.bf16_optimizer or (self.dtype == "bf16" and self.stage == 1)
 
     @property
     def torch_dtype(self):
@@ -405,6 +419,8 @@ def ds_config(o):
                      "loss_scale_window": 1000, "hysteresis": 2, "min_loss_scale": 1}
     c["zero_optimization"] = {"stage": o.stage, "overlap_comm": True,
                               "contiguous_gradients": True, "reduce_bucket_size": 500000000}
+    if o.bf16_optimizer:  # [BF16] what makes the engine pick BF16_Optimizer over ZeRO stage 1
+        c["data_types"] = {"grad_accum_dtype": "fp32"}
     return c
 
 
@@ -538,6 +554,18 @@ def _write_tp_rank(o, model, tdir, tt, cfg):
                 st[k] = states[g][k][d * ps[g]:(d + 1) * ps[g]].clone()
                 gpu.append(st[k])
             opt.state[parts[g]] = st
+        if o.bf16_optimizer:
+            # [BF16] state_dict: the fp32 partitions whole, padding (zeros) included; the whole
+            # padding recorded on the last rank only.
+            osd = {"clip_grad": cfg["gradient_clipping"], BASE: opt.state_dict(),
+                   SINGLE: parts,
+                   "group_paddings": [aligned_numel(totals[g], o.dp) - totals[g]
+                                      if d == o.dp - 1 else 0 for g in range(2)],
+                   "partition_count": [o.dp, o.dp], "ds_version": DS_VERSION,
+                   PSM: [slice_mappings(named[g], totals[g], o.dp, d) for g in range(2)]}
+            _save({"optimizer_state_dict": osd, "ds_config": cfg, "ds_version": DS_VERSION},
+                  tdir / optim_name(o, d, tt), gpu if o.cuda else ())
+            continue
         osd = {"loss_scaler": scaler, "dynamic_loss_scale": scaler.dynamic, "overflow": False,
                "clip_grad": cfg["gradient_clipping"], BASE: opt.state_dict(),
                SINGLE: [parts[g][:parts[g].numel() - pads[g]] for g in range(2)],
@@ -596,10 +624,10 @@ class Generated:
 
 def generate(root, dp=4, tp=1, step=10, dtype="bf16", stage=2, optimizer="fused_adam",
              amsgrad=False, seed=1234, cuda=False, uc_info=None, enum_by_value=True,
-             megatron=False, average=False, tp_lists=None):
+             megatron=False, average=False, tp_lists=None, bf16_optimizer=False):
     """Writes ROOT/global_step{step}/... and then ROOT/latest; returns a Generated (the model)."""
     o = Options(dp, tp, step, dtype, stage, optimizer, amsgrad, seed, cuda, uc_info, enum_by_value,
-                megatron, average, tp_lists)
+                megatron, average, tp_lists, bf16_optimizer)
     root, tag, cfg = Path(root), f"global_step{step}", ds_config(o)
     model = FullModel(seed, megatron, average)
     (root / tag).mkdir(parents=True, exist_ok=True)
@@ -687,15 +715,21 @@ class Source:
         """Group g's whole unpadded flat tensor of `key` ('fp32' or a state key): the source
         ranks' partitions with their group_paddings stripped, concatenated."""
         parts = []
+        total = sum(_numel(s) for s in self.shapes(tt)[g].values())
+        bf16_opt = is_bf16_optimizer(self.osd(tt, 0))
         for r in range(self.dp):
             sd = self.osd(tt, r)
-            if key == "fp32":
-                parts.append(sd[SINGLE][g])
+            v = sd[SINGLE][g] if key == "fp32" else sd[BASE]["state"][g][key]
+            if bf16_opt or key == "fp32":  # [BF16]: whole partitions, padding at the end
+                parts.append(v)
             else:
-                v = sd[BASE]["state"][g][key]
                 parts.append(v[:v.numel() - sd["group_paddings"][g]])
         out = torch.cat(parts)
-        total = sum(_numel(s) for s in self.shapes(tt)[g].values())
+        if bf16_opt:
+            if out.numel() != aligned_numel(total, self.dp):
+                raise ViewError(f"{self.tag} mp_rank {tt:02d} group {g}: {key} holds "
+                                f"{out.numel()} elements, not {total} aligned to 2 x dp")
+            out = out[:total]
         if out.numel() != total:
             raise ViewError(f"{self.tag} mp_rank {tt:02d} group {g}: {key} holds {out.numel()} "
                             f"elements, param_shapes {total}")
@@ -715,6 +749,12 @@ class Source:
 
 def _is_sharded(v):
     return isinstance(v, torch.Tensor) and v.dim() > 0
+
+
+def is_bf16_optimizer(sd):
+    """Whether an optimizer_state_dict is BF16_Optimizer's [BF16]: ZeRO 1/2 always records its
+    zero_stage, BF16_Optimizer never."""
+    return "zero_stage" not in sd
 
 
 # ------------------------------------------------------------------------------------------------
@@ -787,6 +827,7 @@ def _optim_files(out, src, l0, groups, full, D, tt):
                     out.locations[id(p[k])] = where[g][k]
             parts.append(p)
         pads = [rank_padding(t, D, d) for t in totals]
+        bf16_opt = is_bf16_optimizer(sd0)
         osd = {}
         for k, v in sd0.items():
             if k == BASE:
@@ -794,13 +835,15 @@ def _optim_files(out, src, l0, groups, full, D, tt):
                 v["state"] = {g: {kk: parts[g][kk] if kk in parts[g] else vv
                                   for kk, vv in st.items()} for g, st in v["state"].items()}
             elif k == SINGLE:
-                v = [parts[g]["fp32"][:parts[g]["fp32"].numel() - pads[g]]
+                v = [parts[g]["fp32"] if bf16_opt else
+                     parts[g]["fp32"][:parts[g]["fp32"].numel() - pads[g]]
                      for g in range(len(groups))]
                 for g, x in enumerate(v):
                     if where[g]["fp32"]:
                         out.locations[id(x)] = where[g]["fp32"]
             elif k == "group_paddings":
-                v = pads
+                v = pads if not bf16_opt else [  # [BF16] the whole padding, on the last rank
+                    aligned_numel(t, D) - t if d == D - 1 else 0 for t in totals]
             elif k == "partition_count":
                 v = [D] * len(v)
             elif k == PSM:
@@ -1176,8 +1219,10 @@ def _files_under(d):
     return out
 
 
-def compare_tree(view, expected, ignore=()):
-    """Every file of view against the expected dict: the same set of files, bytes or objects."""
+def compare_tree(view, expected, ignore=(), framework_written=False):
+    """Every file of view against the expected dict: the same set of files, bytes or objects,
+    sharing the same objects and storages (sharing.py; framework_written: view is a tree the
+    generator wrote, checked against a reference)."""
     view = Path(view)
     got, want = _files_under(view) - set(ignore), set(expected)
     assert got == want, f"{view}: extra {sorted(got - want)}, missing {sorted(want - got)}"
@@ -1191,6 +1236,7 @@ def compare_tree(view, expected, ignore=()):
         else:
             g = Loaded(p)
             assert_same(g.obj, w, rel, g, expected.locations)
+            sharing.assert_same_sharing(g.obj, w, rel, framework_written)
 
 
 def _version_at_least(v, least):

@@ -131,7 +131,7 @@ def test_bf16_prefix_and_stage1_has_no_frozen_entries(tmp_path):
 @pytest.mark.parametrize("combo", list(COMBOS))
 def test_reference_of_the_source_size_is_the_source(tmp_path, combo):
     df.generate(tmp_path, dp=4, **COMBOS[combo])
-    df.compare_tree(tmp_path, df.reference_dp(tmp_path, 4), IGNORE)
+    df.compare_tree(tmp_path, df.reference_dp(tmp_path, 4), IGNORE, framework_written=True)
 
 
 @pytest.mark.parametrize("combo", list(COMBOS))
@@ -141,7 +141,7 @@ def test_reference_equals_the_generator_at_the_new_size(tmp_path, combo, S, D):
         pytest.skip("TP 2 runs two of the pairs")
     df.generate(tmp_path / "src", dp=S, **COMBOS[combo])
     df.generate(tmp_path / "want", dp=D, **COMBOS[combo])
-    df.compare_tree(tmp_path / "want", df.reference_dp(tmp_path / "src", D), IGNORE)
+    df.compare_tree(tmp_path / "want", df.reference_dp(tmp_path / "src", D), IGNORE, framework_written=True)
 
 
 @pytest.mark.parametrize("combo", list(COMBOS))
@@ -364,7 +364,7 @@ EMB = "language_model.embedding.word_embeddings.weight"
 @pytest.mark.parametrize("tp,dp", [(1, 3), (2, 2), (4, 1)])
 def test_reference_tp_of_the_source_size_is_the_source(tmp_path, tp, dp):
     df.generate(tmp_path, dp=dp, tp=tp, dtype="fp16", optimizer="torch_adamw", **TP)
-    df.compare_tree(tmp_path, df.reference_tp(tmp_path, tp, dp), IGNORE)
+    df.compare_tree(tmp_path, df.reference_tp(tmp_path, tp, dp), IGNORE, framework_written=True)
 
 
 @pytest.mark.parametrize("Ts,S,T,D", [(2, 2, 4, 3), (2, 3, 1, 2), (1, 4, 2, 1), (4, 1, 2, 4),
@@ -374,7 +374,7 @@ def test_reference_tp_equals_the_generator_at_the_new_tp(tmp_path, Ts, S, T, D):
     g = df.generate(tmp_path / "want", dp=D, tp=T, optimizer="sgd" if D == 1 else "fused_adam",
                     **TP)
     ref = df.reference_tp(tmp_path / "src", T, D)
-    df.compare_tree(tmp_path / "want", ref, IGNORE)
+    df.compare_tree(tmp_path / "want", ref, IGNORE, framework_written=True)
     df.write_expected(ref, tmp_path / "view")
     df.compare_tp(tmp_path / "src", tmp_path / "view", T, D, model=g)
 

@@ -387,33 +387,51 @@ void CheckCrcs(const std::string& bytes, const TorchFile& f) {
 }
 
 // A rendering of a torch file's tree that names each tensor by its shape and bytes, not its
-// storage: two files that load to equal objects render equally.
-std::string Canon(const std::string& bytes, const TorchFile& f, const ValuePtr& v) {
+// storage: two files that load to equal objects render equally. A tensor, mapping, list or
+// object met again renders as "@N", N its first meeting's number: torch's optimizers update
+// state in place, so which objects a file shares is part of what it holds. (Storages are not
+// compared: a view gives every tensor a storage of its own, where DeepSpeed's module tensors are
+// views of one flat buffer; tests/reshard/sharing.py checks that no view shares more.)
+struct CanonState {
+  const std::string& bytes;
+  const TorchFile& f;
+  std::map<const pickle::Value*, size_t> seen;
+};
+std::string Canon(CanonState& c, const ValuePtr& v) {
   if (!v) return "null";
-  for (const TorchTensor& t : f.pickle.tensors) {
-    if (t.node == v.get()) {
-      std::string s = "T" + pickle::Debug(IntTuple(t.shape)) + t.dtype + "[";
-      for (uint64_t i = 0; i < t.length; i += 4) {
-        uint32_t x;
-        std::memcpy(&x, bytes.data() + t.offset + i, 4);
-        s += std::to_string(x) + ",";
-      }
-      return s + "]";
+  const TorchTensor* tensor = nullptr;
+  for (const TorchTensor& t : c.f.pickle.tensors) {
+    if (t.node == v.get()) tensor = &t;
+  }
+  // Mutable values only: tuples, torch.Size and other plain calls may be shared freely.
+  if (tensor || v->kind == Kind::kDict || v->kind == Kind::kList || IsMapping(v) ||
+      (v->kind == Kind::kObject && v->state)) {
+    auto [it, fresh] = c.seen.emplace(v.get(), c.seen.size());
+    if (!fresh) return "@" + std::to_string(it->second);
+  }
+  if (tensor) {
+    const TorchTensor& t = *tensor;
+    std::string s = "T" + pickle::Debug(IntTuple(t.shape)) + t.dtype + "[";
+    for (uint64_t i = 0; i < t.length; i += 4) {
+      uint32_t x;
+      std::memcpy(&x, c.bytes.data() + t.offset + i, 4);
+      s += std::to_string(x) + ",";
     }
+    return s + "]";
   }
   std::string s = std::to_string(static_cast<int>(v->kind)) + "(";
   switch (v->kind) {
     case Kind::kDict:
-      for (const auto& [k, x] : v->pairs) s += Canon(bytes, f, k) + ":" + Canon(bytes, f, x) + ",";
+      for (const auto& [k, x] : v->pairs) s += Canon(c, k) + ":" + Canon(c, x) + ",";
       break;
     case Kind::kTuple:
     case Kind::kList:
-      for (const auto& x : v->items) s += Canon(bytes, f, x) + ",";
+      for (const auto& x : v->items) s += Canon(c, x) + ",";
       break;
     case Kind::kObject:
-      s += Canon(bytes, f, v->callable) + Canon(bytes, f, v->args) + "|";
-      for (const auto& [k, x] : v->dict_items) s += Canon(bytes, f, k) + ":" + Canon(bytes, f, x) + ",";
-      s += "|" + Canon(bytes, f, v->state);
+      s += Canon(c, v->callable) + Canon(c, v->args) + "|";
+      for (const auto& [k, x] : v->dict_items) s += Canon(c, k) + ":" + Canon(c, x) + ",";
+      s += "|" + Canon(c, v->state);
       break;
     default:
       s += pickle::Debug(v);
@@ -426,7 +444,8 @@ std::string CanonFile(const std::string& bytes) {
   EXPECT_TRUE(f.ok()) << f.status().ToString();
   if (!f.ok()) return "";
   CheckCrcs(bytes, *f);
-  return Canon(bytes, *f, f->root);
+  CanonState c{bytes, *f, {}};
+  return Canon(c, f->root);
 }
 
 std::map<std::string, std::string> Plan(const Source& s, const std::string& spec) {
@@ -514,6 +533,13 @@ TEST(DeepSpeedTp, RefusesWhatDoesNotSplit) {
   EXPECT_TRUE(Contains(st.message(), "does not split in 3")) << st.ToString();
   st = PlanError(Build(2), "tp2-dp2");
   EXPECT_TRUE(Contains(st.message(), "universal_checkpoint_info")) << st.ToString();
+}
+
+TEST(DeepSpeedTp, TheSourcesOwnTpSizeNeedsNoUniversalInfo) {
+  // A TP 1 source without universal_checkpoint_info: tp1-dpD splits nothing, and is dpD.
+  const Source src = Build(2);
+  EXPECT_EQ(Plan(src, "tp1-dp3"), Plan(src, "dp3"));
+  EXPECT_EQ(Plan(src, "tp1-dp2"), Plan(src, "dp2"));
 }
 
 TEST(DeepSpeedDp, Deterministic) {
@@ -760,7 +786,8 @@ Source BuildZero3(int64_t D, const std::vector<std::vector<P>>& subs, Zero3Optio
       }
       flats.push_back(fb.Tensor(flat["fp32"]));
       const bool scalar = o.scalar_state && d == 1 && g == 0;
-      ValuePtr st = pickle::MakeDict({{S("step"), I(10)},
+      // torch's Adam keeps a 0-dim 'step' tensor per sub-group.
+      ValuePtr st = pickle::MakeDict({{S("step"), fb.Tensor(T32{{}, {10}})},
                                       {S("exp_avg"), fb.Tensor(scalar ? T32{{}, {7}}
                                                                       : flat["exp_avg"])},
                                       {S("exp_avg_sq"), fb.Tensor(flat["exp_avg_sq"])}});

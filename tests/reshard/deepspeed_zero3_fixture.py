@@ -38,6 +38,7 @@ Facts taken from DeepSpeed's own code (deepspeedai/DeepSpeed 0.19.6; read, not c
   (ds_to_universal hard-codes fp32, exp_avg and exp_avg_sq).
 """
 import collections
+import copy
 import math
 import os
 import re
@@ -46,6 +47,7 @@ from pathlib import Path
 import torch
 
 import deepspeed_fixture as df
+import sharing
 
 PAD_VALUE = 77.0  # what the generator leaves in partition padding, so that reading it shows
 
@@ -267,8 +269,10 @@ def reference_dp(root, D):
             flats.append(torch.cat([cut(full(n, "fp32"), d) for n, _ in params]))
             if inner0["state"]:
                 first = inner0["state"][where[params[0][0]][0]]
+                # Every sub-group's state is an object of its own, 'step' included: torch
+                # steps each in place [ZERO3].
                 state[i] = {k: torch.cat([cut(full(n, k), d) for n, _ in params])
-                            if df._is_sharded(v) else v for k, v in first.items()}
+                            if df._is_sharded(v) else copy.deepcopy(v) for k, v in first.items()}
         osd["partition_count"] = D
         osd["fp32_flat_groups"] = flats
         osd["optimizer_state_dict"] = {
@@ -295,7 +299,9 @@ def compare_dp(root, D, view_dir=None, expected_dir=None):
     assert got == want, f"extra {sorted(got - want)}, missing {sorted(want - got)}"
     for rel in sorted(want):
         if rel.endswith(".pt"):
-            df.assert_same(df.Loaded(view / rel).obj, df.Loaded(exp / rel).obj, rel)
+            g, w = df.Loaded(view / rel).obj, df.Loaded(exp / rel).obj
+            df.assert_same(g, w, rel)
+            sharing.assert_same_sharing(g, w, rel)
         else:
             assert (view / rel).read_bytes() == (exp / rel).read_bytes(), rel
 

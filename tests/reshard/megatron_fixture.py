@@ -90,6 +90,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import sharing
+
 TRACKER = "latest_checkpointed_iteration.txt"
 FILE = "model_optim_rng.pt"
 
@@ -1264,6 +1266,7 @@ def compare_view(view_root, ref, dirname):
         path = d / f / FILE
         got = Loaded(path)
         assert_same(got.obj, want, f"{f}", got, ref.locations[(t, p)])
+        sharing.assert_same_sharing(got.obj, want, f"{f}")
 
 
 # ------------------------------------------------------------------------------------------------
