@@ -272,10 +272,12 @@ Result<Metadata> ParseMetadata(std::string_view bytes) {
     ASSIGN_OR_RETURN(std::string fqn, Str(k, "a state_dict_metadata key"));
     if (IsClass(v, "TensorStorageMetadata")) {
       ASSIGN_OR_RETURN(TensorEntry t, ReadTensor(fqn, v, storage));
+      md.order.emplace_back(true, md.tensors.size());
       md.tensors.push_back(std::move(t));
     } else if (IsClass(v, "BytesStorageMetadata")) {
       auto it = storage.find(IndexKey(fqn, nullptr));
       if (it == storage.end()) return Corrupt("dcp metadata: '" + fqn + "' has no storage entry");
+      md.order.emplace_back(false, md.bytes.size());
       md.bytes.push_back({fqn, it->second});
     } else {
       return Corrupt("dcp metadata: '" + fqn + "' is neither a tensor nor bytes");

@@ -63,6 +63,9 @@ struct BytesEntry {
 struct Metadata {
   std::vector<TensorEntry> tensors;  // in state_dict_metadata order
   std::vector<BytesEntry> bytes;
+  // Every entry in state_dict_metadata order (the state dict's, as saved): (is a tensor, its
+  // index in `tensors` or `bytes`).
+  std::vector<std::pair<bool, size_t>> order;
   // planner_data: each flattened name's key path in the original state dict (when the planner
   // recorded it; keys that were ints are written in decimal).
   std::map<std::string, std::vector<std::string>> key_paths;

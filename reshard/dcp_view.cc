@@ -505,17 +505,21 @@ class Planner {
   }
 
   Result<ViewFile> ModelPt() {
+    // The entries in state_dict_metadata order, as torch's dcp_to_torch_save sets them: each
+    // dict's keys in the order the state dict had them, tensors and other values interleaved.
     Node root(Node::Type::kDict);
-    for (size_t i = 0; i < md_.tensors.size(); ++i) {
-      auto leaf = std::make_unique<Node>(Node::Type::kTensor);
-      leaf->tensor = i;
-      RETURN_IF_ERROR(
-          SetElement(&root, PathOf(md_.tensors[i].fqn), std::move(leaf), md_.tensors[i].fqn));
-    }
-    for (const dcp::BytesEntry& b : md_.bytes) {
-      auto leaf = std::make_unique<Node>(Node::Type::kValue);
-      ASSIGN_OR_RETURN(leaf->value, ItemValue(b));
-      RETURN_IF_ERROR(SetElement(&root, PathOf(b.fqn), std::move(leaf), b.fqn));
+    for (const auto& [is_tensor, i] : md_.order) {
+      if (is_tensor) {
+        auto leaf = std::make_unique<Node>(Node::Type::kTensor);
+        leaf->tensor = i;
+        RETURN_IF_ERROR(
+            SetElement(&root, PathOf(md_.tensors[i].fqn), std::move(leaf), md_.tensors[i].fqn));
+      } else {
+        const dcp::BytesEntry& b = md_.bytes[i];
+        auto leaf = std::make_unique<Node>(Node::Type::kValue);
+        ASSIGN_OR_RETURN(leaf->value, ItemValue(b));
+        RETURN_IF_ERROR(SetElement(&root, PathOf(b.fqn), std::move(leaf), b.fqn));
+      }
     }
     ASSIGN_OR_RETURN(ValuePtr tree, Emit(root));
     auto pkl = pickle::Write(tree, 2);

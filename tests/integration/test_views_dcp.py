@@ -91,3 +91,45 @@ def test_plain_directories_have_no_views(mnt):
     (d / "a.pt").write_bytes(b"x")
     assert ".views" not in os.listdir(d)
     expect_errno(errno.ENOENT, os.stat, d / ".views")
+
+
+# A DCP checkpoint written by torch 2.11 itself (../shared/fixtures/dcp-torch2.11: a model in
+# fp32 and bf16, AdamW state keyed by parameter name with 0-d step tensors, nested dicts, Python
+# scalars and strings), and reference.pt, torch.save of the same state dict.
+REAL_DCP = REPO_ROOT.parent / "shared" / "fixtures" / "dcp-torch2.11"
+
+
+def _flatten(obj, prefix=""):
+    """(path, leaf) in dict order: the key order of every dict, nested ones included."""
+    if isinstance(obj, dict):
+        out = [(prefix, f"dict{list(obj)}")]
+        for k, v in obj.items():
+            out += _flatten(v, f"{prefix}.{k}" if prefix else str(k))
+        return out
+    return [(prefix, obj)]
+
+
+def test_consolidated_view_of_a_real_torch_2_11_checkpoint(mnt):
+    if not REAL_DCP.is_dir():
+        assert not os.environ.get("CI"), f"{REAL_DCP} is missing: CI lays shared/ beside the clone"
+        pytest.skip(f"{REAL_DCP} is not beside this checkout")
+    sys.path.insert(0, str(REPO_ROOT / "tests" / "reshard"))
+    import sharing  # noqa: E402
+    root = mnt / "real"
+    shutil.copytree(REAL_DCP / "ckpt", root)
+    got = torch.load(root / ".views" / "consolidated" / "model.pt")
+    want = torch.load(REAL_DCP / "reference.pt")
+    g, w = _flatten(got), _flatten(want)
+    # Every dict's keys in the state dict's order (torch's dcp_to_torch_save keeps it).
+    assert [p for p, _ in g] == [p for p, _ in w]
+    for (path, a), (_, b) in zip(g, w):
+        if isinstance(b, torch.Tensor):
+            assert isinstance(a, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape, path
+            assert torch.equal(a.view(torch.uint8) if a.dim() else a.reshape(1).view(torch.uint8),
+                               b.view(torch.uint8) if b.dim() else b.reshape(1).view(torch.uint8)), path
+        else:
+            assert type(a) is type(b) and a == b, (path, a, b)
+    # dcp_to_torch_save loads every tensor on its own: no object or storage is shared.
+    assert sharing.objects(got) == [] and sharing.storages(got) == {}
+    with zipfile.ZipFile(root / ".views" / "consolidated" / "model.pt") as z:
+        assert z.testzip() is None

@@ -245,10 +245,11 @@ TEST_P(DcpViewFixture, BothFilesHoldTheAssembledTensors) {
   ValuePtr groups = Get(Get(tf.root, "optim"), "param_groups");
   ASSERT_TRUE(groups);
   EXPECT_EQ(pickle::Debug(groups), "[{'lr': 0.01, 'params': ['model.w']}]");
-  // Tensors first, in metadata order, then the non-tensor entries.
+  // Keys in state_dict_metadata order, tensors and other values interleaved, as torch's
+  // dcp_to_torch_save sets them: these fixtures' metadata lists rank 0's bytes items first.
   ASSERT_EQ(tf.root->pairs.size(), 2u);
-  EXPECT_EQ(tf.root->pairs[0].first->str, "model");
-  EXPECT_EQ(tf.root->pairs[1].first->str, "optim");
+  EXPECT_EQ(tf.root->pairs[0].first->str, "optim");
+  EXPECT_EQ(tf.root->pairs[1].first->str, "model");
 }
 
 TEST_P(DcpViewFixture, PlansAreDeterministic) {
@@ -383,6 +384,7 @@ Checkpoint MakeSharded(const std::vector<int64_t>& shape, const std::vector<Chun
     desc.tensors.push_back(info);
     t.chunks.push_back({s.offsets, s.sizes, {"__0_0.distcp", info.offset, info.length, {}}});
   }
+  c.md.order.emplace_back(true, c.md.tensors.size());
   c.md.tensors.push_back(t);
   c.md.key_paths["model.x"] = {"model", "x"};
   c.files.push_back({"__0_0.distcp", 0, desc});
@@ -482,6 +484,7 @@ TEST(DcpViewLayout, ListIndicesBuildLists) {
   // planner_data holds ints for the items of a list (torch's traverse_state_dict numbers them);
   // set_element rebuilds a list there, None in the holes.
   Checkpoint c = MakeSharded({2, 2}, {{{0, 0}, {2, 2}}});
+  c.md.order.emplace_back(true, c.md.tensors.size());
   c.md.tensors.push_back(c.md.tensors[0]);
   c.md.tensors[0].fqn = "opt.bufs.2";
   c.md.tensors[1].fqn = "model.x";
