@@ -17,6 +17,7 @@
 #include "formats/json.h"
 #include "formats/layout.h"
 #include "tools/commands.h"
+#include "tools/mount_table.h"
 
 namespace ckptfs {
 namespace {
@@ -191,6 +192,14 @@ int InspectDir(const std::string& path, bool as_json) {
   return 0;
 }
 
+// Whether `path` lies under a ckptfs mount.
+bool OnCkptfsMount(const std::string& path) {
+  for (std::filesystem::path p = AbsolutePath(path);; p = p.parent_path()) {
+    if (FindMount(p.string())) return true;
+    if (p == p.parent_path()) return false;
+  }
+}
+
 // `inspect ROOT --view SPEC`: the view's files and sizes, or why the daemon refused it.
 int InspectView(const std::string& root, const std::string& spec) {
   const std::string views = root + "/.views";
@@ -198,6 +207,10 @@ int InspectView(const std::string& root, const std::string& spec) {
   struct stat st {};
   if (::stat(dir.c_str(), &st) != 0) {
     const int err = errno;
+    if (!OnCkptfsMount(root)) {
+      return Fail(root + " is not on a ckptfs mount: views are planned by the daemon of the mount "
+                  "that stores the checkpoint; run inspect --view on a path under that mount");
+    }
     auto why = Attr(views, "user.ckptfs.view_errors");
     if (why.ok()) {
       std::istringstream lines(*why);

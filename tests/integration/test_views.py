@@ -300,6 +300,14 @@ def test_invalid_spec_fails_with_einval_and_a_reason(mnt):
     check_view(root, (2, 1), (4, 2))
 
 
+def test_inspect_view_off_a_mount_says_it_needs_one(tmp_path):
+    root = tmp_path / "ckpt"
+    make_source(root, dict(era="mcore"), (2, 1))
+    bad = run([CKPTFS_BIN, "inspect", root, "--view", "tp1-pp1"], check=False)
+    assert bad.returncode == 1, bad
+    assert "is not on a ckptfs mount" in bad.stderr, bad
+
+
 def test_unknown_parameter_fails_the_view_naming_it(mnt):
     # decoder.layers.0.mystery.weight [h, h]: a parameter (with its optimizer state, as a real
     # extra module would have) that no rule of docs/views.md covers.
