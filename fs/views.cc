@@ -394,6 +394,12 @@ Result<reshard::DeepSpeedSource> ViewTree::ReadDeepSpeed(uint64_t root, Sources*
     }
     src.layers.push_back(std::move(lf));
   }
+  for (std::string_view name : reshard::kDsRootFiles) {
+    auto f = store_->Lookup(root, name);
+    if (!f.ok() || !S_ISREG(f->mode)) continue;
+    ASSIGN_OR_RETURN(auto m, store_->CommittedManifest(f->ino));
+    src.root_files.push_back({std::string(name), sources->Add(f->ino, m), m->size()});
+  }
   for (const std::string& name : names) {
     ASSIGN_OR_RETURN(InodeRecord f, store_->Lookup(dir.ino, name));
     ASSIGN_OR_RETURN(auto m, store_->CommittedManifest(f.ino));

@@ -443,6 +443,15 @@ Result<std::vector<ViewEntry>> PlanDeepSpeed(const DeepSpeedSource& src, const D
   } else {
     RETURN_IF_ERROR(ds::PlanDp(c, spec.D, &out));
   }
+  if (spec.kind != DsSpec::kUniversal) {  // ds_to_universal copies only the tag's model files
+    for (const DsRootFile& r : src.root_files) {
+      ViewEntry e{r.name, {}};
+      e.file.recipe.AddGather(1, {Part{r.source, 0, r.size, r.size}});
+      out.push_back(std::move(e));
+    }
+    std::stable_sort(out.begin(), out.end(),
+                     [](const ViewEntry& a, const ViewEntry& b) { return a.path < b.path; });
+  }
   return out;
 }
 

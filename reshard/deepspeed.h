@@ -39,10 +39,20 @@ struct DsLayerFile {
   std::vector<std::pair<std::string, std::string>> extra_records;
 };
 
+// A file of the checkpoint root that the dpD and tpT-dpD views carry as it is: DeepSpeed's
+// engine copies zero_to_fp32.py there at every save (kDsRootFiles).
+struct DsRootFile {
+  std::string name;
+  uint32_t source = 0;  // the index Part::source uses for this file
+  uint64_t size = 0;
+};
+inline constexpr std::string_view kDsRootFiles[] = {"zero_to_fp32.py"};
+
 struct DeepSpeedSource {
   std::string tag;                  // the tag directory, as `latest` names it
   std::vector<DsSourceFile> files;  // its model-states and optimizer-states files, any order
   std::vector<DsLayerFile> layers;  // its layer files (Megatron-DeepSpeed's GPTModelPipe)
+  std::vector<DsRootFile> root_files;  // those of kDsRootFiles the root holds
 };
 
 // Whether a file of a tag directory is one the views read (mp_rank_TT_model_states.pt,

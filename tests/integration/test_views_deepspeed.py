@@ -93,7 +93,9 @@ def test_views_are_listed_and_others_resolve_on_lookup(mnt):
     assert "dp3" not in names
     dp3 = root / ".views" / "dp3"
     assert os.path.isdir(dp3)
-    assert sorted(os.listdir(dp3)) == sorted(["latest", TAG])
+    assert sorted(os.listdir(dp3)) == sorted(["latest", TAG, "zero_to_fp32.py"])
+    # DeepSpeed's recovery script, which its engine copies into the checkpoint root
+    assert read_file(dp3 / "zero_to_fp32.py") == read_file(root / "zero_to_fp32.py")
     assert sorted(os.listdir(dp3 / TAG)) == sorted(
         ["mp_rank_00_model_states.pt"] +
         [f"bf16_zero_pp_rank_{d}_mp_rank_00_optim_states.pt" for d in range(3)])
@@ -120,7 +122,7 @@ def test_view_follows_a_new_save(mnt):
     got = wait_for(lambda: read_file(view / "latest"), lambda b: b == b"global_step20",
                    timeout=10)
     assert got == b"global_step20"
-    assert sorted(os.listdir(view)) == ["global_step20", "latest"]
+    assert sorted(os.listdir(view)) == ["global_step20", "latest", "zero_to_fp32.py"]
     df.compare_dp(root, view, 2, model=g)
     uni = root / ".views" / "universal"
     assert read_file(uni / "latest_universal") == b"global_step20"

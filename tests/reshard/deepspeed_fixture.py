@@ -622,6 +622,13 @@ class Generated:
         return out
 
 
+def write_recovery_script(root):
+    """[ENGINE] _copy_recovery_script: zero_to_fp32.py in the checkpoint root (a placeholder)."""
+    script = Path(root) / "zero_to_fp32.py"
+    script.write_text("#!/usr/bin/env python\n# stands for DeepSpeed's utils/zero_to_fp32.py\n")
+    os.chmod(script, 0o755)
+
+
 def generate(root, dp=4, tp=1, step=10, dtype="bf16", stage=2, optimizer="fused_adam",
              amsgrad=False, seed=1234, cuda=False, uc_info=None, enum_by_value=True,
              megatron=False, average=False, tp_lists=None, bf16_optimizer=False):
@@ -642,9 +649,7 @@ def generate(root, dp=4, tp=1, step=10, dtype="bf16", stage=2, optimizer="fused_
             del ZeroStageEnum.__reduce_ex__
         else:
             ZeroStageEnum.__reduce_ex__ = had
-    script = root / "zero_to_fp32.py"  # [ENGINE] _copy_recovery_script (a placeholder here)
-    script.write_text("#!/usr/bin/env python\n# stands for DeepSpeed's utils/zero_to_fp32.py\n")
-    os.chmod(script, 0o755)
+    write_recovery_script(root)
     with open(root / "latest", "w") as f:
         f.write(tag)
     return Generated(root, tag, o, model)
@@ -785,11 +790,19 @@ def _keep_locations(out, obj, loaded):
             out.locations[id(t)] = loaded.location(t)
 
 
+def root_files(out, root):
+    """[ENGINE] The dpD and tpT-dpD views carry the root's zero_to_fp32.py as it is."""
+    p = Path(root) / "zero_to_fp32.py"
+    if p.is_file():
+        out["zero_to_fp32.py"] = p.read_bytes()
+
+
 def reference_dp(root, D):
     """What ROOT/.views/dpD must hold: DeepSpeed's files had it trained at data-parallel size D."""
     src = Source(root)
     out = Expected(src.tag)
     out["latest"] = src.latest
+    root_files(out, src.root)
     # A pipeline module's layer files: written by dp rank 0, named without the dp rank [PIPE].
     for n in os.listdir(src.root / src.tag):
         if re.fullmatch(r"layer_\d+(-model_\d+)?-model_states\.pt", n):
@@ -1031,6 +1044,7 @@ def reference_tp(root, T, D):
         return cache[n, k]
     out = Expected(tag)
     out["latest"] = src.latest
+    root_files(out, src.root)
     for t in range(T):
         lm = Loaded(src.root / tag / model_name(t * Ts // T))
         ms, l0 = lm.obj, src.optim[t * Ts // T][0]
@@ -1224,9 +1238,9 @@ def compare_tree(view, expected, ignore=(), framework_written=False):
     sharing the same objects and storages (sharing.py; framework_written: view is a tree the
     generator wrote, checked against a reference)."""
     view = Path(view)
-    got, want = _files_under(view) - set(ignore), set(expected)
+    got, want = _files_under(view) - set(ignore), set(expected) - set(ignore)
     assert got == want, f"{view}: extra {sorted(got - want)}, missing {sorted(want - got)}"
-    for rel in sorted(expected):
+    for rel in sorted(want):
         p, w = view / rel, expected[rel]
         if rel.endswith(".pt"):
             with zipfile.ZipFile(p) as z:

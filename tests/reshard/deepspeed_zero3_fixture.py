@@ -146,6 +146,7 @@ def generate(root, dp=4, step=10, dtype="bf16", optimizer="fused_adam", seed=123
                "optimizer_state_dict": opt.state_dict(), "fp32_flat_groups": flats}
         torch.save({"optimizer_state_dict": osd, "ds_config": cfg, "ds_version": df.DS_VERSION},
                    tdir / df.optim_name(o, d, 0))
+    df.write_recovery_script(root)
     with open(root / "latest", "w") as f:
         f.write(tag)
     return df.Generated(root, tag, o, model)
@@ -252,6 +253,7 @@ def reference_dp(root, D):
     subs = sub_groups(D, size, groups)
     out = df.Expected(tag)
     out["latest"] = (Path(root) / "latest").read_bytes()
+    df.root_files(out, root)
     OD = collections.OrderedDict
     for d in range(D):
         ms = dict(ms0)
