@@ -233,6 +233,11 @@ Status RemoteTier::PublishFile(uint64_t ino) {
   RETURN_IF_ERROR(backend_->Put("files/" + path, bytes.data(), bytes.size()));
   metrics_->files_published.Add(1);
   ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
+  // Renamed while this ran (a save to a temporary name, then a rename over the checkpoint):
+  // the rename dropped the published mark and queued a publish under the new name, which this
+  // mark would make it skip.
+  auto now = txn.PathOf(ino);
+  if (!now.ok() || *now != path) return Status::Ok();
   ASSIGN_OR_RETURN(uint64_t published, txn.GetPublished(ino));
   if (published < rec.generation) RETURN_IF_ERROR(txn.PutPublished(ino, rec.generation));
   return txn.Commit();

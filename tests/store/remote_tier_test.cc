@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -22,7 +23,12 @@ using Bytes = std::vector<uint8_t>;
 class Shared : public Backend {
  public:
   explicit Shared(MemBackend* m) : m_(m) {}
-  Status Put(const std::string& k, const void* d, size_t n) override { return m_->Put(k, d, n); }
+  Status Put(const std::string& k, const void* d, size_t n) override {
+    Status st = m_->Put(k, d, n);
+    if (on_put) on_put(k);
+    return st;
+  }
+  std::function<void(const std::string& key)> on_put;  // after each Put, on the uploader
   Result<size_t> Get(const std::string& k, uint64_t o, void* b, size_t n) override {
     return m_->Get(k, o, b, n);
   }
@@ -40,7 +46,7 @@ class Shared : public Backend {
 
 class RemoteTierTest : public ::testing::Test {
  protected:
-  std::unique_ptr<Store> OpenStore(const std::string& name) {
+  std::unique_ptr<Store> OpenStore(const std::string& name, Shared** backend = nullptr) {
     Config cfg;
     cfg.mountpoint = "/unused";
     cfg.cache_dir = dir_.Sub(name);
@@ -50,7 +56,9 @@ class RemoteTierTest : public ::testing::Test {
     cfg.backend = "mem://";
     cfg.sync_interval_s = 0;  // the tests run the sync passes themselves
     EXPECT_TRUE(cfg.Validate().ok());
-    auto s = Store::Open(cfg, {}, std::make_unique<Shared>(&mem_));
+    auto shared = std::make_unique<Shared>(&mem_);
+    if (backend) *backend = shared.get();
+    auto s = Store::Open(cfg, {}, std::move(shared));
     EXPECT_TRUE(s.ok()) << s.status().ToString();
     return s.ok() ? std::move(*s) : nullptr;
   }
@@ -140,6 +148,30 @@ TEST_F(RemoteTierTest, CommittedFilesReachTheOtherNode) {
   ASSERT_TRUE(a->remote()->Drain(30).ok());
   ASSERT_TRUE(b->SyncFromRemote().ok());
   EXPECT_EQ(Find(*b, {"ck"}), 0u);
+}
+
+TEST_F(RemoteTierTest, RenameWhilePublishingPublishesTheNewName) {
+  // torch.save to a temporary name, then a rename over the checkpoint, while the uploader is
+  // publishing the temporary name: the checkpoint's record must get the new bytes.
+  Shared* backend = nullptr;
+  auto a = OpenStore("a", &backend), b = OpenStore("b");
+  const Bytes old_bytes = test::RandomBytes(200 << 10, 7), new_bytes = test::RandomBytes(300 << 10, 8);
+  Write(*a, kRootIno, "ckpt.pt", old_bytes);
+  ASSERT_TRUE(a->remote()->Drain(30).ok());
+  bool renamed = false;
+  backend->on_put = [&](const std::string& key) {
+    if (key != "files/ckpt.pt.tmp" || renamed) return;
+    auto rec = a->Lookup(kRootIno, "ckpt.pt.tmp");  // the record of the committed bytes
+    if (!rec.ok() || rec->generation == 0) return;
+    renamed = true;
+    EXPECT_TRUE(a->Rename(kRootIno, "ckpt.pt.tmp", kRootIno, "ckpt.pt", 0).ok());
+  };
+  Write(*a, kRootIno, "ckpt.pt.tmp", new_bytes);
+  ASSERT_TRUE(a->remote()->Drain(30).ok());
+  ASSERT_TRUE(renamed);
+  ASSERT_TRUE(b->SyncFromRemote().ok());
+  EXPECT_EQ(Find(*b, {"ckpt.pt.tmp"}), 0u);
+  EXPECT_EQ(Read(*b, Find(*b, {"ckpt.pt"})), new_bytes);
 }
 
 TEST_F(RemoteTierTest, IdenticalBytesFromTwoNodesAreUploadedOnce) {
