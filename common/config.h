@@ -77,6 +77,9 @@ struct Config {
   double remote_timeout_s = 600;
   // Seconds between two looks at what other nodes published to the backend (0: never).
   double sync_interval_s = 1.0;
+  // How long a mount may wait for its first sync from the backend before it fails (with
+  // sync_interval > 0 a mount serves only once its namespace holds what the backend held).
+  double mount_timeout_s = 300;
 
   // Resharded views (docs/views.md): a file of parameter rules ("REGEX RULE" per line) checked
   // before the built-in ones; empty: the built-in rules only.

@@ -51,12 +51,10 @@ void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
 void Create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, fuse_file_info* fi) {
   if (RefuseView(req, parent)) return;
   Store* store = Ctx(req).store;
-  auto rec = store->MakeNode(parent, name, S_IFREG | (mode & 07777), 0, CallerOf(req));
-  if (!rec.ok()) return ReplyError(req, rec.status(), "create", parent);
   uint64_t fh = 0;
   bool keep = true;
-  Status st = store->Open(rec->ino, false, &fh, &keep);
-  if (!st.ok()) return ReplyError(req, st, "create", rec->ino);
+  auto rec = store->CreateFile(parent, name, mode, CallerOf(req), &fh, &keep);
+  if (!rec.ok()) return ReplyError(req, rec.status(), "create", parent);
   SetOpenFlags(fi, fh, keep);
   fuse_entry_param e = EntryOf(req, *rec);
   if (fuse_reply_create(req, &e, fi) != 0) (void)store->Release(rec->ino, fh);

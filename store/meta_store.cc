@@ -530,9 +530,23 @@ Status MetaStore::Txn::AddOrphan(uint64_t ino) { return Put(store_->orphans_, In
 
 Status MetaStore::Txn::DelOrphan(uint64_t ino) { return Del(store_->orphans_, InoKey(ino), true); }
 
-Status MetaStore::Txn::ForEachOrphan(const std::function<void(uint64_t)>& fn) {
-  return Scan(store_->orphans_, {}, {}, [&](std::string_view k, std::string_view) {
-    if (k.size() == 8) fn(GetU64(k.data()));
+namespace {
+constexpr std::string_view kUnbornMark = "new";
+}  // namespace
+
+Status MetaStore::Txn::AddUnborn(uint64_t ino) {
+  return Put(store_->orphans_, InoKey(ino), kUnbornMark);
+}
+
+Status MetaStore::Txn::ClearUnborn(uint64_t ino) {
+  ASSIGN_OR_RETURN(auto v, Get(store_->orphans_, InoKey(ino)));
+  if (!v || *v != kUnbornMark) return Status::Ok();
+  return Del(store_->orphans_, InoKey(ino), true);
+}
+
+Status MetaStore::Txn::ForEachOrphan(const std::function<void(uint64_t, bool)>& fn) {
+  return Scan(store_->orphans_, {}, {}, [&](std::string_view k, std::string_view v) {
+    if (k.size() == 8) fn(GetU64(k.data()), v == kUnbornMark);
     return true;
   });
 }

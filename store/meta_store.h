@@ -9,6 +9,8 @@
 //   xattrs     ino + name           -> value
 //   chunks     chunk id (16 bytes)  -> ChunkRecord (references, length)
 //   orphans    ino                  -> ""            (unlinked while open; reclaimed at mount)
+//                                      or "new"      (made by create(2) and not yet committed
+//                                      or closed: removed with its entry at mount)
 //   meta       name                 -> value         (next inode number, format version)
 //   parents    ino                  -> parent ino + name   (the entry that last linked ino: a
 //                                      file's path for the remote tier)
@@ -146,7 +148,13 @@ class MetaStore {
 
     Status AddOrphan(uint64_t ino);
     Status DelOrphan(uint64_t ino);
-    Status ForEachOrphan(const std::function<void(uint64_t)>& fn);
+    // A file made by create(2): until ClearUnborn (its first commit or close), a restart removes
+    // it with its directory entry, like the bytes its session never committed.
+    Status AddUnborn(uint64_t ino);
+    // Forgets ino's "new" mark; an orphan mark ("" : unlinked while open) stays.
+    Status ClearUnborn(uint64_t ino);
+    // fn(ino, unborn): every mark, orphans and new files.
+    Status ForEachOrphan(const std::function<void(uint64_t, bool)>& fn);
 
    private:
     friend class MetaStore;

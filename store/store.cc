@@ -149,12 +149,21 @@ Status Store::Recover(bool clean) {
   }
   RETURN_IF_ERROR(txn.BackfillParents());
   // Files unlinked while open when the last daemon stopped: nobody can open them any more.
-  std::vector<uint64_t> orphans;
-  RETURN_IF_ERROR(txn.ForEachOrphan([&](uint64_t ino) { orphans.push_back(ino); }));
+  // Files made by create(2) whose writer never committed or closed them: gone with their entry,
+  // as a new file being written at a crash is absent (a loader must not meet an empty one).
+  std::vector<std::pair<uint64_t, bool>> orphans;
+  RETURN_IF_ERROR(
+      txn.ForEachOrphan([&](uint64_t ino, bool unborn) { orphans.emplace_back(ino, unborn); }));
   std::vector<ChunkId> freed;
-  for (uint64_t ino : orphans) {
+  size_t unborn_files = 0;
+  for (const auto& [ino, unborn] : orphans) {
     auto rec = txn.GetInode(ino);
-    if (rec.ok()) RETURN_IF_ERROR(DeleteInode(txn, *rec, &freed));
+    if (rec.ok() && unborn) {
+      ++unborn_files;
+      RETURN_IF_ERROR(RemoveUnborn(txn, *rec, &freed));
+    } else if (rec.ok()) {
+      RETURN_IF_ERROR(DeleteInode(txn, *rec, &freed));
+    }
     RETURN_IF_ERROR(txn.DelOrphan(ino));
   }
   std::unordered_map<ChunkId, uint64_t, ChunkIdHash> referenced;
@@ -171,8 +180,9 @@ Status Store::Recover(bool clean) {
     RETURN_IF_ERROR(cache_->ForEach([&](const ChunkId& id, uint64_t) {
       if (!referenced.count(id) && cache_->Remove(id).ok()) ++removed;
     }));
-    log_->warn("recovered from an unclean stop: {} orphan files and {} unreferenced chunks removed",
-               orphans.size(), removed);
+    log_->warn("recovered from an unclean stop: {} files unlinked while open, {} new files never "
+               "closed, and {} unreferenced chunks removed",
+               orphans.size() - unborn_files, unborn_files, removed);
   }
   return Status::Ok();
 }
@@ -314,6 +324,24 @@ Status Store::DeleteInode(MetaStore::Txn& txn, const InodeRecord& rec,
   RETURN_IF_ERROR(txn.DelSymlink(rec.ino));
   RETURN_IF_ERROR(txn.DelAllXattrs(rec.ino));
   return txn.DelInode(rec.ino);
+}
+
+Status Store::RemoveUnborn(MetaStore::Txn& txn, InodeRecord rec, std::vector<ChunkId>* freed) {
+  auto where = txn.GetParent(rec.ino);
+  if (where.ok()) {
+    const auto& [parent, name] = *where;
+    auto e = txn.GetEntry(parent, name);
+    auto dir = txn.GetInode(parent);
+    if (e.ok() && e->ino == rec.ino && dir.ok()) {
+      RETURN_IF_ERROR(txn.DelEntry(parent, name));
+      dir->mtime_ns = dir->ctime_ns = NowNs();
+      RETURN_IF_ERROR(txn.PutInode(*dir));
+      log_->info("removed {}: created, never closed before the stop", ChildPath(txn, parent, name));
+      return DropLink(txn, rec, freed);
+    }
+  }
+  if (rec.nlink == 0) return DeleteInode(txn, rec, freed);
+  return Status::Ok();  // linked elsewhere since: it stays, as its last link made it
 }
 
 Status Store::DropLink(MetaStore::Txn& txn, InodeRecord& rec, std::vector<ChunkId>* freed) {

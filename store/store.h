@@ -98,6 +98,11 @@ class Store final : private ChunkSink {
   // Creates a file, directory, fifo, socket or device node (by the type bits of mode).
   Result<InodeRecord> MakeNode(uint64_t parent, std::string_view name, uint32_t mode,
                                uint64_t rdev, const Caller& who);
+  // create(2): a new regular file, opened (as Open). Until its first commit or its last close
+  // it is "new": a restart after a crash removes it, so a file being written at a crash is
+  // absent if it was new. Published to the backend only once committed or closed.
+  Result<InodeRecord> CreateFile(uint64_t parent, std::string_view name, uint32_t mode,
+                                 const Caller& who, uint64_t* fh, bool* keep_cache);
   Result<InodeRecord> Symlink(uint64_t parent, std::string_view name, std::string_view target,
                               const Caller& who);
   Result<InodeRecord> Link(uint64_t ino, uint64_t new_parent, std::string_view new_name);
@@ -172,7 +177,15 @@ class Store final : private ChunkSink {
   // or deleted since the last pass. A file open here, or with local changes not yet published
   // and newer than the remote version, is left alone. The sync thread runs a pass every
   // sync_interval; tests call it directly.
-  Status SyncFromRemote();
+  // `progress`, when given, is told (entries applied or found current, entries listed) as the
+  // pass goes, at most every 256 entries.
+  using SyncProgress = std::function<void(size_t done, size_t total)>;
+  Status SyncFromRemote(const SyncProgress& progress = nullptr);
+  // The first pass, before the mount serves: retried with backoff until it succeeds or
+  // `timeout_s` has passed, so that a mount never serves a namespace that does not yet hold what
+  // the backend held when it started (a job would find an empty checkpoint directory and start
+  // from scratch). Ok at once without a backend. Errors: the last pass's, naming the backend.
+  Status InitialSync(double timeout_s, const SyncProgress& progress);
   // Starts the thread that runs SyncFromRemote every sync_interval (after SetChangeListener);
   // Close stops it.
   void StartSync();
@@ -244,6 +257,7 @@ class Store final : private ChunkSink {
     bool draining = false;                         // guarded by qmu: a drain task is scheduled
     Status async_error;                            // guarded by qmu: sticky until reported
     std::unordered_set<uint64_t> session;          // guarded by qmu: handles that wrote
+    bool unborn = false;  // guarded by mu: made by CreateFile, not yet committed or closed
     uint64_t committed_size = 0;                   // guarded by qmu: the size in LMDB
 
     // What GetAttr shows while the file has uncommitted bytes; read without locks.
@@ -307,6 +321,14 @@ class Store final : private ChunkSink {
   // REQUIRES: ns_mu_ held, inside txn. Drops rec's last link: keeps it as an orphan while open,
   // otherwise deletes it; chunks left unreferenced go into *freed.
   Status DropLink(MetaStore::Txn& txn, InodeRecord& rec, std::vector<ChunkId>* freed);
+  // The last close of a file made by CreateFile that no commit has kept yet (nothing was
+  // written): it is kept, and published.
+  Status KeepCreated(uint64_t ino, OpenFile& f);
+  // MakeNode; `unborn`: a regular file for CreateFile, marked new and not yet published.
+  Result<InodeRecord> MakeNode(uint64_t parent, std::string_view name, uint32_t mode,
+                               uint64_t rdev, const Caller& who, bool unborn);
+  // REQUIRES: ns_mu_ held, inside txn, at recovery. Removes a new file's entry and inode.
+  Status RemoveUnborn(MetaStore::Txn& txn, InodeRecord rec, std::vector<ChunkId>* freed);
   Status DeleteInode(MetaStore::Txn& txn, const InodeRecord& rec, std::vector<ChunkId>* freed);
   Status AddManifestRefs(MetaStore::Txn& txn, const Manifest& m, int sign,
                          std::vector<ChunkId>* freed);

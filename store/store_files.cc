@@ -111,12 +111,31 @@ Status Store::Release(uint64_t ino, uint64_t fh) {
     }
     // The last release commits what is left (a truncate by path, say), whoever wrote it.
     st = Flush(ino, last ? 0 : fh);
+    if (last) {
+      Status born = KeepCreated(ino, *f);
+      if (st.ok()) st = born;
+    }
   }
   if (UnpinFile(ino)) {
     Status reap = ReapIfOrphan(ino);
     if (st.ok()) st = reap;
   }
   return st;
+}
+
+Status Store::KeepCreated(uint64_t ino, OpenFile& f) {
+  std::lock_guard lock(f.mu);
+  if (!f.unborn) return Status::Ok();
+  {
+    std::lock_guard ns(ns_mu_);
+    ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
+    RETURN_IF_ERROR(txn.ClearUnborn(ino));
+    RETURN_IF_ERROR(QueueRemote(txn, remote_op::PublishFile(ino)));
+    RETURN_IF_ERROR(txn.Commit());
+  }
+  f.unborn = false;
+  KickRemote();
+  return Status::Ok();
 }
 
 Status Store::EnsureWriter(uint64_t ino, OpenFile& f) {
@@ -389,9 +408,11 @@ Status Store::Commit(uint64_t ino, OpenFile& f, bool durable) {
       rec.mtime_ns = rec.ctime_ns = mtime;
       ++rec.generation;
       RETURN_IF_ERROR(txn.PutInode(rec));
+      if (f.unborn) RETURN_IF_ERROR(txn.ClearUnborn(ino));
       RETURN_IF_ERROR(QueueRemote(txn, remote_op::PublishFile(ino)));
       return txn.Commit();
     }();
+    if (st.ok()) f.unborn = false;
   }
   const uint64_t committed_size = st.ok() ? finished->size() : 0;
   if (st.ok()) {

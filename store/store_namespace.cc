@@ -99,6 +99,22 @@ Result<InodeRecord> Store::SetAttr(uint64_t ino, const SetAttrRequest& req, uint
 
 Result<InodeRecord> Store::MakeNode(uint64_t parent, std::string_view name, uint32_t mode,
                                     uint64_t rdev, const Caller& who) {
+  return MakeNode(parent, name, mode, rdev, who, false);
+}
+
+Result<InodeRecord> Store::CreateFile(uint64_t parent, std::string_view name, uint32_t mode,
+                                      const Caller& who, uint64_t* fh, bool* keep_cache) {
+  ASSIGN_OR_RETURN(InodeRecord rec, MakeNode(parent, name, S_IFREG | (mode & 07777), 0, who, true));
+  RETURN_IF_ERROR(Open(rec.ino, false, fh, keep_cache));
+  if (auto f = FindFile(rec.ino)) {
+    std::lock_guard lock(f->mu);
+    f->unborn = true;
+  }
+  return rec;
+}
+
+Result<InodeRecord> Store::MakeNode(uint64_t parent, std::string_view name, uint32_t mode,
+                                    uint64_t rdev, const Caller& who, bool unborn) {
   RETURN_IF_ERROR(CheckName(name));
   std::lock_guard lock(ns_mu_);
   ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
@@ -123,7 +139,11 @@ Result<InodeRecord> Store::MakeNode(uint64_t parent, std::string_view name, uint
   dir.mtime_ns = dir.ctime_ns = rec.ctime_ns;
   RETURN_IF_ERROR(txn.PutInode(dir));
   RETURN_IF_ERROR(txn.PutInode(rec));
-  RETURN_IF_ERROR(QueueTree(txn, rec.ino, ChildPath(txn, parent, name), true));
+  if (unborn) {
+    RETURN_IF_ERROR(txn.AddUnborn(rec.ino));  // published at its first commit or close
+  } else {
+    RETURN_IF_ERROR(QueueTree(txn, rec.ino, ChildPath(txn, parent, name), true));
+  }
   RETURN_IF_ERROR(txn.Commit());
   KickRemote();
   return rec;

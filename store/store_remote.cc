@@ -4,11 +4,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "store/remote_tier.h"
@@ -190,7 +192,30 @@ std::vector<std::string> Components(const std::string& path) {
 
 }  // namespace
 
-Status Store::SyncFromRemote() {
+Status Store::InitialSync(double timeout_s, const SyncProgress& progress) {
+  if (!remote_) return Status::Ok();
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  auto backoff = std::chrono::milliseconds(200);
+  for (int attempt = 1;; ++attempt) {
+    Status st = SyncFromRemote(progress);
+    if (st.ok()) {
+      log_->info("first sync from {} done (attempt {})", backend_->Describe(), attempt);
+      return st;
+    }
+    if (std::chrono::steady_clock::now() + backoff >= deadline) {
+      return Status(st.code(), "the namespace in " + backend_->Describe() +
+                                   " could not be read within " + std::to_string(timeout_s) +
+                                   " s: " + st.message());
+    }
+    log_->warn("first sync from {} (attempt {}): {}; retrying", backend_->Describe(), attempt,
+               st.ToString());
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(5000));
+  }
+}
+
+Status Store::SyncFromRemote(const SyncProgress& progress) {
   if (!remote_) return Status::Ok();
   // One listing of each tree; what changed since the last pass is applied.
   std::map<std::string, std::string> seen;
@@ -204,7 +229,9 @@ Status Store::SyncFromRemote() {
   auto note = [&](const Status& st, const std::string& key) {
     if (!st.ok() && first.ok()) first = Status(st.code(), key + ": " + st.message());
   };
+  size_t done = 0;
   for (const auto& [key, version] : seen) {
+    if (progress && ++done % 256 == 0) progress(done, seen.size());
     auto known = synced_.find(key);
     if (known != synced_.end() && known->second == version) continue;
     if (key.rfind("dirs/", 0) == 0) {

@@ -32,6 +32,10 @@
 namespace ckptfs {
 namespace {
 
+// How the daemon's progress lines start on the start-up pipe (the verdict, "ok" or the error,
+// comes last).
+constexpr std::string_view kProgressPrefix = "progress: ";
+
 constexpr const char* kUsage = R"(usage:
   ckptfs mount MOUNTPOINT [--cache-dir DIR] [--backend URL] [--s3-endpoint URL] [--foreground]
                [--log-level LEVEL] [-o OPT[,OPT...]]
@@ -46,7 +50,8 @@ mount options (-o): ram_cache=SIZE, write_queue=SIZE, write_threads=N, reorder_b
   writeback_cache[=0|1], max_threads=N, max_background=N, max_readahead=SIZE,
   attr_timeout=SECONDS, entry_timeout=SECONDS, chunk_min=SIZE, chunk_avg=SIZE, chunk_max=SIZE,
   tensor_chunking[=0|1], tensor_piece=SIZE, durability=local|remote, cache_size=SIZE,
-  upload_threads=N, remote_timeout=SECONDS, sync_interval=SECONDS, view_rules=FILE,
+  upload_threads=N, remote_timeout=SECONDS, sync_interval=SECONDS, mount_timeout=SECONDS,
+  view_rules=FILE,
   views=hidden|visible;
   any other option goes to FUSE (e.g. ro, allow_other).
 --backend-faults SPEC (tests) injects backend faults, e.g. fail=0.1,seed=7,ops=put+get.
@@ -93,6 +98,7 @@ Status ApplyOption(const std::string& opt, Config& cfg) {
     if (key == "upload_threads") return (cfg.upload_threads = std::stoul(val)), Status::Ok();
     if (key == "remote_timeout") return (cfg.remote_timeout_s = std::stod(val)), Status::Ok();
     if (key == "sync_interval") return (cfg.sync_interval_s = std::stod(val)), Status::Ok();
+    if (key == "mount_timeout") return (cfg.mount_timeout_s = std::stod(val)), Status::Ok();
     if (key == "writeback_cache") return (cfg.writeback_cache = val != "0"), Status::Ok();
     if (key == "max_threads") return (cfg.max_threads = std::stoul(val)), Status::Ok();
     if (key == "max_background") return (cfg.max_background = std::stoul(val)), Status::Ok();
@@ -159,6 +165,13 @@ Status ParseMountArgs(const std::vector<std::string>& args, Config& cfg) {
 }
 
 // Tells the waiting parent how the start went: "ok" or an error message.
+// A line for the waiting `ckptfs mount` to print while the daemon starts (the pipe stays open).
+void Progress(int fd, const std::string& msg) {
+  if (fd < 0) return;
+  const std::string line = std::string(kProgressPrefix) + msg + "\n";
+  [[maybe_unused]] ssize_t n = ::write(fd, line.data(), line.size());
+}
+
 void Report(int fd, const std::string& msg) {
   if (fd < 0) return;
   [[maybe_unused]] ssize_t n = ::write(fd, msg.data(), msg.size());
@@ -216,6 +229,27 @@ int RunDaemon(const Config& cfg, int notify_fd) {
     Report(notify_fd, store.status().ToString());
     if (notify_fd < 0) std::fprintf(stderr, "ckptfs: %s\n", store.status().ToString().c_str());
     return 1;
+  }
+  if (cfg.sync_interval_s > 0) {
+    // Serve only a namespace that holds what the backend held at the start: a job started
+    // right after the mount must not find an empty checkpoint directory.
+    auto last = std::chrono::steady_clock::now();
+    Status synced = (*store)->InitialSync(cfg.mount_timeout_s, [&](size_t done, size_t total) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now - last < std::chrono::seconds(2)) return;
+      last = now;
+      const std::string msg = "first sync from " + cfg.backend + ": " + std::to_string(done) +
+                              " of " + std::to_string(total) + " entries";
+      log->info("{}", msg);
+      Progress(notify_fd, msg);
+    });
+    if (!synced.ok()) {
+      log->error("{}", synced.ToString());
+      Report(notify_fd, synced.ToString());
+      if (notify_fd < 0) std::fprintf(stderr, "ckptfs: %s\n", synced.ToString().c_str());
+      (void)(*store)->Close();
+      return 1;
+    }
   }
   log->info("ckptfs {} serving {} from {}", "0.1.0", cfg.mountpoint, cfg.cache_dir);
   bool reported = false;
@@ -282,6 +316,12 @@ int Mount(const std::vector<std::string>& args) {
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) break;
     msg.append(buf, static_cast<size_t>(n));
+    // Progress lines go to stderr as they come; what is left at the end is the verdict.
+    for (size_t nl; msg.starts_with(kProgressPrefix) && (nl = msg.find('\n')) != std::string::npos;
+         msg.erase(0, nl + 1)) {
+      const std::string line = msg.substr(kProgressPrefix.size(), nl - kProgressPrefix.size());
+      std::fprintf(stderr, "ckptfs: %s\n", line.c_str());
+    }
   }
   ::close(fds[0]);
   if (msg != "ok") {

@@ -209,8 +209,9 @@ def test_kill_dash_nine_keeps_closed_files(make_mount):
     # Files being written when the daemon died hold their last committed version: never torn.
     assert read_file(root / "victim-trunc") == old_trunc
     assert read_file(root / "victim-inplace") == old_inplace
-    if (root / "new-big").exists():  # created (an empty file) but never closed
-        assert os.stat(root / "new-big").st_size == 0
+    # Created but never closed: gone, like its bytes (a loader must not meet an empty file).
+    assert not (root / "new-big").exists()
+    assert "1 new files never closed" in m.log()
     # Nothing the dead writers put on disk is left behind: the tier holds what manifests use.
     s = m.stats()
     assert s["stored_bytes"] == m.chunk_bytes_on_disk()

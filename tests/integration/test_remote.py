@@ -487,3 +487,37 @@ def test_a_missing_bucket_or_wrong_credentials_fail_the_mount(make_mount, rgw, w
 
     err = fails(["--backend", f"file://{workdir}/no-such-dir"], None)
     assert "no-such-dir" in err, err
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("kind", ["s3", "file"])
+def test_a_fresh_mount_serves_the_buckets_namespace_as_mount_returns(make_mount, new_remote,
+                                                                      kind):
+    # A job started right after `ckptfs mount` must find every checkpoint directory: the mount
+    # returns only once its first sync from the bucket is done.
+    remote = new_remote(kind)
+    a = mount_on(make_mount, remote, "a")
+    names = [f"iter_{i:07d}" for i in range(200)]
+    for n in names:
+        (a / n).mkdir()
+        write_file(a / n / "model_optim_rng.pt", n.encode())
+    wait_state([a / n / "model_optim_rng.pt" for n in names])
+    for attempt in range(3):
+        b = mount_on(make_mount, remote, f"fresh{attempt}")
+        assert sorted(os.listdir(b.mnt)) == names  # no wait: as `ckptfs mount` returned
+        assert read_file(b / names[-1] / "model_optim_rng.pt") == names[-1].encode()
+        assert "first sync from" in b.log()
+        b.umount()
+
+
+@pytest.mark.timeout(120)
+def test_a_mount_whose_bucket_cannot_be_listed_fails_with_the_reason(make_mount, new_remote):
+    remote = new_remote("file")
+    a = mount_on(make_mount, remote, "a")
+    write_file(a / "x.pt", b"x")
+    wait_state([a / "x.pt"])
+    b = make_mount(options="mount_timeout=2", name="b", mount=False,
+                   args=backend_args(remote, "fail=1,ops=list"), env=remote.env)
+    p = run(b.mount_command(), check=False, timeout=60)
+    assert p.returncode != 0 and not b.mounted()
+    assert "could not be read within 2" in p.stderr, p.stderr

@@ -325,12 +325,12 @@ TEST_F(MetaStoreTest, Orphans) {
   ASSERT_TRUE(t.AddOrphan(7).ok());
   ASSERT_TRUE(t.AddOrphan(300).ok());  // idempotent
   std::vector<uint64_t> seen;
-  ASSERT_TRUE(t.ForEachOrphan([&](uint64_t ino) { seen.push_back(ino); }).ok());
+  ASSERT_TRUE(t.ForEachOrphan([&](uint64_t ino, bool) { seen.push_back(ino); }).ok());
   EXPECT_EQ(seen, (std::vector<uint64_t>{7, 300}));
   ASSERT_TRUE(t.DelOrphan(7).ok());
   ASSERT_TRUE(t.DelOrphan(8).ok());  // absent: fine
   seen.clear();
-  ASSERT_TRUE(t.ForEachOrphan([&](uint64_t ino) { seen.push_back(ino); }).ok());
+  ASSERT_TRUE(t.ForEachOrphan([&](uint64_t ino, bool) { seen.push_back(ino); }).ok());
   EXPECT_EQ(seen, (std::vector<uint64_t>{300}));
 }
 
@@ -361,7 +361,7 @@ TEST_F(MetaStoreTest, EverythingPersistsAcrossReopen) {
   EXPECT_EQ(*t.GetXattr(50, "user.k"), "v");
   EXPECT_EQ(t.GetChunk(ChunkId{1, 2})->refs, 2u);
   std::vector<uint64_t> orphans;
-  ASSERT_TRUE(t.ForEachOrphan([&](uint64_t ino) { orphans.push_back(ino); }).ok());
+  ASSERT_TRUE(t.ForEachOrphan([&](uint64_t ino, bool) { orphans.push_back(ino); }).ok());
   EXPECT_EQ(orphans, std::vector<uint64_t>{50});
 }
 
