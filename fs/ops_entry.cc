@@ -1,6 +1,7 @@
 // Handlers for names and attributes.
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cerrno>
 
 #include "fs/fs_ops.h"
@@ -160,7 +161,10 @@ void FillStat(const InodeRecord& rec, struct stat* st) {
   st->st_rdev = rec.rdev;
   st->st_size = static_cast<off_t>(rec.size);
   st->st_blksize = 1 << 20;  // invites large I/O: one FUSE request carries up to 1 MiB
-  st->st_blocks = static_cast<blkcnt_t>((rec.size + 511) / 512);
+  // The blocks the file's chunks take (holes take none), so that du and sparse-aware tools see
+  // holes; symlinks and directories count their size.
+  const uint64_t used = S_ISREG(rec.mode) ? std::min(rec.data_bytes, rec.size) : rec.size;
+  st->st_blocks = static_cast<blkcnt_t>((used + 511) / 512);
   st->st_atim = ToTimespec(rec.atime_ns);
   st->st_mtim = ToTimespec(rec.mtime_ns);
   st->st_ctim = ToTimespec(rec.ctime_ns);

@@ -116,20 +116,29 @@ void Fsync(fuse_req_t req, fuse_ino_t ino, int, fuse_file_info* fi) {
   fuse_reply_err(req, 0);
 }
 
-// Mode 0 only (posix_fallocate): grows the file like truncate; bytes are not reserved, since
-// chunks are allocated when written.
+// Mode 0 (posix_fallocate) grows the file like truncate, and KEEP_SIZE alone does nothing: bytes
+// are not reserved, since chunks are allocated when written. PUNCH_HOLE (with KEEP_SIZE) and
+// ZERO_RANGE make the range a hole; ZERO_RANGE without KEEP_SIZE also grows the file.
 void Fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t len,
                fuse_file_info* fi) {
   if (RefuseView(req, ino)) return;
-  if (mode != 0) {
-    fuse_reply_err(req, EOPNOTSUPP);
-    return;
+  constexpr int kKnown = FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE;
+  if ((mode & ~kKnown) != 0) return static_cast<void>(fuse_reply_err(req, EOPNOTSUPP));
+  const bool punch = (mode & FALLOC_FL_PUNCH_HOLE) != 0, zero = (mode & FALLOC_FL_ZERO_RANGE) != 0;
+  const bool keep = (mode & FALLOC_FL_KEEP_SIZE) != 0;
+  if ((punch && !keep) || (punch && zero) || off < 0 || len <= 0) {
+    return static_cast<void>(fuse_reply_err(req, EINVAL));  // as fallocate(2) answers
   }
   Store* store = Ctx(req).store;
+  if (punch || zero) {
+    Status st = store->PunchHole(ino, static_cast<uint64_t>(off), static_cast<uint64_t>(len),
+                                 fi->fh);
+    if (!st.ok()) return ReplyError(req, st, "fallocate", ino);
+  }
   auto rec = store->GetAttr(ino);
   if (!rec.ok()) return ReplyError(req, rec.status(), "fallocate", ino);
   const uint64_t end = static_cast<uint64_t>(off) + static_cast<uint64_t>(len);
-  if (end > rec->size) {
+  if (!keep && end > rec->size) {
     SetAttrRequest r;
     r.size = end;
     auto done = store->SetAttr(ino, r, fi->fh);

@@ -260,6 +260,27 @@ Status FileWriter::Truncate(uint64_t size) {
   return Status::Ok();
 }
 
+Status FileWriter::PunchHole(uint64_t offset, uint64_t len) {
+  if (!error_.ok()) return error_;
+  const uint64_t end = std::min(size_, offset + std::min(len, UINT64_MAX - offset));
+  if (offset >= end) return Status::Ok();
+  Status st = mode_ == Mode::kStaging ? Status::Ok() : ToStaging();
+  if (st.ok() && ::fallocate(staging_fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                             static_cast<off_t>(offset), static_cast<off_t>(end - offset)) != 0) {
+    if (errno != EOPNOTSUPP) {
+      st = Status::FromErrno(errno, "punch a hole in staging file " + staging_path_);
+    } else {  // a cache filesystem without holes: zeros, stored as one deduplicated chunk
+      const auto& zeros = Zeros();
+      for (uint64_t at = offset; st.ok() && at < end; at += kZeroBytes) {
+        const size_t n = static_cast<size_t>(std::min<uint64_t>(kZeroBytes, end - at));
+        st = PwriteAll(staging_fd_, zeros.get(), n, at, staging_path_);
+      }
+    }
+  }
+  if (!st.ok()) return Fail(st);
+  return Status::Ok();
+}
+
 // Cuts the stream back to `size` < manifest_.size(): the extent holding `size` is dropped with
 // everything after it, and its surviving prefix goes back into the buffer.
 Status FileWriter::Rewind(uint64_t size) {

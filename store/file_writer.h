@@ -111,6 +111,10 @@ class FileWriter {
 
   Status Write(uint64_t offset, const uint8_t* data, size_t len);
   Status Truncate(uint64_t size);
+  // Bytes [offset, offset + len) (clipped to the size) read as zeros and become a hole in the
+  // manifest: the file moves to its staging file (holes there stay holes at Finish) and the range
+  // is punched out of it. The size does not change.
+  Status PunchHole(uint64_t offset, uint64_t len);
   // Appends to `out` the bytes [offset, offset+len) clipped to size().
   Status Read(uint64_t offset, size_t len, std::vector<ReadSlice>* out);
   uint64_t size() const { return size_; }

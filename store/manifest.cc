@@ -54,6 +54,12 @@ void Manifest::PopBack() {
   starts_.pop_back();
 }
 
+uint64_t Manifest::DataBytes() const {
+  uint64_t n = 0;
+  for (const Extent& e : extents_) n += e.hole() ? 0 : e.len;
+  return n;
+}
+
 size_t Manifest::Find(uint64_t offset) const {
   if (offset >= size_) return extents_.size();
   auto it = std::upper_bound(starts_.begin(), starts_.end(), offset);

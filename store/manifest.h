@@ -27,6 +27,8 @@ class Manifest {
   void PopBack();
 
   uint64_t size() const { return size_; }
+  // The bytes of the chunk extents: size() less the holes.
+  uint64_t DataBytes() const;
   bool empty() const { return extents_.empty(); }
   const std::vector<Extent>& extents() const { return extents_; }
   // File offset where extent i starts.

@@ -55,18 +55,22 @@ std::string EncodeInode(const InodeRecord& r) {
   for (uint64_t v : {r.ino, uint64_t{r.mode}, uint64_t{r.uid}, uint64_t{r.gid}, uint64_t{r.nlink},
                      r.size, r.rdev, static_cast<uint64_t>(r.atime_ns),
                      static_cast<uint64_t>(r.mtime_ns), static_cast<uint64_t>(r.ctime_ns),
-                     r.next_cookie, r.generation}) {
+                     r.next_cookie, r.generation, r.data_bytes}) {
     PutU64(out, v);
   }
   return out;
 }
 
 Result<InodeRecord> DecodeInode(std::string_view b) {
-  if (b.size() != 1 + 12 * 8 || static_cast<uint8_t>(b[0]) != kInodeVersion) {
+  // 12 fields, or 13 with data_bytes.
+  const size_t fields = b.empty() ? 0 : (b.size() - 1) / 8;
+  if ((fields != 12 && fields != 13) || b.size() != 1 + fields * 8 ||
+      static_cast<uint8_t>(b[0]) != kInodeVersion) {
     return Corrupt("inode record is damaged");
   }
-  uint64_t f[12];
-  for (int i = 0; i < 12; ++i) f[i] = GetU64(b.data() + 1 + 8 * i);
+  uint64_t f[13];
+  for (size_t i = 0; i < fields; ++i) f[i] = GetU64(b.data() + 1 + 8 * i);
+  if (fields == 12) f[12] = f[5];
   InodeRecord r;
   r.ino = f[0];
   r.mode = static_cast<uint32_t>(f[1]);
@@ -80,6 +84,7 @@ Result<InodeRecord> DecodeInode(std::string_view b) {
   r.ctime_ns = static_cast<int64_t>(f[9]);
   r.next_cookie = f[10];
   r.generation = f[11];
+  r.data_bytes = f[12];
   return r;
 }
 

@@ -54,6 +54,9 @@ struct InodeRecord {
   int64_t ctime_ns = 0;
   uint64_t next_cookie = 1;  // directories: the cookie the next entry gets
   uint64_t generation = 0;   // bumped whenever the file's bytes change
+  // Regular files: the bytes of the manifest's chunk extents (holes take none), which st_blocks
+  // reports. Records written before it existed read as `size`.
+  uint64_t data_bytes = 0;
 };
 
 struct DirEntry {

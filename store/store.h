@@ -95,6 +95,10 @@ class Store final : private ChunkSink {
   // A size change through a handle (ftruncate) joins that handle's session; one by path commits
   // at once when nobody has the file open, else with the session that is open.
   Result<InodeRecord> SetAttr(uint64_t ino, const SetAttrRequest& req, uint64_t fh = 0);
+  // fallocate(2) PUNCH_HOLE and ZERO_RANGE: bytes [offset, offset + len) within the size read as
+  // zeros and become a hole in the manifest (no chunk, no st_blocks). Joins handle fh's session,
+  // committed at its close like ftruncate.
+  Status PunchHole(uint64_t ino, uint64_t offset, uint64_t len, uint64_t fh);
   // Creates a file, directory, fifo, socket or device node (by the type bits of mode).
   Result<InodeRecord> MakeNode(uint64_t parent, std::string_view name, uint32_t mode,
                                uint64_t rdev, const Caller& who);

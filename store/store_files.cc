@@ -55,6 +55,7 @@ Store::OverlayState Store::TakeOverlay(uint64_t ino) {
 void Store::ApplyOverlay(const OverlayState& o, InodeRecord* rec) {
   if (!o.dirty) return;
   rec->size = o.size;
+  rec->data_bytes = o.size;  // being written: counted whole until committed
   rec->mtime_ns = rec->ctime_ns = o.mtime_ns;
 }
 
@@ -405,6 +406,7 @@ Status Store::Commit(uint64_t ino, OpenFile& f, bool durable) {
       if (old) RETURN_IF_ERROR(AddManifestRefs(txn, *old, -1, &freed));
       RETURN_IF_ERROR(txn.PutManifest(ino, *finished));
       rec.size = finished->size();
+      rec.data_bytes = finished->DataBytes();
       rec.mtime_ns = rec.ctime_ns = mtime;
       ++rec.generation;
       RETURN_IF_ERROR(txn.PutInode(rec));

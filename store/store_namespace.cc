@@ -102,6 +102,28 @@ Result<InodeRecord> Store::MakeNode(uint64_t parent, std::string_view name, uint
   return MakeNode(parent, name, mode, rdev, who, false);
 }
 
+Status Store::PunchHole(uint64_t ino, uint64_t offset, uint64_t len, uint64_t fh) {
+  {
+    ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
+    ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(ino));
+    if (!S_ISREG(rec.mode)) return Invalid("a hole in a file that is not regular");
+  }
+  auto f = PinFile(ino);
+  WaitDrained(*f);  // after the writes queued before it
+  Status st = [&]() -> Status {
+    std::lock_guard lock(f->mu);
+    RETURN_IF_ERROR(EnsureWriter(ino, *f));
+    RETURN_IF_ERROR(f->writer->PunchHole(offset, len));
+    std::lock_guard q(f->qmu);
+    f->mtime_ns = NowNs();
+    f->dirty = true;
+    if (fh) f->session.insert(fh);
+    return Status::Ok();
+  }();
+  if (UnpinFile(ino)) RETURN_IF_ERROR(ReapIfOrphan(ino));
+  return st;
+}
+
 Result<InodeRecord> Store::CreateFile(uint64_t parent, std::string_view name, uint32_t mode,
                                       const Caller& who, uint64_t* fh, bool* keep_cache) {
   ASSIGN_OR_RETURN(InodeRecord rec, MakeNode(parent, name, S_IFREG | (mode & 07777), 0, who, true));

@@ -405,6 +405,7 @@ Status Store::ApplyRemoteFile(const std::string& path, const FileRecord& r) {
     rec.uid = r.uid;
     rec.gid = r.gid;
     rec.size = r.manifest.size();
+    rec.data_bytes = r.manifest.DataBytes();
     rec.mtime_ns = r.mtime_ns;
     rec.ctime_ns = NowNs();
     ++rec.generation;

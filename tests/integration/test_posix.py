@@ -154,6 +154,66 @@ def test_fallocate_grows(mnt):
     assert read_file(p) == b"abc" + b"\0" * 9997
 
 
+FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_COLLAPSE_RANGE = 0x01, 0x02, 0x08
+FALLOC_FL_ZERO_RANGE = 0x10
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+
+
+def fallocate(fd, mode, off, length):
+    if _libc.fallocate(fd, mode, off, length) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+
+
+def test_fallocate_modes_and_holes(mnt):
+    p = mnt / "holes"
+    data = rand_bytes(8 * MiB, 40)
+    write_file(p, data)
+    fd = os.open(p, os.O_RDWR)
+    try:
+        fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, 32 * MiB)  # preallocation: nothing to see
+        fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 1 * MiB, 4 * MiB)
+        fallocate(fd, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE, 7 * MiB, 4 * MiB)  # past EOF
+        # PUNCH_HOLE needs KEEP_SIZE: the kernel answers EOPNOTSUPP before asking the daemon.
+        expect_errno(errno.EOPNOTSUPP, fallocate, fd, FALLOC_FL_PUNCH_HOLE, 0, MiB)
+        expect_errno(errno.EOPNOTSUPP, fallocate, fd, FALLOC_FL_COLLAPSE_RANGE, 0, MiB)
+    finally:
+        os.close(fd)
+    want = data[:MiB] + b"\0" * (4 * MiB) + data[5 * MiB:7 * MiB] + b"\0" * MiB
+    assert os.stat(p).st_size == 8 * MiB
+    assert read_file(p) == want
+    # The punched and zeroed ranges are holes: only the 3 MiB of data take blocks.
+    used = os.stat(p).st_blocks * 512
+    assert 3 * MiB <= used <= 3 * MiB + 64 * 1024, used
+    # ZERO_RANGE without KEEP_SIZE grows the file.
+    fd = os.open(p, os.O_RDWR)
+    try:
+        fallocate(fd, FALLOC_FL_ZERO_RANGE, 6 * MiB, 4 * MiB)
+    finally:
+        os.close(fd)
+    want = want[:6 * MiB] + b"\0" * (4 * MiB)
+    assert os.stat(p).st_size == 10 * MiB and read_file(p) == want
+    mnt.remount()
+    assert read_file(p) == want
+    assert 2 * MiB <= os.stat(p).st_blocks * 512 <= 2 * MiB + 64 * 1024
+
+
+def test_st_blocks_counts_data_not_holes(mnt):
+    # A 1-byte file truncated to 10 GiB takes one block, as on a local filesystem: du reports
+    # what the file stores, not its length.
+    p = mnt / "sparse"
+    write_file(p, b"x")
+    os.truncate(p, 10 << 30)
+    st = os.stat(p)
+    assert st.st_size == 10 << 30 and st.st_blocks * 512 <= 64 * 1024, st.st_blocks
+    du = subprocess.run(["du", "-k", str(p)], stdout=subprocess.PIPE, text=True, check=True)
+    assert int(du.stdout.split()[0]) <= 64, du.stdout
+    full = mnt / "full"
+    write_file(full, rand_bytes(3 * MiB, 41))
+    assert os.stat(full).st_blocks * 512 >= 3 * MiB
+
+
 def test_fsync_and_fdatasync(mnt):
     p = mnt / "sync"
     data = rand_bytes(2 * MiB, 6)
