@@ -48,6 +48,9 @@ Status Config::Validate() {
   if (write_threads < 1 || write_threads > 64) return Invalid("write_threads must be in 1..64");
   if (write_queue_bytes < max_write_bytes) return Invalid("write queue smaller than one write");
   if (reorder_bytes < max_write_bytes) return Invalid("reorder buffer smaller than one write");
+  if (write_memory_bytes < 2ull * max_write_bytes) {
+    return Invalid("write_memory smaller than two writes");
+  }
   if (attr_timeout_s < 0 || entry_timeout_s < 0) return Invalid("timeouts must be >= 0");
   return Status::Ok();
 }

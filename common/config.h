@@ -43,6 +43,10 @@ struct Config {
   // Writes are acknowledged once queued; this many bytes may wait per file for the chunking
   // workers before a writer blocks (back-pressure).
   uint64_t write_queue_bytes = 32ull << 20;
+  // The daemon-wide bound on written bytes held in memory: half for all files' write queues
+  // (writers wait for room), half for all reorder windows (a window that finds none spills to
+  // its staging file). The per-file bounds above apply within it.
+  uint64_t write_memory_bytes = 256ull << 20;
   // Threads that chunk, hash and store queued writes (each file is handled by one at a time).
   uint32_t write_threads = 2;
   // Chunks read ahead of a sequential reader (0: none), by this many threads.

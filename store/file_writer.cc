@@ -67,10 +67,12 @@ Status ReadManifest(const Manifest& m, uint64_t offset, uint64_t len,
 }
 
 FileWriter::FileWriter(Manifest base, ChunkSink* sink, const ChunkingOptions& chunking,
-                       uint64_t reorder_limit, Metrics* metrics, PayloadScannerFactory scanners)
+                       uint64_t reorder_limit, Metrics* metrics, PayloadScannerFactory scanners,
+                       MemoryBudget* reorder_budget)
     : sink_(sink),
       metrics_(metrics),
       reorder_limit_(reorder_limit),
+      reorder_budget_(reorder_budget),
       chunker_(chunking),
       piece_bytes_(chunking.piece_bytes ? chunking.piece_bytes : chunking.max_bytes),
       scanners_(chunking.tensor_boundaries ? std::move(scanners) : nullptr),
@@ -80,6 +82,7 @@ FileWriter::FileWriter(Manifest base, ChunkSink* sink, const ChunkingOptions& ch
 }
 
 FileWriter::~FileWriter() {
+  ReleasePending(pending_bytes_);
   if (staging_fd_ >= 0) {
     ::close(staging_fd_);
     ::unlink(staging_path_.c_str());
@@ -123,6 +126,11 @@ Status FileWriter::StreamWrite(uint64_t offset, const uint8_t* data, size_t len)
       RETURN_IF_ERROR(ToStaging());
       return PwriteAll(staging_fd_, data, len, offset, staging_path_);
     }
+    if (reorder_budget_ && !reorder_budget_->TryTake(len)) {
+      // The daemon's reorder memory is spent (many files written out of order at once).
+      RETURN_IF_ERROR(ToStaging());
+      return PwriteAll(staging_fd_, data, len, offset, staging_path_);
+    }
     pending_.emplace(offset, std::vector<uint8_t>(data, data + len));
     pending_bytes_ += len;
     if (pending_bytes_ > reorder_limit_) return ToStaging();
@@ -160,7 +168,7 @@ bool FileWriter::OverlapsPending(uint64_t begin, uint64_t end) const {
 Status FileWriter::DrainPending() {
   while (!pending_.empty() && pending_.begin()->first == stream_end()) {
     auto node = pending_.extract(pending_.begin());
-    pending_bytes_ -= node.mapped().size();
+    ReleasePending(node.mapped().size());
     Scan(node.mapped().data(), node.mapped().size());
     buf_.Append(node.mapped().data(), node.mapped().size());
     RETURN_IF_ERROR(CutChunks(false));
@@ -235,19 +243,19 @@ Status FileWriter::Truncate(uint64_t size) {
     // Growing (a hole filled at commit), or cutting into the reorder window only.
     for (auto it = pending_.begin(); it != pending_.end();) {
       if (it->first >= size) {
-        pending_bytes_ -= it->second.size();
+        ReleasePending(it->second.size());
         it = pending_.erase(it);
         continue;
       }
       if (it->first + it->second.size() > size) {
-        pending_bytes_ -= it->first + it->second.size() - size;
+        ReleasePending(it->first + it->second.size() - size);
         it->second.resize(size - it->first);
       }
       ++it;
     }
   } else {
     pending_.clear();
-    pending_bytes_ = 0;
+    ReleasePending(pending_bytes_);
     scanner_.reset();
     st = size >= manifest_.size() ? Status::Ok() : Rewind(size);
     if (st.ok()) {
@@ -326,7 +334,7 @@ Status FileWriter::ToStaging() {
   manifest_ = Manifest();
   buf_.Release();
   pending_.clear();
-  pending_bytes_ = 0;
+  ReleasePending(pending_bytes_);
   return Status::Ok();
 }
 
@@ -400,6 +408,7 @@ Result<Manifest> FileWriter::Finish() {
     if (!st.ok()) break;
   }
   pending_.clear();
+  ReleasePending(pending_bytes_);
   if (st.ok()) st = CutChunks(true);
   if (!st.ok()) return Fail(st);
   manifest_.AppendHole(size_ - manifest_.size());

@@ -25,6 +25,7 @@
 #include "common/payload_scanner.h"
 #include "store/chunker.h"
 #include "store/manifest.h"
+#include "store/memory_budget.h"
 
 namespace ckptfs {
 
@@ -103,8 +104,11 @@ class FileWriter {
   // Starts from the committed bytes `base` (the file's manifest; empty for a new file). `scanners`
   // (may be empty) makes the payload scanner of a file written from its first byte, so chunks are
   // cut at tensor boundaries; other files are chunked by content alone.
+  // `reorder_budget` (may be null): the daemon-wide memory out-of-order writes may hold; a write
+  // that finds it spent moves the file to its staging file, as one past reorder_limit does.
   FileWriter(Manifest base, ChunkSink* sink, const ChunkingOptions& chunking,
-             uint64_t reorder_limit, Metrics* metrics, PayloadScannerFactory scanners = {});
+             uint64_t reorder_limit, Metrics* metrics, PayloadScannerFactory scanners = {},
+             MemoryBudget* reorder_budget = nullptr);
   ~FileWriter();
   FileWriter(const FileWriter&) = delete;
   FileWriter& operator=(const FileWriter&) = delete;
@@ -154,6 +158,12 @@ class FileWriter {
   ChunkSink* const sink_;
   Metrics* const metrics_;
   const uint64_t reorder_limit_;
+  MemoryBudget* const reorder_budget_;
+  // pending_bytes_ less n, and n back to the budget.
+  void ReleasePending(uint64_t n) {
+    pending_bytes_ -= n;
+    if (reorder_budget_) reorder_budget_->Release(n);
+  }
   Chunker chunker_;
   const uint32_t piece_bytes_;
   const PayloadScannerFactory scanners_;

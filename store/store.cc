@@ -121,6 +121,8 @@ Store::Store(Config cfg, std::unique_ptr<IoEngine> engine, std::unique_ptr<Chunk
       cache_(std::move(cache)),
       meta_(std::move(meta)),
       lock_fd_(lock_fd),
+      queue_budget_(cfg_.write_memory_bytes / 2),
+      reorder_budget_(cfg_.write_memory_bytes / 2),
       read_pool_(std::make_unique<ThreadPool>(cfg_.read_threads)),
       write_pool_(std::make_unique<ThreadPool>(cfg_.write_threads)) {}
 

@@ -380,6 +380,11 @@ class Store final : private ChunkSink {
 
   std::mutex ns_mu_;
   std::mutex files_mu_;
+  // write_memory: half for every file's queued writes (Write waits for room), half for every
+  // reorder window (FileWriter spills to staging when it finds none). Declared before the open
+  // files and the pools, so they outlive every writer and task that uses them.
+  MemoryBudget queue_budget_;
+  MemoryBudget reorder_budget_;
   std::unordered_map<uint64_t, std::shared_ptr<OpenFile>> files_;  // guarded by files_mu_
   std::mutex holds_mu_;
   std::unordered_map<ChunkId, uint32_t, ChunkIdHash> holds_;  // guarded by holds_mu_

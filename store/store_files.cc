@@ -151,7 +151,7 @@ Status Store::EnsureWriter(uint64_t ino, OpenFile& f) {
   }
   f.writer = std::make_unique<FileWriter>(std::move(base), static_cast<ChunkSink*>(this),
                                           cfg_.chunking, cfg_.reorder_bytes, &metrics_,
-                                          scanners_);
+                                          scanners_, &reorder_budget_);
   return Status::Ok();
 }
 
@@ -159,6 +159,17 @@ Status Store::Write(uint64_t ino, uint64_t offset, const uint8_t* data, size_t l
                     uint64_t fh) {
   auto f = FindFile(ino);
   if (!f) return Internal("write to inode " + std::to_string(ino) + " that is not open");
+  // Daemon-wide back-pressure first (not under the file's lock: its queue must keep draining).
+  queue_budget_.Take(len);
+  bool queued = false;
+  struct Undo {
+    MemoryBudget& b;
+    size_t n;
+    const bool& done;
+    ~Undo() {
+      if (!done) b.Release(n);
+    }
+  } undo{queue_budget_, len, queued};
   std::unique_lock q(f->qmu);
   // Back-pressure: wait for room, but a write larger than the whole queue still goes in alone.
   f->qcv.wait(q, [&] {
@@ -174,6 +185,7 @@ Status Store::Write(uint64_t ino, uint64_t offset, const uint8_t* data, size_t l
   QueuedWrite w{offset, std::unique_ptr<uint8_t[]>(new uint8_t[len]), len};
   std::memcpy(w.data.get(), data, len);
   f->queue.push_back(std::move(w));
+  queued = true;  // Drain gives the budget back
   f->queued_bytes += len;
   if (fh) f->session.insert(fh);
   if (!f->dirty) f->size = f->committed_size;  // a new session starts from the committed bytes
@@ -260,6 +272,7 @@ void Store::Drain(uint64_t ino, const std::shared_ptr<OpenFile>& f) {
       if (st.ok()) st = f->writer->Write(w.offset, w.data.get(), w.len);
     }
     unstored_bytes_ -= w.len;
+    queue_budget_.Release(w.len);
     std::lock_guard q(f->qmu);
     f->queued_bytes -= w.len;
     if (!st.ok() && f->async_error.ok()) f->async_error = st;

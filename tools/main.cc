@@ -45,7 +45,8 @@ constexpr const char* kUsage = R"(usage:
   ckptfs inspect ROOT --view SPEC
   ckptfs prefetch PATH [--wait]
 
-mount options (-o): ram_cache=SIZE, write_queue=SIZE, write_threads=N, reorder_buffer=SIZE,
+mount options (-o): ram_cache=SIZE, write_queue=SIZE, write_memory=SIZE, write_threads=N,
+  reorder_buffer=SIZE,
   readahead_chunks=N, read_threads=N, io_engine=uring|pread,
   writeback_cache[=0|1], max_threads=N, max_background=N, max_readahead=SIZE,
   attr_timeout=SECONDS, entry_timeout=SECONDS, chunk_min=SIZE, chunk_avg=SIZE, chunk_max=SIZE,
@@ -78,6 +79,7 @@ Status ApplyOption(const std::string& opt, Config& cfg) {
     if (key == "ram_cache") return size(cfg.ram_cache_bytes);
     if (key == "reorder_buffer") return size(cfg.reorder_bytes);
     if (key == "write_queue") return size(cfg.write_queue_bytes);
+    if (key == "write_memory") return size(cfg.write_memory_bytes);
     if (key == "write_threads") return (cfg.write_threads = std::stoul(val)), Status::Ok();
     if (key == "readahead_chunks") return (cfg.readahead_chunks = std::stoul(val)), Status::Ok();
     if (key == "read_threads") return (cfg.read_threads = std::stoul(val)), Status::Ok();
