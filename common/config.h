@@ -70,6 +70,7 @@ struct Config {
   std::string backend;
   std::string s3_endpoint;  // empty: $AWS_ENDPOINT_URL
   std::string backend_faults;  // tests (--backend-faults): faults injected around the backend
+  std::string cache_faults;    // tests (--cache-faults): chunk reads/writes that fail (cache/fault_io_engine.h)
   // "local": close and fsync make a file durable on the local tier; uploads follow behind.
   // "remote": fsync also waits until the backend holds the file.
   std::string durability = "local";

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <map>
 
+#include "cache/fault_io_engine.h"
 #include "store/remote_tier.h"
 
 namespace ckptfs {
@@ -80,6 +81,12 @@ Result<std::unique_ptr<Store>> Store::Open(const Config& cfg, PayloadScannerFact
   io.kind = cfg.io_engine;
   auto engine = MakeIoEngine(io);
   if (!engine.ok()) return fail(engine.status());
+  if (!cfg.cache_faults.empty()) {
+    auto spec = CacheFaultSpec::Parse(cfg.cache_faults);
+    if (!spec.ok()) return fail(spec.status());
+    GetLogger("store")->warn("injecting cache disk faults: {}", spec->ToString());
+    *engine = std::make_unique<FaultIoEngine>(std::move(*engine), *spec);
+  }
   auto meta = MetaStore::Open(dir + "/meta", kMetaMapBytes);
   if (!meta.ok()) return fail(meta.status());
   std::unique_ptr<Store> s(new Store(cfg, std::move(*engine), nullptr, std::move(*meta), lock_fd));

@@ -56,6 +56,7 @@ mount options (-o): ram_cache=SIZE, write_queue=SIZE, write_memory=SIZE, write_t
   views=hidden|visible;
   any other option goes to FUSE (e.g. ro, allow_other).
 --backend-faults SPEC (tests) injects backend faults, e.g. fail=0.1,seed=7,ops=put+get.
+--cache-faults SPEC (tests) fails chunk file I/O, e.g. ops=write,error=enospc,after=8M,count=10.
 --backend: file:///PATH or s3://BUCKET[/PREFIX] (endpoint: --s3-endpoint or AWS_ENDPOINT_URL;
   credentials and region: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION
   or ~/.aws/credentials).
@@ -131,6 +132,8 @@ Status ParseMountArgs(const std::vector<std::string>& args, Config& cfg) {
       ASSIGN_OR_RETURN(cfg.s3_endpoint, next());
     } else if (a == "--backend-faults") {  // tests; its own flag: a spec has commas
       ASSIGN_OR_RETURN(cfg.backend_faults, next());
+    } else if (a == "--cache-faults") {  // tests
+      ASSIGN_OR_RETURN(cfg.cache_faults, next());
     } else if (a == "--log-level") {
       ASSIGN_OR_RETURN(cfg.log_level, next());
     } else if (a == "-o") {

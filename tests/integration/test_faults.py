@@ -213,3 +213,58 @@ def test_corrupt_chunk_reads_fail_with_eio(make_mount):
     assert read_file(root / "victim") == victim
     m.remount()
     assert read_file(root / "victim") == victim
+
+
+# --- a failing cache disk (--cache-faults: chunk file reads or writes fail on command) ---
+
+def remount_with(m, faults):
+    m.umount()
+    m.args = ["--cache-faults", faults] if faults else []
+    m.mount()
+
+
+@pytest.mark.timeout(180)
+def test_chunk_read_errors_fail_reads_with_eio_and_lose_nothing(make_mount):
+    m = make_mount()
+    files = {f"f{i}": rand_bytes((i + 1) * 3 * MiB, 20 + i) for i in range(3)}
+    for name, data in files.items():
+        write_file(m / name, data)
+    remount_with(m, "ops=read,error=eio")  # a fresh daemon: nothing in its RAM tier
+    expect_errno(errno.EIO, read_file, m / "f1")
+    assert "reading chunk" in m.log() and "injected cache disk fault" in m.log()
+    # The daemon stays up and keeps serving what does not need the disk's reads.
+    write_file(m / "new", b"written while reads fail")
+    assert sorted(os.listdir(m.mnt)) == sorted([*files, "new"])
+    # A read error is no corruption: nothing was moved aside, and with a healthy disk again
+    # every byte is there.
+    assert not os.listdir(m.cache / "chunks" / "corrupt")
+    remount_with(m, None)
+    for name, data in files.items():
+        assert read_file(m / name) == data, name
+    assert read_file(m / "new") == b"written while reads fail"
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("error", ["eio", "enospc"])
+def test_chunk_write_errors_mid_save_keep_the_previous_version(make_mount, error):
+    m = make_mount()
+    old = rand_bytes(6 * MiB, 30)
+    write_file(m / "ckpt.pt", old)
+    other = rand_bytes(2 * MiB, 31)
+    write_file(m / "other.pt", other)
+    # The disk starts failing 8 MiB into the next save.
+    remount_with(m, f"ops=write,error={error},after=8M")
+    err = write_until_error(m / "ckpt.pt", 64 * MiB, 32)
+    assert err is not None and err.errno == (errno.EIO if error == "eio" else errno.ENOSPC), err
+    assert "writing chunk" in m.log() and "keeps its previously committed bytes" in m.log()
+    # Nothing committed is lost, and the daemon serves on.
+    assert read_file(m / "ckpt.pt") == old
+    assert read_file(m / "other.pt") == other
+    remount_with(m, None)  # a healthy disk: a later mount is clean
+    assert "recovered from an unclean stop" not in m.log()
+    assert read_file(m / "ckpt.pt") == old
+    new = rand_bytes(12 * MiB, 33)
+    write_file(m / "ckpt.pt", new)
+    assert read_file(m / "ckpt.pt") == new
+    s = m.stats()
+    assert s["stored_bytes"] == m.chunk_bytes_on_disk()
