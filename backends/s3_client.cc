@@ -66,7 +66,10 @@ S3Client::S3Client(S3ClientConfig config, std::unique_ptr<HttpClient> http)
       log_(GetLogger("backends")) {
   int default_port = config_.scheme == "https" ? 443 : 80;
   std::string host = config_.path_style ? config_.host : config_.bucket + "." + config_.host;
-  if (config_.port != 0 && config_.port != default_port) host += ":" + std::to_string(config_.port);
+  // append, not `":" + ...`: GCC 12 at -O3 warns (-Wrestrict) inside that operator+.
+  if (config_.port != 0 && config_.port != default_port) {
+    host.append(":").append(std::to_string(config_.port));
+  }
   host_header_ = host;
   base_url_ = config_.scheme + "://" + host;
   // The secret stays in the signer only.
@@ -91,7 +94,7 @@ Status S3Client::Send(const S3Call& call, HttpResponse* resp) {
   HttpRequest hreq;
   hreq.method = call.method;
   hreq.url = base_url_ + EncodePath(sreq.path);
-  if (!call.query.empty()) hreq.url += "?" + CanonicalQuery(call.query);
+  if (!call.query.empty()) hreq.url.append("?").append(CanonicalQuery(call.query));
   hreq.body = call.body;
   hreq.body_len = call.body_len;
   hreq.sink = call.sink;

@@ -13,7 +13,7 @@ seconds=${FUZZ_SECONDS:-30}
 build=build-fuzz
 
 cmake -S . -B "$build" -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
-  -DCKPTFS_FUZZ=ON -DCKPTFS_BUILD_TESTS=OFF -DCKPTFS_SANITIZE= >/dev/null
+  -DCKPTFS_FUZZ=ON -DCKPTFS_BUILD_TESTS=OFF -DCKPTFS_WERROR=ON -DCKPTFS_SANITIZE= >/dev/null
 ninja -C "$build" ckptfs_fuzz_all >/dev/null
 
 failed=0

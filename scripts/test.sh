@@ -10,7 +10,7 @@ bash scripts/install-deps.sh
 jobs=$(nproc)
 configure() {
   cmake -S . -B "$1" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPTFS_BUILD_TESTS=ON \
-    -DCKPTFS_SANITIZE="$2" "${@:3}" >/dev/null
+    -DCKPTFS_WERROR=ON -DCKPTFS_SANITIZE="$2" "${@:3}" >/dev/null
 }
 echo "== build the unit tests (sanitizers: address,undefined)"
 # -O1 with line tables: the level ASan documents, and a quarter of -O2 -g's compile time here
@@ -23,11 +23,11 @@ echo "== unit tests under ASan/UBSan"
    ctest --output-on-failure -j "$jobs" -E '^integration$')
 echo "== build ckptfs and libckptfs_gpu.so (optimized)"
 configure build ""
-ninja -C build ckptfs ckptfs_gpu
+ninja -C build ckptfs ckptfs_gpu ckptfs_lmdb_fault_shim
 if command -v hipcc >/dev/null; then
   echo "== build libckptfs_gpu.so with HIP (compiles the device path; running it needs a GPU)"
   cmake -S . -B build-hip -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPTFS_BUILD_TESTS=OFF \
-    -DCKPTFS_WITH_HIP=ON >/dev/null
+    -DCKPTFS_WITH_HIP=ON -DCKPTFS_WERROR=ON >/dev/null
   ninja -C build-hip ckptfs_gpu
 fi
 echo "== fuzz every parser for a bounded time (libFuzzer, clang, ASan)"

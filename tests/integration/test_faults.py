@@ -1,14 +1,17 @@
-# Faults of the local tier: a full cache disk (ENOSPC) and a corrupted chunk file (EIO).
+# Faults of the local tier: a full cache disk (ENOSPC), a corrupted chunk file (EIO), and a
+# failing cache disk: chunk file reads or writes (--cache-faults) and LMDB writes (an LD_PRELOAD
+# shim, tests/store/lmdb_fault_shim.c) that fail.
 import errno
 import os
 import random
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import expect_errno, read_file, run, wait_for, write_file
+from conftest import REPO_ROOT, expect_errno, read_file, run, wait_for, write_file
 
 MiB = 1 << 20
 
@@ -266,5 +269,43 @@ def test_chunk_write_errors_mid_save_keep_the_previous_version(make_mount, error
     new = rand_bytes(12 * MiB, 33)
     write_file(m / "ckpt.pt", new)
     assert read_file(m / "ckpt.pt") == new
+    s = m.stats()
+    assert s["stored_bytes"] == m.chunk_bytes_on_disk()
+
+
+def lmdb_fault_shim():
+    """The LD_PRELOAD shim that fails LMDB's data file writes while a trigger file exists."""
+    env = os.environ.get("CKPTFS_LMDB_FAULT_SHIM")
+    shim = Path(env) if env else REPO_ROOT / "build" / "tests" / "libckptfs_lmdb_fault_shim.so"
+    assert shim.is_file(), f"{shim} is missing: build the ckptfs_lmdb_fault_shim target"
+    return shim
+
+
+@pytest.mark.timeout(180)
+def test_metadata_write_errors_fail_the_commit_and_lose_nothing(make_mount, workdir):
+    trigger = workdir / "lmdb-fails"
+    m = make_mount(env={"LD_PRELOAD": str(lmdb_fault_shim()),
+                        "CKPTFS_TEST_LMDB_FAULT": str(trigger)})
+    old = rand_bytes(5 * MiB, 50)
+    write_file(m / "ckpt.pt", old)
+    other = rand_bytes(MiB, 51)
+    write_file(m / "other.pt", other)
+    trigger.touch()  # the disk under the metadata starts failing
+    new = rand_bytes(7 * MiB, 52)
+    err = None
+    try:
+        write_file(m / "ckpt.pt", new)
+    except OSError as e:
+        err = e
+    assert err is not None and err.errno == errno.EIO, err
+    assert "could not be committed" in m.log()
+    # Nothing committed is lost; the daemon is up and reads on.
+    assert read_file(m / "ckpt.pt") == old
+    assert read_file(m / "other.pt") == other
+    trigger.unlink()  # healthy again: commits work, and a later mount is clean
+    write_file(m / "ckpt.pt", new)
+    m.remount()
+    assert read_file(m / "ckpt.pt") == new
+    assert read_file(m / "other.pt") == other
     s = m.stats()
     assert s["stored_bytes"] == m.chunk_bytes_on_disk()
