@@ -10,7 +10,9 @@
 #   CKPTFS_TEST_RGW_DIR  a radosgw already started there with scripts/rgw.sh: the `rgw` fixture uses
 #                    it (and leaves it running) instead of starting one for the session
 import errno
+import hashlib
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -321,6 +323,16 @@ def write_file(path, data, fsync=False):
 def read_file(path):
     with open(path, "rb") as f:
         return f.read()
+
+
+def spec_sha(spec):
+    """The SHA-256 of the bytes the crash and power-loss workloads write for "SEED:SIZE":
+    random.Random(SEED).randbytes, 1 MiB at a time, SIZE bytes in all."""
+    dseed, size = map(int, spec.split(":"))
+    r, h = random.Random(dseed), hashlib.sha256()
+    for at in range(0, size, 1 << 20):
+        h.update(r.randbytes(min(1 << 20, size - at)))
+    return h.hexdigest()
 
 
 def check_reads_are_stable(path):

@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from conftest import read_file, wait_for
+from conftest import read_file, spec_sha, wait_for
 
 KILLS = int(os.environ.get("CKPTFS_CRASH_KILLS", "25"))
 SEED = int(os.environ.get("CKPTFS_CRASH_SEED", "20261126"))
@@ -83,15 +83,6 @@ while True:
         os.unlink(os.path.join(root, path))
         note(f"end unlink {path} -")
 """
-
-
-def spec_sha(spec):
-    """The SHA-256 of the bytes the worker writes for `spec` ("SEED:SIZE")."""
-    dseed, size = map(int, spec.split(":"))
-    r, h = random.Random(dseed), hashlib.sha256()
-    for at in range(0, size, MiB):
-        h.update(r.randbytes(min(MiB, size - at)))
-    return h.hexdigest()
 
 
 def replay(journal):

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run
+from conftest import run, spec_sha
 
 ROUNDS = int(os.environ.get("CKPTFS_POWER_LOSS_ROUNDS", "4"))
 SEED = int(os.environ.get("CKPTFS_POWER_LOSS_SEED", "7011"))
@@ -52,14 +52,6 @@ while True:
     os.close(fd)
     os.write(j, f"done {path} {h.hexdigest()} {int(sync)}\n".encode())
 """
-
-
-def spec_sha(spec):
-    dseed, size = map(int, spec.split(":"))
-    r, h = random.Random(dseed), hashlib.sha256()
-    for at in range(0, size, MiB):
-        h.update(r.randbytes(min(MiB, size - at)))
-    return h.hexdigest()
 
 
 class LoopDisk:
