@@ -13,6 +13,7 @@ scripts/rgw.sh), every figure a ratio measured in this run:
                               same bytes. Higher is better (throughput ratio).
 
 Usage: /usr/bin/python3 bench/bench_remote.py [--gib 2] [--dir /var/tmp/ckptfs-remote]
+                                             [--cold-options OPT,OPT]
 radosgw stores on bluestore in a sparse file under --dir (RGW_STORE=memstore keeps it in RAM).
 """
 import argparse
@@ -64,6 +65,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--gib", type=float, default=2.0)
     ap.add_argument("--dir", default="/var/tmp/ckptfs-remote")
+    ap.add_argument("--cold-options", default="",
+                    help="-o options of the cold-load mount (e.g. readahead_chunks=64)")
     ap.add_argument("--bin", default=os.environ.get("CKPTFS_BIN",
                                                     os.path.join(ROOT, "build/tools/ckptfs")))
     args = ap.parse_args()
@@ -119,7 +122,7 @@ def main():
         boto_up = time.perf_counter() - t0
 
         # Cold load: a fresh mount, empty cache, the file known only from the bucket.
-        b = mount("b")
+        b = mount("b", *([args.cold_options] if args.cold_options else []))
         path_b = os.path.join(b, "model.pt")
         t_wait = time.perf_counter()
         while not os.path.exists(path_b):
@@ -136,9 +139,26 @@ def main():
         drop_caches()
         t0 = time.perf_counter()
         s3.download_file("bench", "plain/model.pt", plain, Config=xfer)
+        download_only = time.perf_counter() - t0
         loaded = torch.load(plain)
         download_load = time.perf_counter() - t0
         assert all(torch.equal(loaded[k], sd[k]) for k in sd)
+        del loaded
+
+        # Where the cold load's time goes: the fetch alone (ckptfs prefetch --wait on another
+        # fresh mount), then torch.load from the local tier with the page cache dropped.
+        d = mount("d", *([args.cold_options] if args.cold_options else []))
+        path_d = os.path.join(d, "model.pt")
+        while not os.path.exists(path_d):
+            time.sleep(0.05)
+        t0 = time.perf_counter()
+        sh(args.bin, "prefetch", path_d, "--wait", stdout=subprocess.DEVNULL,
+           stderr=subprocess.DEVNULL)
+        fetch_only = time.perf_counter() - t0
+        drop_caches()
+        t0 = time.perf_counter()
+        loaded = torch.load(path_d)
+        local_load = time.perf_counter() - t0
         del loaded
 
         # Save with durability=remote (fsync waits for the upload) on a third mount.
@@ -156,6 +176,9 @@ def main():
         print(f"checkpoint {mib:.0f} MiB, radosgw on 127.0.0.1")
         print(f"cold-load  mount/download = {mount_load / download_load:.2f}   "
               f"(mount {mount_load:.1f} s, download+load {download_load:.1f} s)   goal <= 0.6")
+        print(f"  of which fetch   prefetch/download = {fetch_only / download_only:.2f}   "
+              f"(ckptfs prefetch --wait {fetch_only:.1f} s, boto3 download {download_only:.1f} s); "
+              f"torch.load from the local tier {local_load:.1f} s")
         print(f"save       remote/local   = {remote_save / local_save:.2f}   "
               f"(durability=local {local_save:.1f} s, remote {remote_save:.1f} s)")
         print(f"upload     ckptfs/boto3   = {(mib / upload) / (mib / boto_up):.2f}   "
