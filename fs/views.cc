@@ -236,6 +236,7 @@ Result<InodeRecord> ViewTree::Attr(const Node& n) {
     r.mode = S_IFREG | 0444;
     r.nlink = 1;
     r.size = n.body->file.recipe.size();
+    r.data_bytes = r.size;  // no holes: st_blocks counts every byte (du, sparse-aware copies)
   } else {
     r.mode = S_IFDIR | 0555;
     r.nlink = 2;

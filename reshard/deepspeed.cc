@@ -234,8 +234,9 @@ Status Checkpoint::DecodeOptim(TpRank* tr, uint32_t d) {
     return Invalid(where + " is a ZeRO stage 3 optimizer file, but the tag holds no stage 3 "
                    "model-states files (zero_pp_rank_D_mp_rank_TT_model_states.pt)");
   }
-  // BF16_Optimizer.state_dict writes no zero_stage; DeepSpeedZeroOptimizer always does.
-  const bool bf16_opt = stage == nullptr;
+  // BF16_Optimizer.state_dict writes neither zero_stage nor a loss scaler; DeepSpeedZeroOptimizer
+  // always writes its loss scaler (and zero_stage since long ago).
+  const bool bf16_opt = stage == nullptr && Get(o.osd, "loss_scaler") == nullptr;
   if (!bf16_optimizer) bf16_optimizer = bf16_opt;
   if (*bf16_optimizer != bf16_opt) {
     return Invalid(where + (bf16_opt ? " has no zero_stage (a BF16_Optimizer file)"

@@ -543,6 +543,11 @@ Status MetaStore::Txn::AddUnborn(uint64_t ino) {
   return Put(store_->orphans_, InoKey(ino), kUnbornMark);
 }
 
+Result<bool> MetaStore::Txn::IsUnborn(uint64_t ino) {
+  ASSIGN_OR_RETURN(auto v, Get(store_->orphans_, InoKey(ino)));
+  return v && *v == kUnbornMark;
+}
+
 Status MetaStore::Txn::ClearUnborn(uint64_t ino) {
   ASSIGN_OR_RETURN(auto v, Get(store_->orphans_, InoKey(ino)));
   if (!v || *v != kUnbornMark) return Status::Ok();

@@ -156,6 +156,7 @@ class MetaStore {
     Status AddUnborn(uint64_t ino);
     // Forgets ino's "new" mark; an orphan mark ("" : unlinked while open) stays.
     Status ClearUnborn(uint64_t ino);
+    Result<bool> IsUnborn(uint64_t ino);
     // fn(ino, unborn): every mark, orphans and new files.
     Status ForEachOrphan(const std::function<void(uint64_t, bool)>& fn);
 

@@ -219,6 +219,10 @@ Status RemoteTier::PublishFile(uint64_t ino) {
     if (mm) m = std::move(*mm);
     ASSIGN_OR_RETURN(uint64_t published, txn.GetPublished(ino));
     if (published >= rec.generation && rec.generation > 0) return Status::Ok();
+    // Made by create(2) and not yet committed or closed: its commit or close publishes it (a
+    // crash before then removes it, which an uploaded record would undo on the next sync).
+    ASSIGN_OR_RETURN(bool unborn, txn.IsUnborn(ino));
+    if (unborn) return Status::Ok();
   }
   RETURN_IF_ERROR(UploadChunks(m));
   FileRecord fr;
@@ -237,7 +241,14 @@ Status RemoteTier::PublishFile(uint64_t ino) {
   // the rename dropped the published mark and queued a publish under the new name, which this
   // mark would make it skip.
   auto now = txn.PathOf(ino);
-  if (!now.ok() || *now != path) return Status::Ok();
+  if (!now.ok()) return Status::Ok();  // unlinked since
+  if (*now != path) {
+    // Linked or renamed elsewhere: publish again under the name it has now.
+    RETURN_IF_ERROR(txn.QueueRemoteOp(remote_op::PublishFile(ino)).status());
+    RETURN_IF_ERROR(txn.Commit());
+    Kick();
+    return Status::Ok();
+  }
   ASSIGN_OR_RETURN(uint64_t published, txn.GetPublished(ino));
   if (published < rec.generation) RETURN_IF_ERROR(txn.PutPublished(ino, rec.generation));
   return txn.Commit();

@@ -168,8 +168,12 @@ Status Store::Recover(bool clean) {
   for (const auto& [ino, unborn] : orphans) {
     auto rec = txn.GetInode(ino);
     if (rec.ok() && unborn) {
-      ++unborn_files;
-      RETURN_IF_ERROR(RemoveUnborn(txn, *rec, &freed));
+      // Only a file never committed (generation 0) is removed; one with committed bytes keeps
+      // them, whatever mark is left (a commit clears it, so none should be).
+      if (rec->generation == 0) {
+        ++unborn_files;
+        RETURN_IF_ERROR(RemoveUnborn(txn, *rec, &freed));
+      }
     } else if (rec.ok()) {
       RETURN_IF_ERROR(DeleteInode(txn, *rec, &freed));
     }

@@ -184,11 +184,15 @@ class Store final : private ChunkSink {
   // `progress`, when given, is told (entries applied or found current, entries listed) as the
   // pass goes, at most every 256 entries.
   using SyncProgress = std::function<void(size_t done, size_t total)>;
-  Status SyncFromRemote(const SyncProgress& progress = nullptr);
+  // `listed` (optional) tells whether the backend's listing succeeded: the errors returned then
+  // are of single entries.
+  Status SyncFromRemote(const SyncProgress& progress = nullptr, bool* listed = nullptr);
   // The first pass, before the mount serves: retried with backoff until it succeeds or
   // `timeout_s` has passed, so that a mount never serves a namespace that does not yet hold what
   // the backend held when it started (a job would find an empty checkpoint directory and start
-  // from scratch). Ok at once without a backend. Errors: the last pass's, naming the backend.
+  // from scratch). Ok at once without a backend. Entries that cannot be applied for good (a
+  // name that is no file name, ...) are logged and do not hold the mount; a listing or a record
+  // that cannot be read is retried. Errors: the last pass's, naming the backend.
   Status InitialSync(double timeout_s, const SyncProgress& progress);
   // Starts the thread that runs SyncFromRemote every sync_interval (after SetChangeListener);
   // Close stops it.
@@ -262,6 +266,7 @@ class Store final : private ChunkSink {
     Status async_error;                            // guarded by qmu: sticky until reported
     std::unordered_set<uint64_t> session;          // guarded by qmu: handles that wrote
     bool unborn = false;  // guarded by mu: made by CreateFile, not yet committed or closed
+    uint64_t creator_fh = 0;  // guarded by mu: the handle CreateFile opened
     uint64_t committed_size = 0;                   // guarded by qmu: the size in LMDB
 
     // What GetAttr shows while the file has uncommitted bytes; read without locks.
@@ -325,9 +330,10 @@ class Store final : private ChunkSink {
   // REQUIRES: ns_mu_ held, inside txn. Drops rec's last link: keeps it as an orphan while open,
   // otherwise deletes it; chunks left unreferenced go into *freed.
   Status DropLink(MetaStore::Txn& txn, InodeRecord& rec, std::vector<ChunkId>* freed);
-  // The last close of a file made by CreateFile that no commit has kept yet (nothing was
-  // written): it is kept, and published.
-  Status KeepCreated(uint64_t ino, OpenFile& f);
+  // A file made by CreateFile that no commit has kept yet (nothing was written) is kept, and
+  // published: at its creator's close (fh, which FUSE's flush runs before close returns), at an
+  // fsync or at the last release (fh 0: any).
+  Status KeepCreated(uint64_t ino, OpenFile& f, uint64_t fh = 0);
   // MakeNode; `unborn`: a regular file for CreateFile, marked new and not yet published.
   Result<InodeRecord> MakeNode(uint64_t parent, std::string_view name, uint32_t mode,
                                uint64_t rdev, const Caller& who, bool unborn);

@@ -104,7 +104,8 @@ Status Store::Open(uint64_t ino, bool truncate, uint64_t* fh, bool* keep_cache) 
 
 Status Store::Release(uint64_t ino, uint64_t fh) {
   Status st;
-  if (auto f = FindFile(ino)) {
+  const std::shared_ptr<OpenFile> f = FindFile(ino);
+  if (f) {
     bool last;
     {
       std::lock_guard lock(files_mu_);
@@ -112,21 +113,23 @@ Status Store::Release(uint64_t ino, uint64_t fh) {
     }
     // The last release commits what is left (a truncate by path, say), whoever wrote it.
     st = Flush(ino, last ? 0 : fh);
-    if (last) {
+  }
+  if (UnpinFile(ino)) {
+    // The last handle is gone (two releases at once may both have seen another open): a new
+    // file that no commit kept is kept now.
+    if (f) {
       Status born = KeepCreated(ino, *f);
       if (st.ok()) st = born;
     }
-  }
-  if (UnpinFile(ino)) {
     Status reap = ReapIfOrphan(ino);
     if (st.ok()) st = reap;
   }
   return st;
 }
 
-Status Store::KeepCreated(uint64_t ino, OpenFile& f) {
+Status Store::KeepCreated(uint64_t ino, OpenFile& f, uint64_t fh) {
   std::lock_guard lock(f.mu);
-  if (!f.unborn) return Status::Ok();
+  if (!f.unborn || (fh != 0 && fh != f.creator_fh)) return Status::Ok();
   {
     std::lock_guard ns(ns_mu_);
     ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
@@ -350,10 +353,14 @@ void Store::ReadAhead(OpenFile& f, const std::shared_ptr<const Manifest>& m, siz
 
 Status Store::Flush(uint64_t ino, uint64_t fh) {
   auto f = FindFile(ino);
-  if (!f || !InSession(*f, fh)) return Status::Ok();
-  WaitDrained(*f);
-  std::lock_guard lock(f->mu);
-  return CommitOrDrop(ino, *f, false);
+  if (!f) return Status::Ok();
+  if (InSession(*f, fh)) {
+    WaitDrained(*f);
+    std::lock_guard lock(f->mu);
+    RETURN_IF_ERROR(CommitOrDrop(ino, *f, false));
+  }
+  // The creator's close keeps a new file it wrote nothing to (its release comes later, async).
+  return fh != 0 ? KeepCreated(ino, *f, fh) : Status::Ok();
 }
 
 Status Store::Fsync(uint64_t ino, uint64_t fh) {
@@ -362,6 +369,8 @@ Status Store::Fsync(uint64_t ino, uint64_t fh) {
     std::lock_guard lock(f->mu);
     RETURN_IF_ERROR(CommitOrDrop(ino, *f, true));
   }
+  // A new file fsync'd with nothing written is kept too.
+  if (auto f = FindFile(ino)) RETURN_IF_ERROR(KeepCreated(ino, *f));
   // A file committed earlier by close(2) is made durable here too.
   RETURN_IF_ERROR(cache_->Sync());
   RETURN_IF_ERROR(meta_->Sync());
@@ -423,7 +432,8 @@ Status Store::Commit(uint64_t ino, OpenFile& f, bool durable) {
       rec.mtime_ns = rec.ctime_ns = mtime;
       ++rec.generation;
       RETURN_IF_ERROR(txn.PutInode(rec));
-      if (f.unborn) RETURN_IF_ERROR(txn.ClearUnborn(ino));
+      // Always (one lookup): a mark whose in-memory flag was lost must not outlive the commit.
+      RETURN_IF_ERROR(txn.ClearUnborn(ino));
       RETURN_IF_ERROR(QueueRemote(txn, remote_op::PublishFile(ino)));
       return txn.Commit();
     }();

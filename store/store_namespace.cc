@@ -107,6 +107,8 @@ Status Store::PunchHole(uint64_t ino, uint64_t offset, uint64_t len, uint64_t fh
     ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
     ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(ino));
     if (!S_ISREG(rec.mode)) return Invalid("a hole in a file that is not regular");
+    // The file moves to a staging file of its size on the cache disk: room for it first.
+    RETURN_IF_ERROR(AdmitWrite(rec.size));
   }
   auto f = PinFile(ino);
   WaitDrained(*f);  // after the writes queued before it
@@ -131,6 +133,7 @@ Result<InodeRecord> Store::CreateFile(uint64_t parent, std::string_view name, ui
   if (auto f = FindFile(rec.ino)) {
     std::lock_guard lock(f->mu);
     f->unborn = true;
+    f->creator_fh = fh ? *fh : 0;
   }
   return rec;
 }

@@ -198,10 +198,12 @@ Status Store::InitialSync(double timeout_s, const SyncProgress& progress) {
                         std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
   auto backoff = std::chrono::milliseconds(200);
   for (int attempt = 1;; ++attempt) {
-    Status st = SyncFromRemote(progress);
-    if (st.ok()) {
+    bool listed = false;
+    Status st = SyncFromRemote(progress, &listed);
+    if (st.ok() || (listed && st.code() != Code::kIo)) {
+      if (!st.ok()) log_->error("first sync from {}: {}", backend_->Describe(), st.ToString());
       log_->info("first sync from {} done (attempt {})", backend_->Describe(), attempt);
-      return st;
+      return Status::Ok();
     }
     if (std::chrono::steady_clock::now() + backoff >= deadline) {
       return Status(st.code(), "the namespace in " + backend_->Describe() +
@@ -215,7 +217,7 @@ Status Store::InitialSync(double timeout_s, const SyncProgress& progress) {
   }
 }
 
-Status Store::SyncFromRemote(const SyncProgress& progress) {
+Status Store::SyncFromRemote(const SyncProgress& progress, bool* listed) {
   if (!remote_) return Status::Ok();
   // One listing of each tree; what changed since the last pass is applied.
   std::map<std::string, std::string> seen;
@@ -225,6 +227,7 @@ Status Store::SyncFromRemote(const SyncProgress& progress) {
       return true;
     }));
   }
+  if (listed) *listed = true;
   Status first;
   auto note = [&](const Status& st, const std::string& key) {
     if (!st.ok() && first.ok()) first = Status(st.code(), key + ": " + st.message());

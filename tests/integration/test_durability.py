@@ -224,6 +224,28 @@ def test_kill_dash_nine_keeps_closed_files(make_mount):
     assert read_file(root / "dir" / "synced-0") == closed["dir/synced-0"]
 
 
+def test_new_files_fsynced_or_closed_empty_survive_a_crash(make_mount):
+    # A new file is kept once fsync'd or closed, even with no byte written, and whatever else
+    # held it open.
+    m = make_mount()
+    fd = os.open(m / "fsynced-empty", os.O_CREAT | os.O_WRONLY, 0o644)
+    os.fsync(fd)
+    write_file(m / "closed-empty", b"")
+    both = os.open(m / "two-handles", os.O_CREAT | os.O_WRONLY, 0o644)
+    other = os.open(m / "two-handles", os.O_RDONLY)
+    os.close(both)
+    os.close(other)
+    m.kill_daemon()
+    try:
+        os.close(fd)
+    except OSError:
+        pass  # the daemon is gone
+    m.umount()
+    m.mount()
+    assert sorted(os.listdir(m.mnt)) == ["closed-empty", "fsynced-empty", "two-handles"]
+    assert all(os.stat(m / n).st_size == 0 for n in os.listdir(m.mnt))
+
+
 def test_another_handles_close_does_not_commit_a_half_written_file(make_mount):
     # A save in progress is one session: a reader opening and closing the file meanwhile (or a
     # forked process closing an inherited descriptor) must not commit the half-written bytes,

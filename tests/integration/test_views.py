@@ -197,6 +197,8 @@ def test_views_directory_resolves_on_lookup_and_is_read_only(mnt):
     for d in (root / ".views", view, view / ITER, view / ITER / "mp_rank_03"):
         assert os.stat(d).st_mode & 0o7777 == 0o555, d
     assert os.stat(f).st_mode & 0o7777 == 0o444
+    # Every byte of a view file counts in st_blocks: sparse-aware tools must read it all.
+    assert os.stat(f).st_blocks * 512 >= os.stat(f).st_size > 0
     assert os.stat(view / mf.TRACKER).st_mode & 0o7777 == 0o444
     with pytest.raises(OSError) as e:
         os.open(f, os.O_WRONLY)

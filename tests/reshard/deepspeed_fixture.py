@@ -758,8 +758,8 @@ def _is_sharded(v):
 
 def is_bf16_optimizer(sd):
     """Whether an optimizer_state_dict is BF16_Optimizer's [BF16]: ZeRO 1/2 always records its
-    zero_stage, BF16_Optimizer never."""
-    return "zero_stage" not in sd
+    loss scaler (and zero_stage), BF16_Optimizer neither."""
+    return "zero_stage" not in sd and "loss_scaler" not in sd
 
 
 # ------------------------------------------------------------------------------------------------
