@@ -62,7 +62,7 @@ struct Config {
   double entry_timeout_s = 5.0;
   uint32_t max_threads = 8;
   uint32_t max_write_bytes = 1 << 20;
-  uint32_t max_readahead_bytes = 1 << 20;
+  uint32_t max_readahead_bytes = 16 << 20;
   uint32_t max_background = 64;
   bool writeback_cache = false;
   // The remote tier (store/remote_tier.h). Empty: none; the cache directory holds everything.

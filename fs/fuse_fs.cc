@@ -4,6 +4,8 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -29,6 +31,29 @@ void Init(void* userdata, fuse_conn_info* conn) {
   ctx->log->info("mounted: max_write {} KiB, readahead {} KiB, writeback cache {}",
                  conn->max_write >> 10, conn->max_readahead >> 10,
                  (conn->want & FUSE_CAP_WRITEBACK_CACHE) ? "on" : "off");
+}
+
+// The kernel caps a FUSE mount's readahead at its backing device's read_ahead_kb (128 KiB when
+// mounted), whatever max_readahead the init reply asks for: a cold sequential read then has
+// about 128 KiB in flight. Raises it to max_readahead (root only; logged otherwise). The device
+// number comes from mountinfo: a stat of the mountpoint would wait on this very daemon.
+void RaiseKernelReadahead(const Config& cfg, const Logger& log) {
+  std::ifstream mi("/proc/self/mountinfo");
+  std::string line, dev;
+  while (std::getline(mi, line)) {
+    std::istringstream in(line);
+    std::string id, parent, majmin, root, where;
+    if (in >> id >> parent >> majmin >> root >> where && where == cfg.mountpoint) dev = majmin;
+  }
+  if (dev.empty()) return;
+  const std::string path = "/sys/class/bdi/" + dev + "/read_ahead_kb";
+  std::ofstream f(path);
+  f << (cfg.max_readahead_bytes >> 10) << "\n";
+  f.close();
+  if (!f) {
+    log->info("could not raise {} to {} KiB: the kernel reads ahead at most its default", path,
+              cfg.max_readahead_bytes >> 10);
+  }
 }
 
 // libfuse parses -o options with commas as separators.
@@ -76,6 +101,7 @@ Status ServeMount(Store* store, const Config& cfg, const std::function<void()>& 
     return IoError("cannot mount on " + cfg.mountpoint +
                    " (does it exist? is a dead mount still there? try `ckptfs umount`)");
   }
+  RaiseKernelReadahead(cfg, ctx.log);
   on_mounted();
   // What other nodes publish changes the namespace behind the kernel's back: it must forget the
   // names and attributes it cached (entry_timeout and attr_timeout are long).
