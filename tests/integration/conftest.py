@@ -172,6 +172,18 @@ class CkptMount:
             time.sleep(0.02)
         assert not pid_alive(pid), "the daemon survived SIGKILL"
 
+    def crash_and_remount(self, *fds):
+        """kill -9 of the daemon with `fds` still open on the mount (closed afterwards: the
+        daemon is gone, so their close fails), then a remount, which recovers."""
+        self.kill_daemon()
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.umount()
+        self.mount()
+
     # --- observation ---
     def stats(self):
         """`ckptfs stats`, parsed: {name: int or float}."""

@@ -235,13 +235,7 @@ def test_new_files_fsynced_or_closed_empty_survive_a_crash(make_mount):
     other = os.open(m / "two-handles", os.O_RDONLY)
     os.close(both)
     os.close(other)
-    m.kill_daemon()
-    try:
-        os.close(fd)
-    except OSError:
-        pass  # the daemon is gone
-    m.umount()
-    m.mount()
+    m.crash_and_remount(fd)
     assert sorted(os.listdir(m.mnt)) == ["closed-empty", "fsynced-empty", "two-handles"]
     assert all(os.stat(m / n).st_size == 0 for n in os.listdir(m.mnt))
 
@@ -256,19 +250,11 @@ def test_another_handles_close_does_not_commit_a_half_written_file(make_mount):
     write_file(path, old)
     new = rand_bytes(8 * MiB, 501)
     fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
-    try:
-        os.write(fd, new[: 5 * MiB])
-        for _ in range(3):  # other handles come and go; one of them reads the new bytes
-            with open(path, "rb") as f:
-                assert f.read(MiB) == new[:MiB]
-        m.kill_daemon()
-    finally:
-        try:
-            os.close(fd)
-        except OSError:
-            pass  # the daemon is gone
-    m.umount()
-    m.mount()
+    os.write(fd, new[: 5 * MiB])
+    for _ in range(3):  # other handles come and go; one of them reads the new bytes
+        with open(path, "rb") as f:
+            assert f.read(MiB) == new[:MiB]
+    m.crash_and_remount(fd)
     assert read_file(path) == old
 
 
