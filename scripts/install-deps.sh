@@ -3,7 +3,7 @@
 # Idempotent: packages already present are skipped, so a warm machine pays only the dpkg query.
 set -euo pipefail
 pkgs=(
-  build-essential cmake ninja-build pkg-config
+  build-essential cmake ninja-build pkg-config meson dpkg-dev
   libfuse3-dev fuse3 liburing-dev libxxhash-dev liblmdb-dev lmdb-utils libspdlog-dev libfmt-dev
   libgtest-dev googletest
   clang libclang-rt-14-dev
@@ -24,3 +24,5 @@ if ((${#missing[@]})); then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+# libfuse 3.17 (FUSE passthrough), from Debian 13's source package, static, into build-deps/.
+bash "$(dirname "$0")/libfuse.sh"
