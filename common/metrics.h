@@ -31,6 +31,9 @@ struct Metrics {
   Counter file_commits;         // manifests committed
   Counter staging_switches;     // files that left the streaming write path for a staging file
   Counter tensor_chunk_bytes;   // bytes cut at tensor boundaries (the rest: content-defined)
+  Counter staged_files;         // files written through a passthrough staging file
+  Counter staged_seals;         // staged files cut into chunks and committed
+  Counter staged_seal_bytes;    // their bytes
   // The remote tier.
   Counter remote_fetches;          // chunks fetched from the backend on a local miss
   Counter remote_fetch_bytes;

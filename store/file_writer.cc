@@ -85,8 +85,18 @@ FileWriter::~FileWriter() {
   ReleasePending(pending_bytes_);
   if (staging_fd_ >= 0) {
     ::close(staging_fd_);
-    ::unlink(staging_path_.c_str());
+    if (!staging_path_.empty()) ::unlink(staging_path_.c_str());  // empty: adopted
   }
+}
+
+Status FileWriter::AdoptFile(int fd, uint64_t size) {
+  if (mode_ != Mode::kStream || size_ != 0 || !buf_.empty()) return Internal("AdoptFile after a write");
+  staging_fd_ = ::dup(fd);
+  if (staging_fd_ < 0) return Status::FromErrno(errno, "dup of a file to chunk");
+  staging_path_.clear();
+  mode_ = Mode::kStaging;
+  size_ = size;
+  return Status::Ok();
 }
 
 Status FileWriter::Fail(Status st) {

@@ -129,6 +129,10 @@ class FileWriter {
   // Chunks this writer put (some possibly no longer in its manifest). The store releases them.
   const std::vector<ChunkId>& held() const { return held_; }
   bool staging() const { return mode_ == Mode::kStaging; }
+  // Takes a file of `size` bytes that someone else wrote (a passthrough staging file, which the
+  // caller keeps: a dup of fd is used and the file is not removed) as this writer's staging
+  // file, so that Finish cuts it into chunks (holes stay holes). REQUIRES: nothing written yet.
+  Status AdoptFile(int fd, uint64_t size);
 
  private:
   enum class Mode { kStream, kStaging };

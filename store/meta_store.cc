@@ -134,7 +134,7 @@ Result<std::unique_ptr<MetaStore>> MetaStore::Open(const std::string& dir, uint6
   s->has_remote_tables_ = true;
   for (auto& t : std::initializer_list<std::pair<const char*, MDB_dbi*>>{
            {"parents", &s->parents_}, {"remote_ops", &s->remote_ops_},
-           {"published", &s->published_}}) {
+           {"published", &s->published_}, {"staged", &s->staged_}}) {
     rc = mdb_dbi_open(txn, t.first, read_only ? 0 : MDB_CREATE, t.second);
     if (rc == MDB_NOTFOUND && read_only) {
       s->has_remote_tables_ = false;
@@ -552,6 +552,70 @@ Status MetaStore::Txn::ClearUnborn(uint64_t ino) {
   ASSIGN_OR_RETURN(auto v, Get(store_->orphans_, InoKey(ino)));
   if (!v || *v != kUnbornMark) return Status::Ok();
   return Del(store_->orphans_, InoKey(ino), true);
+}
+
+namespace {
+// size, mtime, durable flag, data bytes, name length, name, boot id.
+std::string EncodeStaged(const StagedRecord& r) {
+  std::string out;
+  PutU64(out, r.size);
+  PutU64(out, static_cast<uint64_t>(r.mtime_ns));
+  out.push_back(r.durable ? 1 : 0);
+  PutU64(out, r.data_bytes);
+  PutU64(out, r.name.size());
+  out += r.name;
+  out += r.boot_id;
+  return out;
+}
+
+std::optional<StagedRecord> DecodeStaged(std::string_view v) {
+  constexpr size_t kHead = 33;
+  if (v.size() < kHead) return std::nullopt;
+  StagedRecord r;
+  r.size = GetU64(v.data());
+  r.mtime_ns = static_cast<int64_t>(GetU64(v.data() + 8));
+  r.durable = v[16] != 0;
+  r.data_bytes = GetU64(v.data() + 17);
+  const uint64_t n = GetU64(v.data() + 25);
+  if (n > v.size() - kHead) return std::nullopt;
+  r.name = std::string(v.substr(kHead, n));
+  r.boot_id = std::string(v.substr(kHead + n));
+  return r;
+}
+}  // namespace
+
+Result<std::optional<StagedRecord>> MetaStore::Txn::GetStaged(uint64_t ino) {
+  if (!store_->has_remote_tables_) return std::optional<StagedRecord>();
+  ASSIGN_OR_RETURN(auto v, Get(store_->staged_, InoKey(ino)));
+  if (!v) return std::optional<StagedRecord>();
+  auto r = DecodeStaged(*v);
+  if (!r) return Corrupt("staged record of inode " + std::to_string(ino) + " is damaged");
+  return r;
+}
+
+Status MetaStore::Txn::PutStaged(uint64_t ino, const StagedRecord& r) {
+  return Put(store_->staged_, InoKey(ino), EncodeStaged(r));
+}
+
+Status MetaStore::Txn::DelStaged(uint64_t ino) {
+  if (!store_->has_remote_tables_) return Status::Ok();
+  return Del(store_->staged_, InoKey(ino), true);
+}
+
+Status MetaStore::Txn::ForEachStaged(
+    const std::function<void(uint64_t, const StagedRecord&)>& fn) {
+  if (!store_->has_remote_tables_) return Status::Ok();
+  Status bad;
+  RETURN_IF_ERROR(Scan(store_->staged_, {}, {}, [&](std::string_view k, std::string_view v) {
+    auto r = DecodeStaged(v);
+    if (k.size() != 8 || !r) {
+      bad = Corrupt("a staged record is damaged");
+      return false;
+    }
+    fn(GetU64(k.data()), *r);
+    return true;
+  }));
+  return bad;
 }
 
 Status MetaStore::Txn::ForEachOrphan(const std::function<void(uint64_t, bool)>& fn) {

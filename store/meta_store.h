@@ -17,6 +17,8 @@
 //   remote_ops seq                  -> op            (namespace changes still to publish to the
 //                                      remote backend, in order; see store/remote_tier.h)
 //   published  ino                  -> generation    (the version of a file the backend has)
+//   staged     ino                  -> StagedRecord  (bytes closed in a passthrough staging
+//                                      file and not yet cut into chunks; see store/staged.cc)
 //
 // A Txn is used by one thread from Begin to Commit/Abort. Write transactions are serialized by
 // LMDB itself; read transactions run concurrently with them and see a consistent snapshot.
@@ -63,6 +65,26 @@ struct DirEntry {
   uint64_t ino = 0;
   uint64_t cookie = 0;
   uint32_t mode = 0;  // the child's file type bits, for readdir
+};
+
+// A file whose newest bytes are a staging file of the local tier (written by the kernel in FUSE
+// passthrough mode), committed at close and not yet cut into chunks. Its inode record and
+// manifest still describe the previous version until the seal replaces them.
+struct StagedRecord {
+  std::string name;  // the staging file, under <cache_dir>/passthrough/
+  uint64_t size = 0;
+  int64_t mtime_ns = 0;
+  uint64_t data_bytes = 0;  // allocated in the staging file (st_blocks: holes take none)
+  bool durable = false;  // written by fsync: the staging file's bytes were synced first
+  // What a staging file looked like when recorded (size, mtime, ctime): unchanged, it needs no
+  // new record.
+  struct Stamp {
+    uint64_t size = 0;
+    int64_t mtime_ns = 0, ctime_ns = 0;
+    bool operator==(const Stamp&) const = default;
+  };
+  std::string boot_id;   // the boot the bytes were written in (a non-durable record outlives
+                         // a daemon crash, not a machine crash)
 };
 
 struct ChunkRecord {
@@ -149,6 +171,11 @@ class MetaStore {
     Result<uint64_t> AddChunkRefs(const ChunkId& id, uint64_t len, int64_t delta);
     Status ForEachChunk(const std::function<void(const ChunkId&, const ChunkRecord&)>& fn);
 
+    Result<std::optional<StagedRecord>> GetStaged(uint64_t ino);
+    Status PutStaged(uint64_t ino, const StagedRecord& r);
+    Status DelStaged(uint64_t ino);
+    Status ForEachStaged(const std::function<void(uint64_t, const StagedRecord&)>& fn);
+
     Status AddOrphan(uint64_t ino);
     Status DelOrphan(uint64_t ino);
     // A file made by create(2): until ClearUnborn (its first commit or close), a restart removes
@@ -187,7 +214,7 @@ class MetaStore {
   MDB_env* env_ = nullptr;
   MDB_dbi inodes_ = 0, dentries_ = 0, dircookies_ = 0, manifests_ = 0, symlinks_ = 0,
           xattrs_ = 0, chunks_ = 0, orphans_ = 0, meta_ = 0, parents_ = 0, remote_ops_ = 0,
-          published_ = 0;
+          published_ = 0, staged_ = 0;
   // Tables added after the first release: a read-only open of an older store has none of them.
   bool has_remote_tables_ = false;
 };

@@ -56,6 +56,7 @@ Result<std::unique_ptr<Store>> Store::Open(const Config& cfg, PayloadScannerFact
   const std::string& dir = cfg.cache_dir;
   RETURN_IF_ERROR(MakeDirs(dir));
   RETURN_IF_ERROR(MakeDirs(dir + "/staging"));
+  RETURN_IF_ERROR(MakeDirs(dir + "/passthrough"));
   std::string lock_path = dir + "/lock";
   int lock_fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (lock_fd < 0) return Status::FromErrno(errno, "open " + lock_path);
@@ -113,6 +114,12 @@ Result<std::unique_ptr<Store>> Store::Open(const Config& cfg, PayloadScannerFact
       s->log_->warn("loading pins (user.ckptfs.pin): {}", pins.ToString());
     }
   }
+  if (!s->resume_seals_.empty()) {
+    s->log_->info("{} files closed before the last stop are cut into chunks in the background",
+                  s->resume_seals_.size());
+  }
+  for (uint64_t ino : s->resume_seals_) s->ScheduleSeal(ino);
+  s->resume_seals_.clear();
   std::string pid = std::to_string(::getpid()) + "\n";
   if (::ftruncate(lock_fd, 0) == 0) {
     [[maybe_unused]] ssize_t n = ::pwrite(lock_fd, pid.data(), pid.size(), 0);
@@ -131,7 +138,9 @@ Store::Store(Config cfg, std::unique_ptr<IoEngine> engine, std::unique_ptr<Chunk
       queue_budget_(cfg_.write_memory_bytes / 2),
       reorder_budget_(cfg_.write_memory_bytes / 2),
       read_pool_(std::make_unique<ThreadPool>(cfg_.read_threads)),
-      write_pool_(std::make_unique<ThreadPool>(cfg_.write_threads)) {}
+      write_pool_(std::make_unique<ThreadPool>(cfg_.write_threads)),
+      boot_id_(CurrentBootId()),
+      seal_pool_(std::make_unique<ThreadPool>(cfg_.write_threads)) {}
 
 Store::~Store() {
   Status st = Close();
@@ -179,6 +188,8 @@ Status Store::Recover(bool clean) {
     }
     RETURN_IF_ERROR(txn.DelOrphan(ino));
   }
+  // Staged files (store_staged.cc): sealed once the store is open.
+  ASSIGN_OR_RETURN(resume_seals_, RecoverStaged(txn, &freed));
   std::unordered_map<ChunkId, uint64_t, ChunkIdHash> referenced;
   if (!clean) {
     RETURN_IF_ERROR(txn.ForEachChunk(
@@ -204,6 +215,9 @@ Status Store::Close() {
   if (closed_) return Status::Ok();
   closed_ = true;
   StopPrefetch();  // no chunk lands behind the final sync below
+  // Seals not begun stay staged (resumed at the next mount); a running one finishes first.
+  seals_stopped_ = true;
+  seal_pool_.reset();
   // Uploads still queued stay in LMDB and resume at the next mount.
   StopSync();
   if (remote_) remote_->Stop();
@@ -216,6 +230,10 @@ Status Store::Close() {
   for (auto& [ino, f] : open) {
     WaitDrained(*f);
     std::lock_guard lock(f->mu);
+    if (f->stage && f->stage->writers > 0) {
+      Status st = StageCommit(ino, *f, false);  // a writer still open at the stop
+      if (!st.ok() && first.ok()) first = st;
+    }
     Status st = CommitOrDrop(ino, *f, false);
     if (!st.ok() && first.ok()) first = st;
   }
@@ -334,6 +352,12 @@ Status Store::DeleteInode(MetaStore::Txn& txn, const InodeRecord& rec,
   ASSIGN_OR_RETURN(auto m, txn.GetManifest(rec.ino));
   if (m) RETURN_IF_ERROR(AddManifestRefs(txn, *m, -1, freed));
   RETURN_IF_ERROR(txn.DelManifest(rec.ino));
+  // Bytes staged and not sealed go with it (nothing has the file open: no handle uses them).
+  ASSIGN_OR_RETURN(auto staged, txn.GetStaged(rec.ino));
+  if (staged) {
+    RETURN_IF_ERROR(txn.DelStaged(rec.ino));
+    ::unlink(StagePath(staged->name).c_str());
+  }
   RETURN_IF_ERROR(txn.DelSymlink(rec.ino));
   RETURN_IF_ERROR(txn.DelAllXattrs(rec.ino));
   return txn.DelInode(rec.ino);

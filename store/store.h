@@ -21,6 +21,7 @@
 #pragma once
 
 #include <sys/statvfs.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <condition_variable>
@@ -105,8 +106,10 @@ class Store final : private ChunkSink {
   // create(2): a new regular file, opened (as Open). Until its first commit or its last close
   // it is "new": a restart after a crash removes it, so a file being written at a crash is
   // absent if it was new. Published to the backend only once committed or closed.
+  // With `passthrough_fd`, the new file is written through a staging file (see Open).
   Result<InodeRecord> CreateFile(uint64_t parent, std::string_view name, uint32_t mode,
-                                 const Caller& who, uint64_t* fh, bool* keep_cache);
+                                 const Caller& who, uint64_t* fh, bool* keep_cache,
+                                 int* passthrough_fd = nullptr);
   Result<InodeRecord> Symlink(uint64_t parent, std::string_view name, std::string_view target,
                               const Caller& who);
   Result<InodeRecord> Link(uint64_t ino, uint64_t new_parent, std::string_view new_name);
@@ -138,8 +141,14 @@ class Store final : private ChunkSink {
   // truncate (open(2) with O_TRUNC): the file's bytes are dropped in its writer, committed like
   // any write, so a crash before then leaves the previous version. *keep_cache: whether the
   // kernel may keep the pages it has cached for the file.
+  //
+  // Passthrough (store_staged.cc): when `passthrough_fd` is given (the mount can open files in
+  // FUSE passthrough mode) the store may serve this handle from a staging file on the local
+  // tier, which the kernel then reads and writes itself; *passthrough_fd is set to its
+  // descriptor (owned by the store, open until this handle's Release), else to -1. `write`: the
+  // handle may write.
   Status Open(uint64_t ino, bool truncate = false, uint64_t* fh = nullptr,
-              bool* keep_cache = nullptr);
+              bool* keep_cache = nullptr, bool write = false, int* passthrough_fd = nullptr);
   Status Release(uint64_t ino, uint64_t fh = 0);
   Status Write(uint64_t ino, uint64_t offset, const uint8_t* data, size_t len, uint64_t fh = 0);
   Status Read(uint64_t ino, uint64_t offset, size_t len, std::vector<ReadSlice>* out);
@@ -162,6 +171,15 @@ class Store final : private ChunkSink {
   Result<ChunkUsage> Usage(const Manifest& m);
   // Commits the file's session if fh belongs to it (close(2)).
   Status Flush(uint64_t ino, uint64_t fh = 0);
+  // Staged files (written in passthrough mode): the close of a writer commits the staging file
+  // itself as the file's new bytes (one LMDB transaction, no copy), and a background seal then
+  // cuts it into chunks, commits the manifest and removes it. Until then the inode record and
+  // manifest describe the previous version; GetAttr shows the staged size. Seals whatever is
+  // staged for ino and not open for writing now, so that its manifest is current (views, the
+  // computed attributes and truncate by path call it). Ok at once when nothing is staged.
+  Status EnsureSealed(uint64_t ino);
+  // Seals every staged file that no writer has open now (EnsureSealed of each).
+  Status SealAll();
   // Flush, and makes the file's committed bytes durable (fsync(2)).
   Status Fsync(uint64_t ino, uint64_t fh = 0);
 
@@ -274,6 +292,31 @@ class Store final : private ChunkSink {
     std::atomic<uint64_t> size{0};
     std::atomic<int64_t> mtime_ns{0};
 
+    // Passthrough (store_staged.cc), guarded by mu: the staging file that holds the newest bytes
+    // while the kernel reads and writes it directly, and the handles served from it.
+    struct Stage {
+      ~Stage() {
+        if (fd >= 0) ::close(fd);
+      }
+      int fd = -1;
+      std::string name;  // under <cache_dir>/passthrough/
+      std::unordered_map<uint64_t, bool> handles;  // fh -> may write
+      int writers = 0;
+      bool dirty = false;     // its bytes are not (yet) the committed manifest's
+      bool recorded = false;  // a staged record names it (the file's committed bytes)
+      bool durable = false;   // fsync recorded it: its later records are made durable too
+      std::string replaces;   // the staging file of the version it replaces, removed at its commit
+      StagedRecord::Stamp stamp;  // the file as last recorded
+      uint64_t epoch = 0;     // bumped by every writable open and truncate: a seal started
+                              // before it is stale
+    };
+    std::unique_ptr<Stage> stage;
+    // A descriptor of the staging file while a writer has it (GetAttr's size and time come from
+    // it), guarded by qmu: read without taking mu.
+    std::shared_ptr<const int> writing_fd;
+    int cached_opens = 0;  // guarded by mu: handles served through the daemon (page cache)
+    std::mutex seal_mu;    // one seal of this file at a time; taken before mu
+
     // Readahead of committed bytes (guarded by mu): the extent index the last read ended in,
     // and the highest index already prefetched for this manifest.
     size_t last_extent = SIZE_MAX;
@@ -304,6 +347,7 @@ class Store final : private ChunkSink {
     bool dirty = false;
     uint64_t size = 0;
     int64_t mtime_ns = 0;
+    std::optional<uint64_t> data_bytes;  // counted whole (the size) unless known
   };
   OverlayState TakeOverlay(uint64_t ino);
   static void ApplyOverlay(const OverlayState& o, InodeRecord* rec);
@@ -317,10 +361,48 @@ class Store final : private ChunkSink {
   // the bytes already acknowledged and not yet stored, so that a full disk fails the write(2)
   // itself instead of a close(2) that many programs never check.
   Status AdmitWrite(size_t len);
+  // AdmitWrite's check of the cache filesystem's free space, alone (no wait for uploads).
+  Status CheckRoom(size_t len);
   // Applies f's queued writes (a pool task).
   void Drain(uint64_t ino, const std::shared_ptr<OpenFile>& f);
   // Waits until every queued write of f is applied. REQUIRES: f.mu not held.
   void WaitDrained(OpenFile& f);
+  // Passthrough (store_staged.cc). REQUIRES: f.mu held. Serves handle fh from f's staging file
+  // when the kernel allows it (no handle uses the page cache); true when it does.
+  enum class StagedOpen { kNo, kYes, kSealFirst };
+  Result<StagedOpen> OpenStaged(uint64_t ino, OpenFile& f, bool write, bool truncate,
+                                uint64_t fh, int* passthrough_fd);
+  // REQUIRES: f.mu held. Records f's staging file as the file's newest bytes (close; fsync
+  // with `durable`: its bytes are synced first and the record after).
+  Status StageCommit(uint64_t ino, OpenFile& f, bool durable);
+  // Release of a handle served by passthrough; false when fh is not one.
+  Result<bool> ReleaseStaged(uint64_t ino, OpenFile& f, uint64_t fh);
+  // REQUIRES: f.mu held. Sets or clears f.writing_fd as f's stage has writers or not.
+  static void TrackWriters(OpenFile& f);
+  // REQUIRES: f.mu held. Opens the staging file of ino's staged record into f.stage, unless
+  // f.stage is set or nothing is staged.
+  Status LoadStage(uint64_t ino, OpenFile& f);
+  // REQUIRES: f.mu held, f.stage set, no handle of it. Closes and removes the staging file.
+  void DropStage(uint64_t ino, OpenFile& f);
+  // When ino's staging file is in use by the kernel (passthrough handles open), applies fn to it
+  // (fn returns 0 or an errno) and returns true; `bytes`: fn changes its bytes (a new version,
+  // committed and sealed like a close when no writer has it open). False, untouched, otherwise.
+  Result<bool> ChangeStaged(uint64_t ino, const std::function<int(int fd)>& fn, bool bytes);
+  // REQUIRES: inside txn. Shows a staged file's size and time in rec.
+  Status OverlayStaged(MetaStore::Txn& txn, InodeRecord* rec);
+  // Queues a seal of ino (pinning the file until it ran).
+  void ScheduleSeal(uint64_t ino);
+  // Cuts the staged bytes of ino into chunks and commits them. REQUIRES: f pinned.
+  Status Seal(uint64_t ino, OpenFile& f);
+  // At open: drops staged records whose bytes did not survive (see StagedRecord) and returns
+  // the inodes whose staged bytes are to be sealed. REQUIRES: inside txn, ns_mu_ held.
+  Result<std::vector<uint64_t>> RecoverStaged(MetaStore::Txn& txn, std::vector<ChunkId>* freed);
+  std::string StagePath(const std::string& name) const;
+  // The commit's metadata: m replaces ino's manifest (mtime, a new generation), its staged
+  // record and new-file mark go, and the backend is told. REQUIRES: ns_mu_ held, inside txn.
+  Status CommitManifestTxn(MetaStore::Txn& txn, uint64_t ino, const Manifest& m, int64_t mtime,
+                           std::vector<ChunkId>* freed);
+
   // REQUIRES: f.mu held, f's queue drained. Commits f's writer, if any. durable: sync chunks
   // before, metadata after.
   Status Commit(uint64_t ino, OpenFile& f, bool durable);
@@ -395,6 +477,7 @@ class Store final : private ChunkSink {
   std::mutex holds_mu_;
   std::unordered_map<ChunkId, uint32_t, ChunkIdHash> holds_;  // guarded by holds_mu_
   std::atomic<uint64_t> staging_seq_{0};
+  std::atomic<uint64_t> stage_epoch_{0};  // Stage::epoch values, unique across stages
   std::atomic<uint64_t> unstored_bytes_{0};  // acknowledged writes still in queues
   std::atomic<uint64_t> next_fh_{1};
   // Files whose uncommitted bytes were dropped while the kernel may hold them in its page cache:
@@ -414,6 +497,15 @@ class Store final : private ChunkSink {
   // Last members: destroyed first, so their threads are joined before anything they use goes.
   std::unique_ptr<ThreadPool> read_pool_;
   std::unique_ptr<ThreadPool> write_pool_;
+  // Seals of staged files (store_staged.cc); stopped first at Close (what is left resumes at the
+  // next mount).
+  std::atomic<bool> seals_stopped_{false};
+  std::mutex seals_mu_;
+  std::condition_variable seals_cv_;
+  size_t seals_pending_ = 0;  // guarded by seals_mu_
+  std::string boot_id_;
+  std::vector<uint64_t> resume_seals_;  // staged at the last stop; sealed once open
+  std::unique_ptr<ThreadPool> seal_pool_;
   std::unique_ptr<RemoteTier> remote_;
   // Prefetch work and pins (store_prefetch.cc), made on first use by prefetcher(). Declared last:
   // its threads stop before the cache, the metadata and the backend they use go.
@@ -425,5 +517,11 @@ class Store final : private ChunkSink {
 
 // Wall-clock time in nanoseconds since the epoch.
 int64_t NowNs();
+// This boot's id (/proc/sys/kernel/random/boot_id; $CKPTFS_BOOT_ID instead when set, for tests
+// that stand for a machine crash by restarting on a copy of the disk).
+std::string CurrentBootId();
+// A staging file's modification time, and the bytes it holds (st_blocks; at most its size).
+int64_t MtimeNs(const struct stat& st);
+uint64_t DataBytes(const struct stat& st);
 
 }  // namespace ckptfs

@@ -43,11 +43,21 @@ bool Store::IsOpen(uint64_t ino) {
 
 Store::OverlayState Store::TakeOverlay(uint64_t ino) {
   OverlayState o;
+  std::shared_ptr<const int> staged;
   if (auto f = FindFile(ino)) {
     std::lock_guard q(f->qmu);
     o.dirty = f->dirty;
     o.size = f->size;
     o.mtime_ns = f->mtime_ns;
+    staged = f->writing_fd;
+  }
+  // Being written by the kernel in passthrough mode: its staging file says what the file holds.
+  struct stat st;
+  if (staged && ::fstat(*staged, &st) == 0) {
+    o.dirty = true;
+    o.size = static_cast<uint64_t>(st.st_size);
+    o.mtime_ns = MtimeNs(st);
+    o.data_bytes = DataBytes(st);
   }
   return o;
 }
@@ -55,7 +65,7 @@ Store::OverlayState Store::TakeOverlay(uint64_t ino) {
 void Store::ApplyOverlay(const OverlayState& o, InodeRecord* rec) {
   if (!o.dirty) return;
   rec->size = o.size;
-  rec->data_bytes = o.size;  // being written: counted whole until committed
+  rec->data_bytes = o.data_bytes.value_or(o.size);  // being written: whole unless known
   rec->mtime_ns = rec->ctime_ns = o.mtime_ns;
 }
 
@@ -65,16 +75,34 @@ bool Store::InSession(OpenFile& f, uint64_t fh) {
   return f.session.count(fh) > 0;
 }
 
-Status Store::Open(uint64_t ino, bool truncate, uint64_t* fh, bool* keep_cache) {
+Status Store::Open(uint64_t ino, bool truncate, uint64_t* fh, bool* keep_cache, bool write,
+                   int* passthrough_fd) {
+  // Without passthrough every byte is read from chunks: staged bytes are sealed first.
+  if (passthrough_fd) {
+    *passthrough_fd = -1;
+  } else {
+    RETURN_IF_ERROR(EnsureSealed(ino));
+  }
   // Pinned before the inode is read: an Unlink from now on keeps the file as an orphan.
   auto f = PinFile(ino);
   const uint64_t handle = next_fh_++;
+  bool seal_first = false;
   Status st = [&]() -> Status {
     std::lock_guard lock(f->mu);  // no commit of this file runs meanwhile
     ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
     ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(ino));
     if (S_ISDIR(rec.mode)) return Status(Code::kIsDir, "open of a directory as a file");
     txn.Abort();  // EnsureWriter opens its own read transaction
+    if (passthrough_fd && S_ISREG(rec.mode)) {
+      ASSIGN_OR_RETURN(StagedOpen staged,
+                       OpenStaged(ino, *f, write, truncate, handle, passthrough_fd));
+      if (staged == StagedOpen::kYes) return Status::Ok();
+      if (staged == StagedOpen::kSealFirst) {
+        seal_first = true;
+        return Status::Ok();
+      }
+    }
+    ++f->cached_opens;
     {
       std::lock_guard q(f->qmu);
       f->committed_size = rec.size;
@@ -90,12 +118,17 @@ Status Store::Open(uint64_t ino, bool truncate, uint64_t* fh, bool* keep_cache) 
     f->dirty = true;
     return Status::Ok();
   }();
-  if (!st.ok()) {
+  if (!st.ok() || seal_first) {
     if (UnpinFile(ino)) (void)ReapIfOrphan(ino);
-    return st;
+    if (!st.ok()) return st;
+    // A writer of staged bytes: they are sealed first, then it takes the daemon's path.
+    RETURN_IF_ERROR(EnsureSealed(ino));
+    return Open(ino, truncate, fh, keep_cache, write, nullptr);
   }
   if (fh) *fh = handle;
-  if (keep_cache) {
+  if (keep_cache && passthrough_fd && *passthrough_fd >= 0) {
+    *keep_cache = false;  // the kernel refuses it with passthrough (no page cache of its own)
+  } else if (keep_cache) {
     std::lock_guard lock(files_mu_);
     *keep_cache = stale_pages_.erase(ino) == 0;
   }
@@ -106,13 +139,22 @@ Status Store::Release(uint64_t ino, uint64_t fh) {
   Status st;
   const std::shared_ptr<OpenFile> f = FindFile(ino);
   if (f) {
+    auto staged = ReleaseStaged(ino, *f, fh);
+    if (!staged.ok()) st = staged.status();
+    if (staged.ok() && !*staged) {
+      std::lock_guard lock(f->mu);
+      if (f->cached_opens > 0) --f->cached_opens;
+    }
+  }
+  if (f) {
     bool last;
     {
-      std::lock_guard lock(files_mu_);
-      last = f->opens <= 1;
+      std::lock_guard lock(f->mu);
+      last = f->cached_opens == 0 && (!f->stage || f->stage->handles.empty());
     }
     // The last release commits what is left (a truncate by path, say), whoever wrote it.
-    st = Flush(ino, last ? 0 : fh);
+    Status flushed = Flush(ino, last ? 0 : fh);
+    if (st.ok()) st = flushed;
   }
   if (UnpinFile(ino)) {
     // The last handle is gone (two releases at once may both have seen another open): a new
@@ -230,6 +272,10 @@ Status Store::WaitForRoom(size_t len) {
 
 Status Store::AdmitWrite(size_t len) {
   if (remote_ && cfg_.cache_bytes > 0) RETURN_IF_ERROR(WaitForRoom(len));
+  return CheckRoom(len);
+}
+
+Status Store::CheckRoom(size_t len) {
   struct statvfs vfs;
   if (::statvfs(cfg_.cache_dir.c_str(), &vfs) != 0) {
     return Status::FromErrno(errno, "statvfs " + cfg_.cache_dir);
@@ -354,6 +400,13 @@ void Store::ReadAhead(OpenFile& f, const std::shared_ptr<const Manifest>& m, siz
 Status Store::Flush(uint64_t ino, uint64_t fh) {
   auto f = FindFile(ino);
   if (!f) return Status::Ok();
+  {
+    // A passthrough writer's close commits its staging file as the file's new bytes.
+    std::lock_guard lock(f->mu);
+    if (f->stage && fh != 0 && f->stage->handles.count(fh)) {
+      return f->stage->handles[fh] ? StageCommit(ino, *f, false) : Status::Ok();
+    }
+  }
   if (InSession(*f, fh)) {
     WaitDrained(*f);
     std::lock_guard lock(f->mu);
@@ -364,6 +417,13 @@ Status Store::Flush(uint64_t ino, uint64_t fh) {
 }
 
 Status Store::Fsync(uint64_t ino, uint64_t fh) {
+  if (auto f = FindFile(ino)) {
+    // Staged bytes: the staging file is synced, then its record (StageCommit).
+    std::lock_guard lock(f->mu);
+    if (f->stage && (f->stage->writers > 0 || f->stage->dirty)) {
+      RETURN_IF_ERROR(StageCommit(ino, *f, true));
+    }
+  }
   if (auto f = FindFile(ino); f && InSession(*f, fh)) {
     WaitDrained(*f);
     std::lock_guard lock(f->mu);
@@ -422,19 +482,7 @@ Status Store::Commit(uint64_t ino, OpenFile& f, bool durable) {
     std::lock_guard lock(ns_mu_);
     st = [&]() -> Status {
       ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
-      ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(ino));
-      ASSIGN_OR_RETURN(auto old, txn.GetManifest(ino));
-      RETURN_IF_ERROR(AddManifestRefs(txn, *finished, +1, nullptr));
-      if (old) RETURN_IF_ERROR(AddManifestRefs(txn, *old, -1, &freed));
-      RETURN_IF_ERROR(txn.PutManifest(ino, *finished));
-      rec.size = finished->size();
-      rec.data_bytes = finished->DataBytes();
-      rec.mtime_ns = rec.ctime_ns = mtime;
-      ++rec.generation;
-      RETURN_IF_ERROR(txn.PutInode(rec));
-      // Always (one lookup): a mark whose in-memory flag was lost must not outlive the commit.
-      RETURN_IF_ERROR(txn.ClearUnborn(ino));
-      RETURN_IF_ERROR(QueueRemote(txn, remote_op::PublishFile(ino)));
+      RETURN_IF_ERROR(CommitManifestTxn(txn, ino, *finished, mtime, &freed));
       return txn.Commit();
     }();
     if (st.ok()) f.unborn = false;
@@ -469,7 +517,26 @@ Status Store::Commit(uint64_t ino, OpenFile& f, bool durable) {
   return st;
 }
 
+Status Store::CommitManifestTxn(MetaStore::Txn& txn, uint64_t ino, const Manifest& m,
+                                int64_t mtime, std::vector<ChunkId>* freed) {
+  ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(ino));
+  ASSIGN_OR_RETURN(auto old, txn.GetManifest(ino));
+  RETURN_IF_ERROR(AddManifestRefs(txn, m, +1, nullptr));
+  if (old) RETURN_IF_ERROR(AddManifestRefs(txn, *old, -1, freed));
+  RETURN_IF_ERROR(txn.PutManifest(ino, m));
+  rec.size = m.size();
+  rec.data_bytes = m.DataBytes();
+  rec.mtime_ns = rec.ctime_ns = mtime;
+  ++rec.generation;
+  RETURN_IF_ERROR(txn.PutInode(rec));
+  // Always (one lookup each): a mark whose in-memory flag was lost must not outlive the commit.
+  RETURN_IF_ERROR(txn.ClearUnborn(ino));
+  RETURN_IF_ERROR(txn.DelStaged(ino));
+  return QueueRemote(txn, remote_op::PublishFile(ino));
+}
+
 Result<std::shared_ptr<const Manifest>> Store::CommittedManifest(uint64_t ino) {
+  RETURN_IF_ERROR(EnsureSealed(ino));
   if (auto f = FindFile(ino)) {
     std::lock_guard lock(f->mu);
     if (f->manifest) return f->manifest;

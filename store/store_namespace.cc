@@ -1,4 +1,6 @@
 // Store: the namespace — inodes, directory entries, links, attributes and xattrs.
+#include <fcntl.h>
+#include <linux/falloc.h>
 #include <linux/fs.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
@@ -40,12 +42,14 @@ Result<InodeRecord> Store::GetAttr(uint64_t ino) {
   const OverlayState o = TakeOverlay(ino);  // before the read: see ApplyOverlay
   ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
   ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(ino));
+  RETURN_IF_ERROR(OverlayStaged(txn, &rec));
   ApplyOverlay(o, &rec);
   return rec;
 }
 
 Result<InodeRecord> Store::SetAttr(uint64_t ino, const SetAttrRequest& req, uint64_t fh) {
   const int64_t now = NowNs();
+  bool staged_live = false;  // the size changed in a staging file the kernel uses now
   if (req.size) {
     {
       ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
@@ -53,6 +57,12 @@ Result<InodeRecord> Store::SetAttr(uint64_t ino, const SetAttrRequest& req, uint
       if (S_ISDIR(rec.mode)) return Status(Code::kIsDir, "truncate of a directory");
       if (!S_ISREG(rec.mode)) return Invalid("truncate of a special file");
     }
+    ASSIGN_OR_RETURN(staged_live, ChangeStaged(ino, [&](int fd) {
+                       return ::ftruncate(fd, static_cast<off_t>(*req.size)) == 0 ? 0 : errno;
+                     }, true));
+    if (!staged_live) RETURN_IF_ERROR(EnsureSealed(ino));
+  }
+  if (req.size && !staged_live) {
     auto f = PinFile(ino);
     WaitDrained(*f);
     Status st = [&]() -> Status {
@@ -67,10 +77,8 @@ Result<InodeRecord> Store::SetAttr(uint64_t ino, const SetAttrRequest& req, uint
         f->dirty = true;
         if (fh) f->session.insert(fh);
       }
-      {
-        std::lock_guard files(files_mu_);
-        alone = f->opens <= 1;
-      }
+      // No handle has it open (a seal's pin is none).
+      alone = f->cached_opens == 0 && (!f->stage || f->stage->handles.empty());
       // ftruncate is part of its handle's session, committed at its close; truncate(2) by path
       // commits at once unless the file is open, then with its session or last release.
       if (fh || !alone) return Status::Ok();
@@ -78,6 +86,14 @@ Result<InodeRecord> Store::SetAttr(uint64_t ino, const SetAttrRequest& req, uint
     }();
     if (UnpinFile(ino)) RETURN_IF_ERROR(ReapIfOrphan(ino));
     RETURN_IF_ERROR(st);
+  }
+  if (req.mtime_ns) {
+    // ... and a live staging file's, which its next commit reads.
+    const int64_t t = *req.mtime_ns == SetAttrRequest::kNow ? now : *req.mtime_ns;
+    const timespec ts[2] = {{0, UTIME_OMIT}, {t / 1'000'000'000, t % 1'000'000'000}};
+    RETURN_IF_ERROR(
+        ChangeStaged(ino, [&](int fd) { return ::futimens(fd, ts) == 0 ? 0 : errno; }, false)
+            .status());
   }
   std::lock_guard lock(ns_mu_);
   ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
@@ -89,9 +105,16 @@ Result<InodeRecord> Store::SetAttr(uint64_t ino, const SetAttrRequest& req, uint
   if (req.mtime_ns) {
     rec.mtime_ns = *req.mtime_ns == SetAttrRequest::kNow ? now : *req.mtime_ns;
     if (auto f = FindFile(ino)) f->mtime_ns = rec.mtime_ns;
+    // A staged file's time is its record's (what a seal commits).
+    ASSIGN_OR_RETURN(auto staged, txn.GetStaged(ino));
+    if (staged) {
+      staged->mtime_ns = rec.mtime_ns;
+      RETURN_IF_ERROR(txn.PutStaged(ino, *staged));
+    }
   }
   rec.ctime_ns = now;
   RETURN_IF_ERROR(txn.PutInode(rec));
+  RETURN_IF_ERROR(OverlayStaged(txn, &rec));  // what is shown, not stored
   RETURN_IF_ERROR(txn.Commit());
   ApplyOverlay(TakeOverlay(ino), &rec);
   return rec;
@@ -103,6 +126,14 @@ Result<InodeRecord> Store::MakeNode(uint64_t parent, std::string_view name, uint
 }
 
 Status Store::PunchHole(uint64_t ino, uint64_t offset, uint64_t len, uint64_t fh) {
+  ASSIGN_OR_RETURN(bool staged, ChangeStaged(ino, [&](int fd) {
+                     return ::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                                        static_cast<off_t>(offset), static_cast<off_t>(len)) == 0
+                                ? 0
+                                : errno;
+                   }, true));
+  if (staged) return Status::Ok();
+  RETURN_IF_ERROR(EnsureSealed(ino));
   {
     ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
     ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(ino));
@@ -127,9 +158,11 @@ Status Store::PunchHole(uint64_t ino, uint64_t offset, uint64_t len, uint64_t fh
 }
 
 Result<InodeRecord> Store::CreateFile(uint64_t parent, std::string_view name, uint32_t mode,
-                                      const Caller& who, uint64_t* fh, bool* keep_cache) {
+                                      const Caller& who, uint64_t* fh, bool* keep_cache,
+                                      int* passthrough_fd) {
   ASSIGN_OR_RETURN(InodeRecord rec, MakeNode(parent, name, S_IFREG | (mode & 07777), 0, who, true));
-  RETURN_IF_ERROR(Open(rec.ino, false, fh, keep_cache));
+  // In passthrough mode the new file's bytes start in a staging file (an empty one: "truncate").
+  RETURN_IF_ERROR(Open(rec.ino, passthrough_fd != nullptr, fh, keep_cache, true, passthrough_fd));
   if (auto f = FindFile(rec.ino)) {
     std::lock_guard lock(f->mu);
     f->unborn = true;

@@ -349,6 +349,7 @@ bool Store::Prefetching(uint64_t ino) { return prefetcher().Pending(ino); }
 void Store::StopPrefetch() { prefetcher().Stop(); }
 
 Result<Store::CacheUsage> Store::Cached(uint64_t ino) {
+  RETURN_IF_ERROR(SealAll());  // what staged files hold is counted once it is in chunks
   CacheUsage u;
   std::unordered_set<ChunkId, ChunkIdHash> seen;
   ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));

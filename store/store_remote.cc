@@ -145,6 +145,8 @@ Result<std::string> Store::RemoteState(uint64_t ino) {
   ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(ino));
   if (!S_ISREG(rec.mode)) return Invalid("only files have a remote state");
   if (!remote_) return std::string("local");
+  ASSIGN_OR_RETURN(auto staged, txn.GetStaged(ino));
+  if (staged) return std::string("uploading");  // closed: published once cut into chunks
   ASSIGN_OR_RETURN(uint64_t published, txn.GetPublished(ino));
   return std::string(published >= rec.generation && published > 0 ? "remote" : "uploading");
 }
@@ -377,6 +379,8 @@ Status Store::ApplyRemoteFile(const std::string& path, const FileRecord& r) {
       if (!S_ISREG(rec.mode)) return Status(Code::kExists, path + " is not a file here");
       // Open here: applied at a later pass, once nobody here has it open.
       if (IsOpen(rec.ino)) return Status(Code::kBusy, path + " is open");
+      ASSIGN_OR_RETURN(auto staged, txn.GetStaged(rec.ino));
+      if (staged) return Status(Code::kBusy, path + " has staged bytes not yet sealed");
       ASSIGN_OR_RETURN(uint64_t published, txn.GetPublished(rec.ino));
       // Local changes still to publish win over an older remote version; they overwrite it.
       if (published < rec.generation && rec.mtime_ns >= r.mtime_ns) return Status::Ok();
@@ -444,6 +448,8 @@ Status Store::ApplyRemoteDelete(const std::string& path) {
     ASSIGN_OR_RETURN(uint64_t published, txn.GetPublished(rec.ino));
     // Only a file that is what the backend had: local changes since are published again.
     if (published != rec.generation) return Status::Ok();
+    ASSIGN_OR_RETURN(auto staged, txn.GetStaged(rec.ino));
+    if (staged) return Status::Ok();  // so are bytes staged here
     ASSIGN_OR_RETURN(InodeRecord dir, txn.GetInode(parent));
     RETURN_IF_ERROR(txn.DelEntry(parent, parts.back()));
     dir.mtime_ns = dir.ctime_ns = NowNs();

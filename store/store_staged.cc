@@ -1,0 +1,453 @@
+// Store: staged files, the write path of FUSE passthrough.
+//
+// A file created or truncated by open(2) while nobody else has it open gets a staging file under
+// <cache_dir>/passthrough/, and the kernel reads and writes that file itself (the daemon sees
+// open, flush, fsync and release, no data). Its lifecycle:
+//
+//   open (O_CREAT/O_TRUNC) -> kernel writes -> close: StageCommit records the staging file as the
+//   file's newest bytes (LMDB, one transaction, no copy) -> last writer's release: a seal is
+//   queued -> Seal cuts the bytes into chunks (verified names, dedup), commits the manifest in
+//   place of the staged record, and removes the staging file once no handle reads it.
+//
+// Invariants kept: a close is safe against a daemon crash (the record is committed; the bytes are
+// in the local filesystem, which a daemon crash does not touch) and the file is never seen torn
+// (before its close the previous version stands; a restart drops staging files no record names).
+// fsync syncs the staging file before its record and the metadata after it, so the file
+// survives a machine crash too. A record written without fsync remembers the boot it was
+// written in: after a machine crash its bytes may not have reached the disk, so a restart in
+// another boot drops it and the file keeps its previous version (a file that had none is
+// removed), as an unsynced close may be undone by a power loss.
+//
+// The kernel allows passthrough only while no handle of the inode uses the page cache, and
+// wants every open of an inode in passthrough mode to name the same staging file: OpenStaged
+// decides under the file's lock, counting the handles served through the daemon.
+#include <dirent.h>
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <optional>
+#include <unordered_set>
+
+#include "store/remote_tier.h"
+#include "store/store.h"
+
+namespace ckptfs {
+
+namespace {
+
+}  // namespace
+
+int64_t MtimeNs(const struct stat& st) {
+  return int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec;
+}
+
+uint64_t DataBytes(const struct stat& st) {
+  return std::min<uint64_t>(static_cast<uint64_t>(st.st_blocks) * 512,
+                            static_cast<uint64_t>(st.st_size));
+}
+
+std::string CurrentBootId() {
+  if (const char* forced = std::getenv("CKPTFS_BOOT_ID"); forced && *forced) return forced;
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(in, id);
+  return id;
+}
+
+std::string Store::StagePath(const std::string& name) const {
+  return cfg_.cache_dir + "/passthrough/" + name;
+}
+
+Result<Store::StagedOpen> Store::OpenStaged(uint64_t ino, OpenFile& f, bool write, bool truncate,
+                                            uint64_t fh, int* passthrough_fd) {
+  *passthrough_fd = -1;
+  if (!f.stage || f.stage->handles.empty()) {
+    // The kernel refuses passthrough while a handle uses the inode's page cache.
+    if (f.cached_opens > 0 || f.writer || f.dirty) return StagedOpen::kNo;
+    // Staged and not sealed yet (closed a moment ago, or before a restart)?
+    RETURN_IF_ERROR(LoadStage(ino, f));
+    std::string replaces;
+    if (f.stage && f.stage->recorded) {
+      // Its bytes are the file's committed version: a writer must not change them in place
+      // (a crash would tear them). A new version goes to a new staging file, which replaces
+      // this one at its commit; any other change waits for the seal and takes the daemon's path.
+      if (truncate) {
+        replaces = f.stage->name;
+        f.stage.reset();  // the file stays until the new version is committed
+      } else if (write) {
+        return StagedOpen::kSealFirst;
+      }
+    }
+    if (!f.stage) {
+      // Bytes that live in chunks are read and changed through the daemon; a new version
+      // (O_TRUNC, create) is written into a new staging file.
+      if (!truncate) return StagedOpen::kNo;
+      // Near a full cache disk the daemon's own path refuses writes before they fail.
+      if (!CheckRoom(0).ok() && replaces.empty()) return StagedOpen::kNo;
+      auto stage = std::make_unique<OpenFile::Stage>();
+      stage->name = std::to_string(ino) + "." + std::to_string(NowNs());
+      stage->fd = ::open(StagePath(stage->name).c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC,
+                         0600);
+      if (stage->fd < 0) {
+        return Status::FromErrno(errno, "create of a staging file for inode " + std::to_string(ino));
+      }
+      stage->dirty = true;
+      stage->replaces = std::move(replaces);
+      metrics_.staged_files.Add(1);
+      f.stage = std::move(stage);
+    }
+    // Pages the kernel cached before the staging file are stale once it changes the bytes.
+    std::lock_guard lock(files_mu_);
+    stale_pages_.insert(ino);
+  }
+  OpenFile::Stage& s = *f.stage;
+  if (truncate && ::ftruncate(s.fd, 0) != 0) {
+    return Status::FromErrno(errno, "truncate of the staging file of inode " + std::to_string(ino));
+  }
+  if (write || truncate) {
+    ++s.writers;
+    s.epoch = ++stage_epoch_;
+    s.dirty = true;
+  }
+  s.handles[fh] = write || truncate;
+  *passthrough_fd = s.fd;
+  TrackWriters(f);
+  return StagedOpen::kYes;
+}
+
+void Store::TrackWriters(OpenFile& f) {
+  const bool writing = f.stage && f.stage->writers > 0;
+  {
+    std::lock_guard q(f.qmu);
+    if (writing == (f.writing_fd != nullptr)) return;
+    if (!writing) {
+      f.writing_fd.reset();
+      return;
+    }
+  }
+  const int fd = ::dup(f.stage->fd);
+  if (fd < 0) return;  // GetAttr then shows the last committed size
+  std::shared_ptr<const int> owned(new int(fd), [](const int* p) {
+    ::close(*p);
+    delete p;
+  });
+  std::lock_guard q(f.qmu);
+  f.writing_fd = std::move(owned);
+}
+
+Status Store::StageCommit(uint64_t ino, OpenFile& f, bool durable) {
+  OpenFile::Stage& s = *f.stage;
+  // Once fsync made the record durable, every later record of the file is: replacing it with
+  // one a machine crash may undo would take the fsync'd bytes with it.
+  durable = durable || s.durable;
+  // The kernel's writes into the staging file do not pass here: a write that failed for room
+  // (ENOSPC, which its writer saw) left a short file this close would commit. On a cache
+  // filesystem that is out of room the close fails instead, and the file keeps its previous
+  // version (the room AdmitWrite keeps free for the daemon's own writes is the margin).
+  if (Status room = CheckRoom(0); !room.ok()) {
+    return Status(Code::kNoSpace, "inode " + std::to_string(ino) + " is not committed: " +
+                                      room.message() + " (a write into it may have failed)");
+  }
+  if (durable && ::fdatasync(s.fd) != 0) {
+    return Status::FromErrno(errno, "fdatasync of the staging file of inode " + std::to_string(ino));
+  }
+  struct stat st;
+  if (::fstat(s.fd, &st) != 0) return Status::FromErrno(errno, "fstat of a staging file");
+  const StagedRecord::Stamp stamp{static_cast<uint64_t>(st.st_size), MtimeNs(st),
+                                  int64_t{st.st_ctim.tv_sec} * 1'000'000'000 + st.st_ctim.tv_nsec};
+  if (s.recorded && s.stamp == stamp && durable == s.durable) return Status::Ok();  // as recorded
+  StagedRecord r{s.name, static_cast<uint64_t>(st.st_size), MtimeNs(st), DataBytes(st), durable,
+                 boot_id_};
+  Status committed = [&]() -> Status {
+    std::lock_guard ns(ns_mu_);
+    ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
+    RETURN_IF_ERROR(txn.GetInode(ino).status());
+    RETURN_IF_ERROR(txn.PutStaged(ino, r));
+    RETURN_IF_ERROR(txn.ClearUnborn(ino));
+    return txn.Commit();
+  }();
+  if (!committed.ok()) {
+    log_->error("inode {}: its new bytes could not be committed: {}", ino, committed.ToString());
+    return committed;
+  }
+  s.recorded = true;
+  s.durable = durable;
+  s.stamp = stamp;
+  if (!s.replaces.empty()) {
+    ::unlink(StagePath(s.replaces).c_str());  // the version this one replaced
+    s.replaces.clear();
+  }
+  if (durable) RETURN_IF_ERROR(meta_->Sync());
+  f.unborn = false;
+  return Status::Ok();
+}
+
+Result<bool> Store::ReleaseStaged(uint64_t ino, OpenFile& f, uint64_t fh) {
+  std::lock_guard lock(f.mu);
+  if (!f.stage || !f.stage->handles.count(fh)) return false;
+  OpenFile::Stage& s = *f.stage;
+  const bool writer = s.handles[fh];
+  s.handles.erase(fh);
+  Status st;
+  if (writer) --s.writers;
+  TrackWriters(f);
+  bool seal = false;
+  if (writer && s.writers == 0 && s.dirty) {
+    // The last writer is gone: what it left is committed (a close normally did so already) and
+    // cut into chunks behind it.
+    st = StageCommit(ino, f, false);
+    seal = st.ok();
+  }
+  // The last reader of staged bytes (a seal that ran meanwhile left them to it).
+  if (s.handles.empty() && s.dirty && s.recorded) seal = true;
+  // Bytes no commit took (a failed close) are dropped with the last handle.
+  if (s.handles.empty() && (!s.dirty || (!st.ok() && !s.recorded))) {
+    DropStage(ino, f);
+    seal = false;
+  }
+  if (seal) ScheduleSeal(ino);
+  if (!st.ok()) return st;
+  return true;
+}
+
+void Store::DropStage(uint64_t ino, OpenFile& f) {
+  ::unlink(StagePath(f.stage->name).c_str());
+  f.stage.reset();  // closes it
+  std::lock_guard lock(files_mu_);
+  stale_pages_.insert(ino);
+}
+
+void Store::ScheduleSeal(uint64_t ino) {
+  if (seals_stopped_) return;
+  PinFile(ino);  // the staging file's state lives in the open-file entry
+  {
+    std::lock_guard lock(seals_mu_);
+    ++seals_pending_;
+  }
+  seal_pool_->Submit([this, ino] {
+    if (!seals_stopped_) {
+      auto f = FindFile(ino);
+      Status st = f ? Seal(ino, *f) : Status::Ok();
+      if (!st.ok()) log_->error("inode {}: sealing its staged bytes: {}", ino, st.ToString());
+    }
+    if (UnpinFile(ino)) (void)ReapIfOrphan(ino);
+    std::lock_guard lock(seals_mu_);
+    --seals_pending_;
+    seals_cv_.notify_all();
+  });
+}
+
+Status Store::SealAll() {
+  std::vector<uint64_t> staged;
+  {
+    ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
+    RETURN_IF_ERROR(
+        txn.ForEachStaged([&](uint64_t ino, const StagedRecord&) { staged.push_back(ino); }));
+  }
+  Status first;
+  for (uint64_t ino : staged) {
+    Status st = EnsureSealed(ino);
+    if (!st.ok() && first.ok()) first = st;
+  }
+  return first;
+}
+
+Status Store::Seal(uint64_t ino, OpenFile& f) {
+  std::lock_guard one(f.seal_mu);
+  // What is sealed is the record's staging file: the file's committed bytes. It may be the live
+  // stage (then no writer may have it open), or a version a new writer is replacing.
+  std::optional<StagedRecord> rec;
+  {
+    ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
+    ASSIGN_OR_RETURN(rec, txn.GetStaged(ino));
+  }
+  if (!rec) return Status::Ok();
+  int fd;
+  bool live;
+  uint64_t epoch = 0;
+  {
+    std::lock_guard lock(f.mu);
+    live = f.stage && f.stage->name == rec->name;
+    if (live) {
+      if (f.stage->writers > 0) return Status::Ok();  // being written: sealed after its close
+      fd = ::dup(f.stage->fd);
+      epoch = f.stage->epoch;
+    } else {
+      fd = ::open(StagePath(rec->name).c_str(), O_RDONLY | O_CLOEXEC);
+    }
+    if (fd < 0) {
+      return Status::FromErrno(errno, "open of the staging file of inode " + std::to_string(ino));
+    }
+  }
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return Status::FromErrno(errno, "fstat of a staging file");
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  FileWriter writer(Manifest(), static_cast<ChunkSink*>(this), cfg_.chunking, cfg_.reorder_bytes,
+                    &metrics_, scanners_, &reorder_budget_);
+  // The writer reads the file with pread, data regions only (holes stay holes). A writer may
+  // truncate it under the seal: a short read then fails the cut, and the epoch check below
+  // discards it.
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+  Status adopted = writer.AdoptFile(fd, size);
+  auto finished = adopted.ok() ? writer.Finish() : Result<Manifest>(adopted);
+  std::vector<ChunkId> freed;
+  Status done = [&]() -> Status {
+    std::lock_guard lock(f.mu);
+    const bool still_live = f.stage && f.stage->name == rec->name;
+    if (still_live != live ||
+        (live && (f.stage->epoch != epoch || f.stage->writers > 0))) {
+      return Status::Ok();  // written again meanwhile: the next seal cuts the new bytes
+    }
+    RETURN_IF_ERROR(finished.status());
+    // fsync'd bytes (the record may have become durable since the seal began) stay durable:
+    // chunks before the commit, the commit before the staging file goes below.
+    bool durable;
+    {
+      ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
+      ASSIGN_OR_RETURN(auto now, txn.GetStaged(ino));
+      if (!now || now->name != rec->name) return Status::Ok();  // unlinked, or staged anew
+      durable = now->durable;
+    }
+    if (durable) RETURN_IF_ERROR(cache_->Sync());
+    {
+      std::lock_guard ns(ns_mu_);
+      ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
+      ASSIGN_OR_RETURN(auto now, txn.GetStaged(ino));
+      if (!now || now->name != rec->name) return Status::Ok();
+      RETURN_IF_ERROR(CommitManifestTxn(txn, ino, *finished, now->mtime_ns, &freed));
+      RETURN_IF_ERROR(txn.Commit());
+    }
+    if (durable) RETURN_IF_ERROR(meta_->Sync());
+    f.manifest = std::make_shared<const Manifest>(std::move(*finished));
+    {
+      std::lock_guard q(f.qmu);
+      f.committed_size = f.manifest->size();
+    }
+    f.unborn = false;
+    metrics_.file_commits.Add(1);
+    metrics_.staged_seals.Add(1);
+    metrics_.staged_seal_bytes.Add(size);
+    if (live) {
+      f.stage->dirty = false;
+      f.stage->recorded = false;
+      if (f.stage->handles.empty()) DropStage(ino, f);
+    } else {
+      // A version being replaced by a new writer's staging file, or one nobody opened.
+      ::unlink(StagePath(rec->name).c_str());
+      if (f.stage && f.stage->replaces == rec->name) f.stage->replaces.clear();
+    }
+    return Status::Ok();
+  }();
+  ReleaseHolds(writer.held());
+  if (!done.ok()) return done;
+  Reclaim(freed);
+  if (remote_) remote_->Kick();
+  return Status::Ok();
+}
+
+Result<bool> Store::ChangeStaged(uint64_t ino, const std::function<int(int fd)>& fn,
+                                 bool bytes) {
+  auto f = FindFile(ino);
+  if (!f) return false;
+  std::lock_guard lock(f->mu);
+  if (!f->stage || f->stage->handles.empty()) return false;
+  OpenFile::Stage& s = *f->stage;
+  if (int err = fn(s.fd); err != 0) {
+    return Status::FromErrno(err, "change of the staging file of inode " + std::to_string(ino));
+  }
+  if (!bytes) return true;
+  s.epoch = ++stage_epoch_;
+  s.dirty = true;
+  if (s.writers == 0) {
+    RETURN_IF_ERROR(StageCommit(ino, *f, false));
+    ScheduleSeal(ino);
+  }
+  return true;
+}
+
+Status Store::OverlayStaged(MetaStore::Txn& txn, InodeRecord* rec) {
+  if (!S_ISREG(rec->mode)) return Status::Ok();
+  ASSIGN_OR_RETURN(auto staged, txn.GetStaged(rec->ino));
+  if (!staged) return Status::Ok();
+  rec->size = staged->size;
+  rec->data_bytes = staged->data_bytes;
+  rec->mtime_ns = rec->ctime_ns = staged->mtime_ns;
+  return Status::Ok();
+}
+
+Status Store::EnsureSealed(uint64_t ino) {
+  {
+    ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
+    ASSIGN_OR_RETURN(auto rec, txn.GetStaged(ino));
+    if (!rec) return Status::Ok();
+  }
+  auto f = PinFile(ino);
+  Status st = Seal(ino, *f);
+  if (UnpinFile(ino)) (void)ReapIfOrphan(ino);
+  return st;
+}
+
+Status Store::LoadStage(uint64_t ino, OpenFile& f) {
+  if (f.stage) return Status::Ok();
+  ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
+  ASSIGN_OR_RETURN(auto rec, txn.GetStaged(ino));
+  if (!rec) return Status::Ok();
+  auto stage = std::make_unique<OpenFile::Stage>();
+  stage->name = rec->name;
+  stage->fd = ::open(StagePath(rec->name).c_str(), O_RDWR | O_CLOEXEC);
+  if (stage->fd < 0) {
+    return Status::FromErrno(errno, "open of the staging file of inode " + std::to_string(ino));
+  }
+  stage->dirty = true;  // staged, not sealed
+  stage->recorded = true;
+  f.stage = std::move(stage);
+  return Status::Ok();
+}
+
+Result<std::vector<uint64_t>> Store::RecoverStaged(MetaStore::Txn& txn,
+                                                   std::vector<ChunkId>* freed) {
+  std::vector<std::pair<uint64_t, StagedRecord>> staged;
+  RETURN_IF_ERROR(txn.ForEachStaged(
+      [&](uint64_t ino, const StagedRecord& r) { staged.emplace_back(ino, r); }));
+  std::unordered_set<std::string> kept;
+  std::vector<uint64_t> seal;
+  for (auto& [ino, r] : staged) {
+    struct stat st;
+    const bool present = ::stat(StagePath(r.name).c_str(), &st) == 0 &&
+                         static_cast<uint64_t>(st.st_size) == r.size;
+    const bool survived = present && (r.durable || r.boot_id == boot_id_);
+    auto rec = txn.GetInode(ino);
+    if (survived && rec.ok()) {
+      kept.insert(r.name);
+      seal.push_back(ino);
+      continue;
+    }
+    RETURN_IF_ERROR(txn.DelStaged(ino));
+    if (!rec.ok()) continue;
+    if (rec->generation == 0) {
+      // A new file whose only bytes were lost with the machine: absent, as if never closed.
+      RETURN_IF_ERROR(RemoveUnborn(txn, *rec, freed));
+    }
+    log_->warn("inode {}: bytes closed without fsync before a machine crash are gone ({}); the "
+               "file keeps its previous version", ino, present ? "another boot" : "staging file lost");
+  }
+  // Staging files of writers that never closed: their files keep their previous bytes.
+  const std::string dir = cfg_.cache_dir + "/passthrough";
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      if (e->d_name[0] != '.' && !kept.count(e->d_name)) ::unlinkat(::dirfd(d), e->d_name, 0);
+    }
+    ::closedir(d);
+  }
+  return seal;
+}
+
+}  // namespace ckptfs

@@ -1,0 +1,177 @@
+// Staged files (store/store_staged.cc): the store's side of FUSE passthrough. The kernel's writes
+// are stood for by pwrite on the descriptor the store hands out.
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <string>
+#include <vector>
+
+#include "store/store.h"
+#include "tests/store/store_fixture.h"
+
+namespace ckptfs {
+namespace {
+
+using test::Bytes;
+
+class StoreStagedTest : public test::StoreFixture {
+ protected:
+  size_t StagingFiles() {
+    size_t n = 0;
+    if (DIR* d = ::opendir((cfg_.cache_dir + "/passthrough").c_str())) {
+      while (dirent* e = ::readdir(d)) n += e->d_name[0] != '.';
+      ::closedir(d);
+    }
+    return n;
+  }
+  // create(2) in passthrough mode, the bytes written by "the kernel", close(2): flush, release.
+  uint64_t CreateStaged(const std::string& name, const Bytes& data) {
+    uint64_t fh = 0;
+    bool keep = true;
+    int fd = -1;
+    auto rec = store_->CreateFile(kRootIno, name, 0644, who_, &fh, &keep, &fd);
+    EXPECT_TRUE(rec.ok()) << rec.status().ToString();
+    EXPECT_GE(fd, 0) << "a new file is written through a staging file";
+    EXPECT_FALSE(keep) << "passthrough handles take no page cache";
+    EXPECT_EQ(::pwrite(fd, data.data(), data.size(), 0), static_cast<ssize_t>(data.size()));
+    EXPECT_EQ(store_->GetAttr(rec->ino)->size, data.size()) << "the size shows while written";
+    EXPECT_TRUE(store_->Flush(rec->ino, fh).ok());
+    EXPECT_TRUE(store_->Release(rec->ino, fh).ok());
+    return rec->ino;
+  }
+};
+
+TEST_F(StoreStagedTest, CloseCommitsTheStagingFileAndTheSealCutsItIntoSharedChunks) {
+  const Bytes data = test::RandomBytes(3 << 20, 1);
+  InodeRecord classic = File(kRootIno, "classic");
+  WriteFile(classic.ino, data);
+  const size_t chunks = ChunkFiles();
+
+  const uint64_t ino = CreateStaged("staged", data);
+  EXPECT_EQ(store_->GetAttr(ino)->size, data.size()) << "committed at close";
+  ASSERT_TRUE(store_->EnsureSealed(ino).ok());
+  auto rec = store_->GetAttr(ino);
+  EXPECT_EQ(rec->size, data.size());
+  EXPECT_GT(rec->generation, 0u);
+  EXPECT_EQ(ChunkFiles(), chunks) << "the staged bytes dedup against the classic file's";
+  EXPECT_EQ(StagingFiles(), 0u) << "a sealed staging file nobody reads is removed";
+  EXPECT_TRUE(ReadFile(ino) == data);
+  auto m = store_->CommittedManifest(ino);
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ((*m)->size(), data.size());
+
+  Reopen();
+  EXPECT_TRUE(ReadFile(ino) == data);
+}
+
+TEST_F(StoreStagedTest, ReadersShareTheStagingFileAndAWriterOfCommittedBytesTakesTheDaemonsPath) {
+  const Bytes data = test::RandomBytes(1 << 20, 2);
+  const uint64_t ino = CreateStaged("f", data);
+  // Another passthrough open while the bytes are staged reads the same staging file.
+  uint64_t fh = 0;
+  int fd = -1;
+  ASSERT_TRUE(store_->Open(ino, false, &fh, nullptr, false, &fd).ok());
+  ASSERT_GE(fd, 0);
+  Bytes got(data.size());
+  ASSERT_EQ(::pread(fd, got.data(), got.size(), 0), static_cast<ssize_t>(got.size()));
+  EXPECT_TRUE(got == data);
+  ASSERT_TRUE(store_->Release(ino, fh).ok());
+  // A writer that does not truncate must not change staged bytes in place: they are sealed
+  // first and the handle goes through the daemon.
+  int wfd = -2;
+  ASSERT_TRUE(store_->Open(ino, false, &fh, nullptr, true, &wfd).ok());
+  EXPECT_EQ(wfd, -1);
+  const uint8_t patch[4] = {1, 2, 3, 4};
+  ASSERT_TRUE(store_->Write(ino, 10, patch, 4, fh).ok());
+  ASSERT_TRUE(store_->Flush(ino, fh).ok());
+  ASSERT_TRUE(store_->Release(ino, fh).ok());
+  Bytes want = data;
+  std::copy(patch, patch + 4, want.begin() + 10);
+  EXPECT_TRUE(ReadFile(ino) == want);
+  EXPECT_EQ(StagingFiles(), 0u);
+}
+
+TEST_F(StoreStagedTest, ATruncatingWriterGetsANewStagingFileAndTheOldVersionStandsUntilItsClose) {
+  const Bytes v1 = test::RandomBytes(1 << 20, 3);
+  const uint64_t ino = CreateStaged("f", v1);
+  uint64_t fh = 0;
+  int fd = -1;
+  ASSERT_TRUE(store_->Open(ino, true, &fh, nullptr, true, &fd).ok());
+  ASSERT_GE(fd, 0);
+  const Bytes v2 = test::RandomBytes(300000, 4);
+  ASSERT_EQ(::pwrite(fd, v2.data(), v2.size(), 0), static_cast<ssize_t>(v2.size()));
+  // Not closed yet: what is committed is still v1 (a seal now cuts v1).
+  auto m = store_->CommittedManifest(ino);
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ((*m)->size(), v1.size());
+  ASSERT_TRUE(store_->Flush(ino, fh).ok());
+  ASSERT_TRUE(store_->Release(ino, fh).ok());
+  EXPECT_TRUE(ReadFile(ino) == v2);
+  EXPECT_EQ(StagingFiles(), 0u);
+}
+
+TEST_F(StoreStagedTest, TruncateAndTimesOfALiveStagingFile) {
+  uint64_t fh = 0;
+  bool keep = true;
+  int fd = -1;
+  auto rec = store_->CreateFile(kRootIno, "f", 0644, who_, &fh, &keep, &fd);
+  ASSERT_TRUE(rec.ok());
+  const Bytes data = test::RandomBytes(500000, 5);
+  ASSERT_EQ(::pwrite(fd, data.data(), data.size(), 0), static_cast<ssize_t>(data.size()));
+  SetAttrRequest r;
+  r.size = 1000;
+  auto done = store_->SetAttr(rec->ino, r, fh);
+  ASSERT_TRUE(done.ok()) << done.status().ToString();
+  EXPECT_EQ(done->size, 1000u);
+  SetAttrRequest t;
+  t.mtime_ns = 1'234'000'000'567;
+  ASSERT_TRUE(store_->SetAttr(rec->ino, t, fh).ok());
+  ASSERT_TRUE(store_->Flush(rec->ino, fh).ok());
+  ASSERT_TRUE(store_->Release(rec->ino, fh).ok());
+  ASSERT_TRUE(store_->EnsureSealed(rec->ino).ok());
+  auto after = store_->GetAttr(rec->ino);
+  EXPECT_EQ(after->size, 1000u);
+  EXPECT_EQ(after->mtime_ns, 1'234'000'000'567);
+  EXPECT_TRUE(ReadFile(rec->ino) == Bytes(data.begin(), data.begin() + 1000));
+}
+
+TEST_F(StoreStagedTest, AStagedFileUnlinkedBeforeItsSealLeavesNothing) {
+  const uint64_t ino = CreateStaged("f", test::RandomBytes(1 << 20, 6));
+  ASSERT_TRUE(store_->Unlink(kRootIno, "f").ok());
+  ASSERT_TRUE(store_->SealAll().ok());
+  Reopen();
+  EXPECT_FALSE(store_->GetAttr(ino).ok());
+  EXPECT_EQ(StagingFiles(), 0u);
+  EXPECT_EQ(ChunkFiles(), 0u);
+}
+
+TEST_F(StoreStagedTest, AStagedRecordFromAnotherBootSurvivesOnlyIfFsynced) {
+  // Two files staged and not sealed: one closed, one fsync'd. The store stops before sealing
+  // them (an open reader keeps neither from its seal, so seals are stopped by the close).
+  const Bytes old = test::RandomBytes(400000, 7);
+  InodeRecord kept = File(kRootIno, "kept");
+  WriteFile(kept.ino, old);
+  uint64_t fh1 = 0, fh2 = 0;
+  int fd1 = -1, fd2 = -1;
+  ASSERT_TRUE(store_->Open(kept.ino, true, &fh1, nullptr, true, &fd1).ok());
+  auto synced = store_->CreateFile(kRootIno, "synced", 0644, who_, &fh2, nullptr, &fd2);
+  ASSERT_TRUE(synced.ok());
+  const Bytes a = test::RandomBytes(300000, 8), b = test::RandomBytes(200000, 9);
+  ASSERT_EQ(::pwrite(fd1, a.data(), a.size(), 0), static_cast<ssize_t>(a.size()));
+  ASSERT_EQ(::pwrite(fd2, b.data(), b.size(), 0), static_cast<ssize_t>(b.size()));
+  ASSERT_TRUE(store_->Flush(kept.ino, fh1).ok());
+  ASSERT_TRUE(store_->Fsync(synced->ino, fh2).ok());
+  // Still open for writing: no seal runs. The close of the store records them as they are.
+  ::setenv("CKPTFS_BOOT_ID", "another-boot", 1);
+  Reopen();
+  ::unsetenv("CKPTFS_BOOT_ID");
+  // The closed one's bytes may not have reached the disk in another boot: its previous
+  // version stands. The fsync'd one is there.
+  EXPECT_TRUE(ReadFile(kept.ino) == old);
+  EXPECT_TRUE(ReadFile(synced->ino) == b);
+  EXPECT_EQ(StagingFiles(), 0u);
+}
+
+}  // namespace
+}  // namespace ckptfs
