@@ -65,6 +65,11 @@ struct Config {
   uint32_t max_readahead_bytes = 16 << 20;
   uint32_t max_background = 64;
   bool writeback_cache = false;
+  // FUSE passthrough (needs libfuse 3.17, a kernel with it, root, and no writeback cache): a file
+  // created or truncated by open(2) is written by the kernel into a staging file of the local
+  // tier and cut into chunks after its close (store/store_staged.cc). Off, or where unavailable
+  // (logged at mount), every byte goes through the daemon.
+  bool passthrough = true;
   // The remote tier (store/remote_tier.h). Empty: none; the cache directory holds everything.
   // "file:///PATH" (a directory, e.g. on a parallel filesystem) or "s3://BUCKET[/PREFIX]".
   std::string backend;

@@ -2,10 +2,11 @@
 // handler families, one file each. Handlers are thin: they call the Store and reply.
 #pragma once
 
-#define FUSE_USE_VERSION 312
-#include <fuse_lowlevel.h>
-
+#include <atomic>
 #include <memory>
+
+#include "fs/backing.h"
+#include "fs/fuse_version.h"
 
 #include "common/config.h"
 #include "common/log.h"
@@ -23,6 +24,10 @@ struct Context {
   std::shared_ptr<FileInfoCache> info;  // descriptions of checkpoint files (file_info.cc)
   std::shared_ptr<ViewTree> views;      // the virtual .views directories (views.h)
   fuse_session* session = nullptr;      // for notifications to the kernel; set before mounting
+  // Whether files are opened in FUSE passthrough mode (decided at init: the kernel, libfuse and
+  // the options must all allow it), and the backing files registered for it.
+  std::atomic<bool> passthrough{false};
+  BackingFiles backing;
 };
 
 inline Context& Ctx(fuse_req_t req) { return *static_cast<Context*>(fuse_req_userdata(req)); }
@@ -59,6 +64,8 @@ bool IsComputedXattr(std::string_view name);
 // The hints: "1" queues a prefetch of a file or tree, "0" cancels it; reads "1" while pending.
 // user.ckptfs.pin (Store::kPinXattr) is stored, "1" or absent.
 inline constexpr std::string_view kPrefetchXattr = "user.ckptfs.prefetch";
+// Set to "1": seal every staged file now (Store::SealAll). Never stored, never read.
+inline constexpr std::string_view kSealXattr = "user.ckptfs.seal";
 // Predictive prefetch (warm.cc): `ino` was opened for reading; when it belongs to a recognized
 // checkpoint whose chunks are not all local, warm the rest of that checkpoint in the background.
 void WarmOnOpen(Context& ctx, fuse_ino_t ino);

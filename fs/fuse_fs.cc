@@ -14,6 +14,26 @@
 namespace ckptfs {
 namespace {
 
+// Turns passthrough on where everything allows it; says what was decided, and why not.
+const char* PassthroughMode(fs::Context& ctx, fuse_conn_info* conn) {
+  const Config& cfg = ctx.cfg;
+  if (!cfg.passthrough) return "off (passthrough=0)";
+  if (!fs::kFusePassthrough) return "off (this build's libfuse has none: see scripts/libfuse.sh)";
+#if defined(FUSE_CAP_PASSTHROUGH)
+  if (!(conn->capable & FUSE_CAP_PASSTHROUGH)) return "off (the kernel offers none)";
+  if (conn->want & FUSE_CAP_WRITEBACK_CACHE) return "off (writeback_cache is on)";
+  if (cfg.durability == "remote") return "off (durability=remote)";
+  if (::geteuid() != 0) return "off (registering backing files needs root)";
+  conn->want |= FUSE_CAP_PASSTHROUGH;
+  conn->max_backing_stack_depth = 1;  // the cache directory may sit on overlayfs
+  ctx.passthrough = true;
+  return "on (files written by create or O_TRUNC go through staging files)";
+#else
+  (void)conn;
+  return "off";
+#endif
+}
+
 void Init(void* userdata, fuse_conn_info* conn) {
   auto* ctx = static_cast<fs::Context*>(userdata);
   const Config& cfg = ctx->cfg;
@@ -28,9 +48,10 @@ void Init(void* userdata, fuse_conn_info* conn) {
   } else {
     conn->want &= ~FUSE_CAP_WRITEBACK_CACHE;
   }
-  ctx->log->info("mounted: max_write {} KiB, readahead {} KiB, writeback cache {}",
+  const char* passthrough = PassthroughMode(*ctx, conn);
+  ctx->log->info("mounted: max_write {} KiB, readahead {} KiB, writeback cache {}, passthrough {}",
                  conn->max_write >> 10, conn->max_readahead >> 10,
-                 (conn->want & FUSE_CAP_WRITEBACK_CACHE) ? "on" : "off");
+                 (conn->want & FUSE_CAP_WRITEBACK_CACHE) ? "on" : "off", passthrough);
 }
 
 // The kernel caps a FUSE mount's readahead at its backing device's read_ahead_kb (128 KiB when

@@ -19,6 +19,33 @@ void SetOpenFlags(fuse_file_info* fi, uint64_t fh, bool keep_cache) {
   fi->direct_io = 0;
 }
 
+// A handle the store serves from a staging file (passthrough_fd >= 0) gets the inode's backing
+// id: the kernel then reads and writes that file itself. False when the kernel refuses: the
+// handle is released and the open fails with EIO (the inode may have other passthrough handles,
+// so it cannot fall back to the daemon).
+bool SetPassthrough(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi, int passthrough_fd) {
+  if (passthrough_fd < 0) return true;
+#if defined(FUSE_CAP_PASSTHROUGH)
+  Context& ctx = Ctx(req);
+  const int id = ctx.backing.Acquire(req, ino, fi->fh, passthrough_fd);
+  if (id > 0) {
+    fi->backing_id = id;
+    fi->keep_cache = 0;
+    return true;
+  }
+  ctx.log->error("inode {}: the kernel refused its staging file as a passthrough backing file",
+                 ino);
+#else
+  (void)req;
+  (void)ino;
+  (void)fi;
+#endif
+  return false;
+}
+
+// Where this mount serves files in passthrough mode, the out-parameter the store fills.
+int* PassthroughOut(fuse_req_t req, int* fd) { return Ctx(req).passthrough ? fd : nullptr; }
+
 void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   if (IsViewIno(ino)) {
     if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC)) {
@@ -36,12 +63,19 @@ void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   // truncating first: the store must drop the old bytes.
   uint64_t fh = 0;
   bool keep = true;
+  int pt_fd = -1;
   Context& ctx = Ctx(req);
-  Status st = ctx.store->Open(ino, (fi->flags & O_TRUNC) != 0, &fh, &keep);
+  const bool reader = (fi->flags & O_ACCMODE) == O_RDONLY;
+  Status st = ctx.store->Open(ino, (fi->flags & O_TRUNC) != 0, &fh, &keep, !reader,
+                              PassthroughOut(req, &pt_fd));
   if (!st.ok()) return ReplyError(req, st, "open", ino);
   SetOpenFlags(fi, fh, keep);
-  const bool reader = (fi->flags & O_ACCMODE) == O_RDONLY;
+  if (!SetPassthrough(req, ino, fi, pt_fd)) {
+    (void)ctx.store->Release(ino, fh);
+    return static_cast<void>(fuse_reply_err(req, EIO));
+  }
   if (fuse_reply_open(req, fi) != 0) {
+    ctx.backing.Release(req, fh);
     (void)ctx.store->Release(ino, fh);  // opener is gone
   } else if (reader) {
     WarmOnOpen(ctx, ino);  // after the reply: the opener does not wait for it
@@ -50,14 +84,23 @@ void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
 
 void Create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, fuse_file_info* fi) {
   if (RefuseView(req, parent)) return;
-  Store* store = Ctx(req).store;
+  Context& ctx = Ctx(req);
   uint64_t fh = 0;
   bool keep = true;
-  auto rec = store->CreateFile(parent, name, mode, CallerOf(req), &fh, &keep);
+  int pt_fd = -1;
+  auto rec = ctx.store->CreateFile(parent, name, mode, CallerOf(req), &fh, &keep,
+                                   PassthroughOut(req, &pt_fd));
   if (!rec.ok()) return ReplyError(req, rec.status(), "create", parent);
   SetOpenFlags(fi, fh, keep);
+  if (!SetPassthrough(req, rec->ino, fi, pt_fd)) {
+    (void)ctx.store->Release(rec->ino, fh);
+    return static_cast<void>(fuse_reply_err(req, EIO));
+  }
   fuse_entry_param e = EntryOf(req, *rec);
-  if (fuse_reply_create(req, &e, fi) != 0) (void)store->Release(rec->ino, fh);
+  if (fuse_reply_create(req, &e, fi) != 0) {
+    ctx.backing.Release(req, fh);
+    (void)ctx.store->Release(rec->ino, fh);
+  }
 }
 
 // fuse_reply_iov hands its vector to one writev(2), which takes at most IOV_MAX (1024) entries,
@@ -97,13 +140,21 @@ void Write(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_t o
 
 void Flush(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   if (IsViewIno(ino)) return static_cast<void>(fuse_reply_err(req, 0));
-  Status st = Ctx(req).store->Flush(ino, fi->fh);
+  Context& ctx = Ctx(req);
+  Status st = ctx.store->Flush(ino, fi->fh);
   if (!st.ok()) return ReplyError(req, st, "flush", ino);
+  if (ctx.backing.Has(fi->fh)) {
+    // The kernel keeps times it set itself on a passthrough file (an O_TRUNC open stamps the
+    // inode, not the staging file): it asks again, and sees what was committed. Attributes
+    // only (offset -1): no page lock is taken, so this is safe inside a request.
+    fuse_lowlevel_notify_inval_inode(ctx.session, ino, -1, 0);
+  }
   fuse_reply_err(req, 0);
 }
 
 void Release(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   if (IsViewIno(ino)) return static_cast<void>(fuse_reply_err(req, 0));
+  Ctx(req).backing.Release(req, fi->fh);  // before the store may close the staging file
   Status st = Ctx(req).store->Release(ino, fi->fh);
   if (!st.ok()) return ReplyError(req, st, "release", ino);
   fuse_reply_err(req, 0);

@@ -48,7 +48,7 @@ constexpr const char* kUsage = R"(usage:
 mount options (-o): ram_cache=SIZE, write_queue=SIZE, write_memory=SIZE, write_threads=N,
   reorder_buffer=SIZE,
   readahead_chunks=N, read_threads=N, io_engine=uring|pread,
-  writeback_cache[=0|1], max_threads=N, max_background=N, max_readahead=SIZE,
+  writeback_cache[=0|1], passthrough[=0|1], max_threads=N, max_background=N, max_readahead=SIZE,
   attr_timeout=SECONDS, entry_timeout=SECONDS, chunk_min=SIZE, chunk_avg=SIZE, chunk_max=SIZE,
   tensor_chunking[=0|1], tensor_piece=SIZE, durability=local|remote, cache_size=SIZE,
   upload_threads=N, remote_timeout=SECONDS, sync_interval=SECONDS, mount_timeout=SECONDS,
@@ -103,6 +103,7 @@ Status ApplyOption(const std::string& opt, Config& cfg) {
     if (key == "sync_interval") return (cfg.sync_interval_s = std::stod(val)), Status::Ok();
     if (key == "mount_timeout") return (cfg.mount_timeout_s = std::stod(val)), Status::Ok();
     if (key == "writeback_cache") return (cfg.writeback_cache = val != "0"), Status::Ok();
+    if (key == "passthrough") return (cfg.passthrough = val != "0"), Status::Ok();
     if (key == "max_threads") return (cfg.max_threads = std::stoul(val)), Status::Ok();
     if (key == "max_background") return (cfg.max_background = std::stoul(val)), Status::Ok();
     if (key == "attr_timeout") return (cfg.attr_timeout_s = std::stod(val)), Status::Ok();

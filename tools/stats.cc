@@ -1,4 +1,8 @@
 #include <sys/stat.h>
+#include <sys/xattr.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <cstdio>
 #include <deque>
@@ -75,11 +79,12 @@ int Stats(const std::vector<std::string>& args) {
   if (args.size() > 1) return Fail("stats takes one path: MOUNTPOINT, a path in it, or CACHE_DIR");
   const std::string path = AbsolutePath(args.empty() ? "." : args[0]);  // default: where we are
   // A path inside a mount: find the mount above it and the names below the mount point.
-  std::string cache_dir = path;
+  std::string cache_dir = path, mount_root;
   std::vector<std::string> names;
   for (std::string p = path;;) {
     if (auto entry = FindMount(p)) {
       cache_dir = entry->cache_dir;
+      mount_root = p;
       break;
     }
     const size_t slash = p.rfind('/');
@@ -89,6 +94,14 @@ int Stats(const std::vector<std::string>& args) {
     }
     names.insert(names.begin(), p.substr(slash + 1));
     p = slash == 0 ? "/" : p.substr(0, slash);
+  }
+  if (!mount_root.empty()) {
+    // On a mount: files closed after a passthrough write are cut into chunks first, so that
+    // what is counted is what is stored (their bytes are in staging files until then).
+    if (::setxattr(mount_root.c_str(), "user.ckptfs.seal", "1", 1, 0) != 0) {
+      std::fprintf(stderr, "ckptfs stats: sealing staged files on %s: %s\n", mount_root.c_str(),
+                   std::strerror(errno));
+    }
   }
   auto meta = MetaStore::Open(cache_dir + "/meta", 64ull << 30, /*read_only=*/true);
   if (!meta.ok()) {

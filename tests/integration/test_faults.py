@@ -250,7 +250,9 @@ def test_chunk_read_errors_fail_reads_with_eio_and_lose_nothing(make_mount):
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("error", ["eio", "enospc"])
 def test_chunk_write_errors_mid_save_keep_the_previous_version(make_mount, error):
-    m = make_mount()
+    # The daemon's write path (in passthrough mode the save goes to a staging file, and chunks
+    # are written by the seal: see the test below).
+    m = make_mount(options="passthrough=0")
     old = rand_bytes(6 * MiB, 30)
     write_file(m / "ckpt.pt", old)
     other = rand_bytes(2 * MiB, 31)
@@ -273,6 +275,35 @@ def test_chunk_write_errors_mid_save_keep_the_previous_version(make_mount, error
     assert s["stored_bytes"] == m.chunk_bytes_on_disk()
 
 
+@pytest.mark.timeout(180)
+def test_chunk_write_errors_during_a_seal_lose_nothing(make_mount):
+    m = make_mount()
+    old = rand_bytes(6 * MiB, 40)
+    write_file(m / "ckpt.pt", old)
+    assert m.stats()["stored_bytes"] == 6 * MiB  # sealed: in chunks
+    remount_with(m, "ops=write,error=eio")
+    new = rand_bytes(12 * MiB, 41)
+    write_file(m / "ckpt.pt", new)  # into a staging file: the chunk disk is not involved
+    assert read_file(m / "ckpt.pt") == new
+    # The seal cannot write a chunk: the staged bytes stay, and say so.
+    err = None
+    try:
+        os.getxattr(m / "ckpt.pt", "user.ckptfs.chunks")
+    except OSError as e:
+        err = e
+    assert err is not None and err.errno == errno.EIO, err
+    assert "writing chunk" in m.log()
+    assert read_file(m / "ckpt.pt") == new
+    assert len(os.listdir(m.cache / "passthrough")) == 1
+    # A healthy disk: the next mount seals them, and everything is in chunks.
+    remount_with(m, None)
+    assert read_file(m / "ckpt.pt") == new
+    s = m.stats()
+    assert s["files"] == 1 and s["logical_bytes"] == 12 * MiB
+    assert s["stored_bytes"] == m.chunk_bytes_on_disk()
+    assert not os.listdir(m.cache / "passthrough")
+
+
 def lmdb_fault_shim():
     """The LD_PRELOAD shim that fails LMDB's data file writes while a trigger file exists."""
     env = os.environ.get("CKPTFS_LMDB_FAULT_SHIM")
@@ -282,14 +313,17 @@ def lmdb_fault_shim():
 
 
 @pytest.mark.timeout(180)
-def test_metadata_write_errors_fail_the_commit_and_lose_nothing(make_mount, workdir):
+@pytest.mark.parametrize("passthrough", ["0", "1"])
+def test_metadata_write_errors_fail_the_commit_and_lose_nothing(make_mount, workdir, passthrough):
     trigger = workdir / "lmdb-fails"
-    m = make_mount(env={"LD_PRELOAD": str(lmdb_fault_shim()),
+    m = make_mount(options=f"passthrough={passthrough}",
+                   env={"LD_PRELOAD": str(lmdb_fault_shim()),
                         "CKPTFS_TEST_LMDB_FAULT": str(trigger)})
     old = rand_bytes(5 * MiB, 50)
     write_file(m / "ckpt.pt", old)
     other = rand_bytes(MiB, 51)
     write_file(m / "other.pt", other)
+    m.stats()  # (passthrough) the files closed so far are sealed: no commit of theirs is left
     trigger.touch()  # the disk under the metadata starts failing
     new = rand_bytes(7 * MiB, 52)
     err = None
