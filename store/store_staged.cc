@@ -65,6 +65,7 @@ std::string Store::StagePath(const std::string& name) const {
 Result<Store::StagedOpen> Store::OpenStaged(uint64_t ino, OpenFile& f, bool write, bool truncate,
                                             uint64_t fh, int* passthrough_fd) {
   *passthrough_fd = -1;
+  bool fresh = false;  // a new staging file: empty already
   if (!f.stage || f.stage->handles.empty()) {
     // The kernel refuses passthrough while a handle uses the inode's page cache.
     if (f.cached_opens > 0 || f.writer || f.dirty) return StagedOpen::kNo;
@@ -99,13 +100,16 @@ Result<Store::StagedOpen> Store::OpenStaged(uint64_t ino, OpenFile& f, bool writ
       stage->replaces = std::move(replaces);
       metrics_.staged_files.Add(1);
       f.stage = std::move(stage);
+      fresh = true;
     }
     // Pages the kernel cached before the staging file are stale once it changes the bytes.
     std::lock_guard lock(files_mu_);
     stale_pages_.insert(ino);
   }
   OpenFile::Stage& s = *f.stage;
-  if (truncate && ::ftruncate(s.fd, 0) != 0) {
+  // (Not a fresh file: truncating it to 0 would also make ext4 write all of it back at its close,
+  // its heuristic for files replaced by truncation, inside the writer's close(2).)
+  if (truncate && !fresh && ::ftruncate(s.fd, 0) != 0) {
     return Status::FromErrno(errno, "truncate of the staging file of inode " + std::to_string(ino));
   }
   if (write || truncate) {
