@@ -3,9 +3,15 @@
 
 Every figure is a ratio measured in this run (higher is better for the mount; 1.00 = as fast as
 the plain directory):
-  save mount/plain        torch.save of a state dict of SIZE bytes (new values every run)
+  save mount/plain        torch.save of a state dict of SIZE bytes (new values every run) to a new
+                          path each run, as a job saves step after step
+  save+seal               the same, until the bytes are in chunks (in passthrough mode a close
+                          commits a staging file, cut into chunks behind it; off, the two agree)
+  save-over               torch.save over the same path every run (ext4 writes a file replaced
+                          by truncation back at its close: the plain directory pays for that)
   load-warm mount/plain   torch.load of it, second load (page caches warm)
   write-1M mount/plain    sequential 1 MiB writes of SIZE fresh random bytes, closed
+  write-1M+seal           the same, until the bytes are in chunks
   read-1M-cold            sequential 1 MiB reads after dropping the kernel's caches
   read-1M-warm            the same with caches warm
 and the daemon's peak RSS (VmHWM) against its budget (256 MiB + configured RAM cache).
@@ -30,6 +36,11 @@ def drop_caches():
     os.sync()
     with open("/proc/sys/vm/drop_caches", "w") as f:
         f.write("3\n")
+
+
+def seal(mnt):
+    """Returns once every file closed on the mount is in chunks (user.ckptfs.seal)."""
+    os.setxattr(mnt, "user.ckptfs.seal", b"1")
 
 
 def timed(fn):
@@ -136,13 +147,32 @@ def main():
                   f"mount {size / m / 1e9 if 'save' not in name and 'load' not in name else real / m / 1e9:.2f} GB/s)", flush=True)
 
         pf, mf = os.path.join(plain, "model.pt"), os.path.join(mnt, "model.pt")
+        step = [0]
+
         def perturb():  # every save writes new bytes, as every training step does
+            seal(mnt)  # no run inherits the seal of the one before
+            for d in (plain, mnt):  # the last step's file goes (untimed), the next is new
+                for name in os.listdir(d):
+                    if name.startswith("step-"):
+                        os.unlink(os.path.join(d, name))
+            step[0] += 1
             for t in sd.values():
                 if torch.is_tensor(t):
                     t.add_(1.0)
             os.sync()  # no run inherits the writeback of the one before
 
-        ratio("save", lambda: torch.save(sd, pf), lambda: torch.save(sd, mf), prep=perturb)
+        def at(d):
+            return os.path.join(d, f"step-{step[0]}.pt")
+
+        ratio("save", lambda: torch.save(sd, at(plain)), lambda: torch.save(sd, at(mnt)),
+              prep=perturb)
+        ratio("save+seal", lambda: torch.save(sd, at(plain)),
+              lambda: (torch.save(sd, at(mnt)), seal(mnt)), prep=perturb)
+        perturb()
+        torch.save(sd, pf)
+        torch.save(sd, mf)
+        ratio("save-over", lambda: torch.save(sd, pf), lambda: torch.save(sd, mf), prep=perturb)
+        seal(mnt)
         torch.load(pf)
         torch.load(mf)
         ratio("load-warm", lambda: torch.load(pf), lambda: torch.load(mf))
@@ -152,8 +182,14 @@ def main():
 
         pb, mb = os.path.join(plain, "seq.bin"), os.path.join(mnt, "seq.bin")
         fresh = FreshBytes(size)
+        def renew():
+            seal(mnt)
+            fresh.renew()
         ratio("write-1M", lambda: write_seq(pb, fresh.buf, 1 << 20),
-              lambda: write_seq(mb, fresh.buf, 1 << 20), prep=fresh.renew)
+              lambda: write_seq(mb, fresh.buf, 1 << 20), prep=renew)
+        ratio("write-1M+seal", lambda: write_seq(pb, fresh.buf, 1 << 20),
+              lambda: (write_seq(mb, fresh.buf, 1 << 20), seal(mnt)), prep=renew)
+        seal(mnt)
         del fresh
         ratio("read-1M-cold", lambda: read_seq(pb, 1 << 20), lambda: read_seq(mb, 1 << 20), prep=drop_caches)
         ratio("read-1M-warm", lambda: read_seq(pb, 1 << 20), lambda: read_seq(mb, 1 << 20))

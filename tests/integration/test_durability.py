@@ -282,3 +282,27 @@ def test_signal_unmounts_cleanly(make_mount, sig):
     assert "unclean" not in m.log()  # a clean stop: nothing to recover
     assert read_file(m.mnt / "closed") == data
     assert read_file(m.mnt / "open") == b"written before the signal"
+
+
+def test_passthrough_staged_files_through_a_crash(make_mount):
+    # In passthrough mode a save goes to a staging file: a crash mid-write leaves the previous
+    # version, a closed file survives whether or not its seal ran, and the seal that follows
+    # deduplicates its chunks against the files already stored.
+    m = make_mount()
+    old = rand_bytes(3 * MiB, 700)
+    write_file(m / "ckpt.pt", old)
+    assert m.stats()["stored_bytes"] == 3 * MiB  # sealed
+    closed = rand_bytes(5 * MiB, 701)
+    write_file(m / "closed.pt", closed)  # staged; its seal may or may not run before the kill
+    fd = os.open(m / "ckpt.pt", os.O_WRONLY | os.O_TRUNC)
+    os.write(fd, rand_bytes(2 * MiB, 702))
+    assert os.listdir(m.cache / "passthrough"), "the writes go to a staging file"
+    m.crash_and_remount(fd)
+    assert read_file(m / "ckpt.pt") == old
+    assert read_file(m / "closed.pt") == closed
+    write_file(m / "copy.pt", closed)  # the same bytes again: no new chunk once sealed
+    s = m.stats()
+    assert s["files"] == 3 and s["stored_bytes"] == 8 * MiB, s
+    assert s["stored_bytes"] == m.chunk_bytes_on_disk()
+    assert not os.listdir(m.cache / "passthrough")
+    assert "passthrough on" in m.log()
