@@ -140,6 +140,13 @@ Status ServeMount(Store* store, const Config& cfg, const std::function<void()>& 
     result = IoError("the FUSE loop ended with error " + std::to_string(rc));
   }
   store->StopSync();  // no notification may reach a session that is going away
+  // The store is closed (committed, synced, marked clean) while the connection is still up: with
+  // a passthrough file held open by another process, this kernel was seen to keep the daemon's
+  // exit waiting for about five minutes after the connection is torn down.
+  if (Status closed = store->Close(); !closed.ok()) {
+    ctx.log->error("closing the store: {}", closed.ToString());
+    if (result.ok()) result = closed;
+  }
   fuse_session_unmount(se);
   fuse_remove_signal_handlers(se);
   fuse_session_destroy(se);
