@@ -291,7 +291,7 @@ def test_passthrough_staged_files_through_a_crash(make_mount):
     # In passthrough mode a save goes to a staging file: a crash mid-write leaves the previous
     # version, a closed file survives whether or not its seal ran, and the seal that follows
     # deduplicates its chunks against the files already stored.
-    m = make_mount()
+    m = make_mount(options="passthrough=1")  # also where the suite runs with passthrough=0
     old = rand_bytes(3 * MiB, 700)
     write_file(m / "ckpt.pt", old)
     assert m.stats()["stored_bytes"] == 3 * MiB  # sealed
