@@ -307,6 +307,7 @@ class Store final : private ChunkSink {
       bool durable = false;   // fsync recorded it: its later records are made durable too
       std::string replaces;   // the staging file of the version it replaces, removed at its commit
       StagedRecord::Stamp stamp;  // the file as last recorded
+      Status failed;  // a close refused this session's bytes (no room): later commits fail too
       uint64_t epoch = 0;     // bumped by every writable open and truncate: a seal started
                               // before it is stale
     };

@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <optional>
 #include <unordered_set>
@@ -112,6 +113,7 @@ Result<Store::StagedOpen> Store::OpenStaged(uint64_t ino, OpenFile& f, bool writ
   if (truncate && !fresh && ::ftruncate(s.fd, 0) != 0) {
     return Status::FromErrno(errno, "truncate of the staging file of inode " + std::to_string(ino));
   }
+  if (truncate) s.failed = Status::Ok();  // a new session
   if (write || truncate) {
     ++s.writers;
     s.epoch = ++stage_epoch_;
@@ -152,9 +154,17 @@ Status Store::StageCommit(uint64_t ino, OpenFile& f, bool durable) {
   // (ENOSPC, which its writer saw) left a short file this close would commit. On a cache
   // filesystem that is out of room the close fails instead, and the file keeps its previous
   // version (the room AdmitWrite keeps free for the daemon's own writes is the margin).
+  if (!s.failed.ok()) return s.failed;  // this session's bytes are dropped already
   if (Status room = CheckRoom(0); !room.ok()) {
-    return Status(Code::kNoSpace, "inode " + std::to_string(ino) + " is not committed: " +
-                                      room.message() + " (a write into it may have failed)");
+    s.failed = Status(Code::kNoSpace, "inode " + std::to_string(ino) + " is not committed: " +
+                                          room.message() + " (a write into it may have failed)");
+    // Its bytes are dropped: their room comes back now, not at the release that follows (the
+    // unlink or rewrite that usually comes next needs it). Not a staging file that holds the
+    // committed version (a record names it).
+    if (!s.recorded && ::ftruncate(s.fd, 0) != 0) {
+      log_->warn("inode {}: freeing its dropped staging file: {}", ino, std::strerror(errno));
+    }
+    return s.failed;
   }
   if (durable && ::fdatasync(s.fd) != 0) {
     return Status::FromErrno(errno, "fdatasync of the staging file of inode " + std::to_string(ino));
