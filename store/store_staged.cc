@@ -166,6 +166,13 @@ Status Store::StageCommit(uint64_t ino, OpenFile& f, bool durable) {
     }
     return s.failed;
   }
+  if (!s.replaces.empty() && !durable) {
+    // Replacing a version that fsync made durable (staged, not sealed yet): this one must be
+    // durable before that one's file goes.
+    ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
+    ASSIGN_OR_RETURN(auto old, txn.GetStaged(ino));
+    durable = old && old->name == s.replaces && old->durable;
+  }
   if (durable && ::fdatasync(s.fd) != 0) {
     return Status::FromErrno(errno, "fdatasync of the staging file of inode " + std::to_string(ino));
   }
@@ -191,11 +198,11 @@ Status Store::StageCommit(uint64_t ino, OpenFile& f, bool durable) {
   s.recorded = true;
   s.durable = durable;
   s.stamp = stamp;
+  if (durable) RETURN_IF_ERROR(meta_->Sync());
   if (!s.replaces.empty()) {
-    ::unlink(StagePath(s.replaces).c_str());  // the version this one replaced
+    ::unlink(StagePath(s.replaces).c_str());  // the version this one replaced, after the commit
     s.replaces.clear();
   }
-  if (durable) RETURN_IF_ERROR(meta_->Sync());
   f.unborn = false;
   return Status::Ok();
 }
