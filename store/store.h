@@ -501,9 +501,6 @@ class Store final : private ChunkSink {
   // Seals of staged files (store_staged.cc); stopped first at Close (what is left resumes at the
   // next mount).
   std::atomic<bool> seals_stopped_{false};
-  std::mutex seals_mu_;
-  std::condition_variable seals_cv_;
-  size_t seals_pending_ = 0;  // guarded by seals_mu_
   std::string boot_id_;
   std::vector<uint64_t> resume_seals_;  // staged at the last stop; sealed once open
   std::unique_ptr<ThreadPool> seal_pool_;

@@ -145,8 +145,6 @@ Status Store::Release(uint64_t ino, uint64_t fh) {
       std::lock_guard lock(f->mu);
       if (f->cached_opens > 0) --f->cached_opens;
     }
-  }
-  if (f) {
     bool last;
     {
       std::lock_guard lock(f->mu);

@@ -245,10 +245,6 @@ void Store::DropStage(uint64_t ino, OpenFile& f) {
 void Store::ScheduleSeal(uint64_t ino) {
   if (seals_stopped_) return;
   PinFile(ino);  // the staging file's state lives in the open-file entry
-  {
-    std::lock_guard lock(seals_mu_);
-    ++seals_pending_;
-  }
   seal_pool_->Submit([this, ino] {
     if (!seals_stopped_) {
       auto f = FindFile(ino);
@@ -256,9 +252,6 @@ void Store::ScheduleSeal(uint64_t ino) {
       if (!st.ok()) log_->error("inode {}: sealing its staged bytes: {}", ino, st.ToString());
     }
     if (UnpinFile(ino)) (void)ReapIfOrphan(ino);
-    std::lock_guard lock(seals_mu_);
-    --seals_pending_;
-    seals_cv_.notify_all();
   });
 }
 
