@@ -11,7 +11,12 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <new>
 #include <thread>
+#include <unordered_map>
+#include <vector>
 
 #include "backends/backend.h"
 #include "cache/io_engine.h"
@@ -23,6 +28,62 @@ struct ChunkCache::Inflight {
   bool done = false;
   Result<ChunkRef> result{Status::Ok()};
 };
+
+namespace {
+
+// The pool behind ChunkData::Allocate: free buffers of 1 MiB multiples, up to kPoolBytes in all.
+constexpr size_t kPoolClass = 1 << 20;
+constexpr size_t kPoolBytes = 64 << 20;
+
+struct BufferPool {
+  std::mutex mu;
+  std::unordered_map<size_t, std::vector<uint8_t*>> free;  // by capacity
+  size_t bytes = 0;
+
+  uint8_t* Take(size_t capacity) {
+    std::lock_guard lock(mu);
+    auto it = free.find(capacity);
+    if (it == free.end() || it->second.empty()) return nullptr;
+    uint8_t* p = it->second.back();
+    it->second.pop_back();
+    bytes -= capacity;
+    return p;
+  }
+  bool Give(uint8_t* p, size_t capacity) {
+    std::lock_guard lock(mu);
+    if (bytes + capacity > kPoolBytes) return false;
+    free[capacity].push_back(p);
+    bytes += capacity;
+    return true;
+  }
+};
+
+BufferPool& Pool() {
+  static auto* pool = new BufferPool();  // never destroyed: buffers may be freed at exit
+  return *pool;
+}
+
+}  // namespace
+
+void ChunkBufferFree::operator()(uint8_t* p) const {
+  if (capacity >= kPoolClass && Pool().Give(p, capacity)) return;
+  std::free(p);
+}
+
+std::shared_ptr<ChunkData> ChunkData::Allocate(size_t size) {
+  const size_t align = size >= kPoolClass ? kPoolClass : kAlign;
+  const size_t capacity = std::max<size_t>((size + align - 1) / align * align, kAlign);
+  uint8_t* p = capacity >= kPoolClass ? Pool().Take(capacity) : nullptr;
+  if (!p) p = static_cast<uint8_t*>(std::aligned_alloc(kAlign, capacity));
+  if (!p) throw std::bad_alloc();
+  // Only the block after the last byte is written past `size`: zero what it holds of the buffer.
+  const size_t block_end = std::min(capacity, (size + kAlign - 1) / kAlign * kAlign);
+  std::memset(p + size, 0, block_end - size);
+  auto d = std::make_shared<ChunkData>();
+  d->bytes = std::unique_ptr<uint8_t[], ChunkBufferFree>(p, ChunkBufferFree{capacity});
+  d->size = size;
+  return d;
+}
 
 namespace {
 
@@ -119,19 +180,53 @@ Status ChunkCache::Warm(const ChunkId& id, size_t len) {
 }
 
 Result<bool> ChunkCache::Put(const ChunkId& id, const void* data, size_t len) {
-  std::string path = PathOf(id);
   struct stat st;
-  if (::stat(path.c_str(), &st) == 0 && static_cast<size_t>(st.st_size) == len) return false;
+  if (::stat(PathOf(id).c_str(), &st) == 0 && static_cast<size_t>(st.st_size) == len) return false;
+  std::string tmp = TmpPath(id);
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return Status::FromErrno(errno, "create chunk file " + tmp);
+  return WriteChunkFile(id, fd, tmp, data, len, false);
+}
+
+Result<bool> ChunkCache::PutFetched(const ChunkId& id, const ChunkData& data) {
+  struct stat st;
+  if (::stat(PathOf(id).c_str(), &st) == 0 && static_cast<size_t>(st.st_size) == data.size) {
+    return false;
+  }
+  std::string tmp = TmpPath(id);
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_DIRECT, 0600);
+  if (fd < 0 && errno == EINVAL) return Put(id, data.bytes.get(), data.size);  // no O_DIRECT here
+  if (fd < 0) return Status::FromErrno(errno, "create chunk file " + tmp);
+  auto r = WriteChunkFile(id, fd, tmp, data.bytes.get(), data.size, true);
+  // A filesystem that takes O_DIRECT at open but not these writes: the buffered way.
+  if (!r.ok() && r.status().code() != Code::kNoSpace) {
+    log_->debug("chunk {}: direct write failed ({}); writing it buffered", id.Hex(),
+                r.status().ToString());
+    return Put(id, data.bytes.get(), data.size);
+  }
+  return r;
+}
+
+std::string ChunkCache::TmpPath(const ChunkId& id) {
   uint64_t seq;
   {
     std::lock_guard lock(mu_);
     seq = ++tmp_seq_;
   }
-  std::string tmp = dir_ + "/tmp/" + id.Hex() + "." + std::to_string(seq);
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return Status::FromErrno(errno, "create chunk file " + tmp);
-  Status w = engine_->WriteAt(fd, data, len, 0);
+  return dir_ + "/tmp/" + id.Hex() + "." + std::to_string(seq);
+}
+
+Result<bool> ChunkCache::WriteChunkFile(const ChunkId& id, int fd, const std::string& tmp,
+                                        const void* data, size_t len, bool direct) {
+  // A direct write moves whole blocks: the buffer's zero padding goes too, and is cut off again.
+  const size_t n = direct ? (len + ChunkData::kAlign - 1) / ChunkData::kAlign * ChunkData::kAlign
+                          : len;
+  Status w = n ? engine_->WriteAt(fd, data, n, 0) : Status::Ok();
+  if (w.ok() && n != len && ::ftruncate(fd, static_cast<off_t>(len)) != 0) {
+    w = Status::FromErrno(errno, "truncate chunk file " + tmp);
+  }
   if (::close(fd) != 0 && w.ok()) w = Status::FromErrno(errno, "close chunk file " + tmp);
+  const std::string path = PathOf(id);
   if (w.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
     w = Status::FromErrno(errno, "rename chunk file to " + path);
   }
@@ -287,9 +382,7 @@ Result<ChunkRef> ChunkCache::Load(const ChunkId& id, size_t len) {
     if (errno == ENOENT) return NotFound("chunk " + id.Hex() + " is not on the local tier");
     return Status::FromErrno(errno, "open chunk " + path);
   }
-  auto data = std::make_shared<ChunkData>();
-  data->bytes.reset(new uint8_t[len ? len : 1]);
-  data->size = len;
+  auto data = ChunkData::Allocate(len);
   auto n = engine_->ReadAt(fd, data->bytes.get(), len, 0);
   ::close(fd);
   if (!n.ok()) {
@@ -320,9 +413,7 @@ Result<ChunkRef> ChunkCache::Load(const ChunkId& id, size_t len) {
 // bytes) before a reader sees EIO. Any other error (kPermission, ...) is final at once.
 Result<ChunkRef> ChunkCache::Fetch(const ChunkId& id, size_t len) {
   constexpr int kFetchAttempts = 5;
-  auto data = std::make_shared<ChunkData>();
-  data->bytes.reset(new uint8_t[len ? len : 1]);
-  data->size = len;
+  auto data = ChunkData::Allocate(len);
   for (int attempt = 1;; ++attempt) {
     auto n = remote_->Get(ObjectKey(id), 0, data->bytes.get(), len);
     Status st;
@@ -339,7 +430,7 @@ Result<ChunkRef> ChunkCache::Fetch(const ChunkId& id, size_t len) {
         // A chunk nobody references any more (its file was deleted meanwhile) is served, not
         // kept: nothing would ever remove it from disk.
         if (!keep_ || keep_(id)) {
-          if (auto put = Put(id, data->bytes.get(), len); !put.ok()) {
+          if (auto put = PutFetched(id, *data); !put.ok()) {
             log_->warn("chunk {} fetched but not kept on the local tier: {}", id.Hex(),
                        put.status().ToString());
           }

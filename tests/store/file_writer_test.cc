@@ -33,10 +33,8 @@ class MemSink : public ChunkSink {
     auto it = chunks_.find(id);
     if (it == chunks_.end()) return NotFound("no chunk " + id.Hex());
     EXPECT_EQ(it->second.size(), len);
-    auto d = std::make_shared<ChunkData>();
-    d->bytes.reset(new uint8_t[len ? len : 1]);
+    auto d = ChunkData::Allocate(len);
     std::memcpy(d->bytes.get(), it->second.data(), len);
-    d->size = len;
     return ChunkRef(std::move(d));
   }
   std::string NewStagingPath() override { return dir_ + "/staging." + std::to_string(++seq_); }
