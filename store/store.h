@@ -355,8 +355,12 @@ class Store final : private ChunkSink {
   // Whether handle fh takes part in f's session (fh 0: always). REQUIRES: f.qmu not held.
   bool InSession(OpenFile& f, uint64_t fh);
   Status EnsureWriter(uint64_t ino, OpenFile& f);
-  // After a read of m that ended in extent `last`: when the reader is sequential, loads the next
-  // readahead_chunks chunks into the RAM tier in the background. REQUIRES: f.mu held.
+  // Chunks off the local tier that a reader reaches next: a prefetch job holding the first of
+  // them goes on from there; else they are fetched into the RAM tier ahead of any job.
+  void FetchSoon(const std::vector<std::pair<ChunkId, uint64_t>>& chunks);
+  // After a read of m over extents [first, last]: when the reader is sequential, or extent
+  // `first` was off the local tier, brings the next readahead_chunks chunks into the RAM tier in
+  // the background (through FetchSoon for those off the local tier). REQUIRES: f.mu held.
   void ReadAhead(OpenFile& f, const std::shared_ptr<const Manifest>& m, size_t first, size_t last);
   // Refuses a write of len bytes with kNoSpace when the local tier could not hold it on top of
   // the bytes already acknowledged and not yet stored, so that a full disk fails the write(2)

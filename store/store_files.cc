@@ -383,15 +383,28 @@ void Store::ReadAhead(OpenFile& f, const std::shared_ptr<const Manifest>& m, siz
   const bool sequential = f.last_extent != SIZE_MAX &&
                           (first == f.last_extent || first == f.last_extent + 1);
   f.last_extent = last;
-  if (!sequential || cfg_.readahead_chunks == 0) return;
+  if (cfg_.readahead_chunks == 0) return;
+  // A read that misses the local tier starts a window of its own: fetching costs far more than
+  // reading ahead in vain, and a reader that jumps (torch.load going from record to record)
+  // would otherwise wait for every chunk of each record in turn.
+  const Extent& at = m->extents()[first];
+  const bool cold = remote_ && !at.hole() && !cache_->OnDisk(at.id);
+  if (!sequential && !cold) return;
   const size_t until = std::min(last + cfg_.readahead_chunks, m->extents().size() - 1);
-  for (size_t i = std::max(f.prefetched_upto + 1, last + 1); i <= until; ++i) {
+  const size_t from = sequential ? std::max(f.prefetched_upto + 1, last + 1) : last + 1;
+  std::vector<std::pair<ChunkId, uint64_t>> fetch;
+  for (size_t i = from; i <= until; ++i) {
     const Extent& e = m->extents()[i];
     if (e.hole()) continue;
+    if (remote_ && !cache_->OnDisk(e.id)) {
+      fetch.emplace_back(e.id, e.len);
+      continue;
+    }
     // The manifest stays alive in the task; ChunkCache::Get's single flight lets the reader that
     // gets there first wait for this load instead of starting its own.
     read_pool_->Submit([this, m, id = e.id, len = e.len] { (void)cache_->Get(id, len); });
   }
+  if (!fetch.empty()) FetchSoon(fetch);
   f.prefetched_upto = std::max(f.prefetched_upto, until);
 }
 

@@ -48,8 +48,9 @@ Status ForEachFile(MetaStore::Txn& txn, uint64_t ino, bool recursive,
 
 // The prefetch queue and the pins. Jobs run in the order they came; each is first expanded (its
 // files' chunks not on disk, listed once from one LMDB snapshot) and then fetched, one chunk per
-// thread at a time, through ChunkCache::Warm. A worker with nothing to do applies the pins again
-// every kPinPassInterval while any exist.
+// thread at a time, through ChunkCache::Warm, in file order except where a reader of a cold file
+// shows where it is going (ReaderWants). The chunks readers want come before any job's. A worker
+// with nothing to do applies the pins again every kPinPassInterval while any exist.
 //
 // Lock order: pin_mu_ -> mu_ (ApplyPins queues jobs). Neither is held during I/O or LMDB walks,
 // except pin_mu_, which serializes the pin passes (walks of the pinned trees).
@@ -96,6 +97,26 @@ class Store::Prefetcher {
     ReapLocked();
   }
 
+  // Chunks a reader of a cold file reaches next (Store::FetchSoon). A job that holds the first
+  // of them moves its cursor there; otherwise they are fetched before any job's chunks, into the
+  // RAM tier (the reader takes them from there, or joins the fetch when it gets there first),
+  // and the oldest of these wishes are dropped past kMaxUrgent, as their reader has moved on.
+  void ReaderWants(const std::vector<std::pair<ChunkId, uint64_t>>& chunks) {
+    std::lock_guard lock(mu_);
+    if (stop_ || chunks.empty()) return;
+    for (const auto& j : jobs_) {
+      if (j->cancelled || j->state != Job::State::kReady) continue;
+      auto it = j->index.find(chunks.front().first);
+      if (it == j->index.end()) continue;
+      j->cursor = it->second;
+      cv_.notify_all();
+      return;
+    }
+    for (const auto& c : chunks) urgent_.push_back(c);
+    while (urgent_.size() > kMaxUrgent) urgent_.pop_front();
+    cv_.notify_all();
+  }
+
   bool Pending(uint64_t root) {
     std::lock_guard lock(mu_);
     return std::any_of(jobs_.begin(), jobs_.end(),
@@ -138,7 +159,20 @@ class Store::Prefetcher {
     bool cancelled = false;
     enum class State { kNew, kExpanding, kReady } state = State::kNew;
     std::vector<std::pair<ChunkId, uint64_t>> chunks;  // to fetch, once kReady
-    size_t next = 0;                                   // chunks[next] is the next to claim
+    // Chunks are claimed from `cursor` on, in order, skipping those claimed already. A reader
+    // that misses a chunk of the job moves the cursor there (ReaderWants): the job then fetches what
+    // that reader reads next, and comes back for what it skipped at the end.
+    std::unordered_map<ChunkId, size_t, ChunkIdHash> index;  // chunk -> position in chunks
+    std::vector<bool> claimed;
+    size_t cursor = 0, claimed_count = 0;
+    bool Exhausted() const { return claimed_count >= chunks.size(); }
+    std::pair<ChunkId, uint64_t> Claim() {
+      if (cursor >= chunks.size()) cursor = 0;
+      while (claimed[cursor]) cursor = cursor + 1 < chunks.size() ? cursor + 1 : 0;
+      claimed[cursor] = true;
+      ++claimed_count;
+      return chunks[cursor++];
+    }
     int running = 0;                                   // chunks being fetched now
     uint64_t fetched = 0, fetched_bytes = 0, failed = 0;
     Status last_error;
@@ -156,6 +190,8 @@ class Store::Prefetcher {
   std::mutex mu_;
   std::condition_variable cv_;              // work queued, or Stop
   std::deque<std::shared_ptr<Job>> jobs_;   // guarded by mu_
+  static constexpr size_t kMaxUrgent = 64;
+  std::deque<std::pair<ChunkId, uint64_t>> urgent_;  // guarded by mu_
   bool stop_ = false;                       // guarded by mu_
   Clock::time_point next_pin_pass_ = Clock::now() + kPinPassInterval;  // guarded by mu_
   std::unordered_map<uint64_t, Clock::time_point> warmed_;            // guarded by mu_
@@ -168,7 +204,7 @@ class Store::Prefetcher {
 void Store::Prefetcher::ReapLocked() {
   std::erase_if(jobs_, [&](const std::shared_ptr<Job>& j) {
     if (j->running > 0 || j->state == Job::State::kExpanding) return false;
-    const bool done = j->state == Job::State::kReady && j->next >= j->chunks.size();
+    const bool done = j->state == Job::State::kReady && j->Exhausted();
     if (!done && !j->cancelled) return false;
     const double secs = std::chrono::duration<double>(Clock::now() - j->start).count();
     if (j->failed) {
@@ -187,6 +223,14 @@ void Store::Prefetcher::ReapLocked() {
 void Store::Prefetcher::Loop() {
   std::unique_lock lock(mu_);
   while (!stop_) {
+    if (!urgent_.empty()) {
+      const auto [id, len] = urgent_.front();
+      urgent_.pop_front();
+      lock.unlock();
+      (void)store_->cache_->Get(id, len);  // a failure is the reader's to see, on its own Get
+      lock.lock();
+      continue;
+    }
     std::shared_ptr<Job> job;
     std::pair<ChunkId, uint64_t> chunk;
     bool expand = false;
@@ -198,8 +242,8 @@ void Store::Prefetcher::Loop() {
         expand = true;
         break;
       }
-      if (j->state == Job::State::kReady && j->next < j->chunks.size()) {
-        chunk = j->chunks[j->next++];
+      if (j->state == Job::State::kReady && !j->Exhausted()) {
+        chunk = j->Claim();
         ++j->running;
         job = j;
         break;
@@ -225,6 +269,8 @@ void Store::Prefetcher::Loop() {
       lock.lock();
       if (chunks.ok()) {
         job->chunks = std::move(*chunks);
+        job->claimed.assign(job->chunks.size(), false);
+        for (size_t i = 0; i < job->chunks.size(); ++i) job->index.emplace(job->chunks[i].first, i);
       } else if (chunks.status().code() != Code::kNotFound) {
         ++job->failed;
         job->last_error = chunks.status();
@@ -340,6 +386,10 @@ Status Store::Prefetch(uint64_t ino, bool recursive) {
   if (!remote_) return Status::Ok();
   prefetcher().Add(ino, recursive);
   return Status::Ok();
+}
+
+void Store::FetchSoon(const std::vector<std::pair<ChunkId, uint64_t>>& chunks) {
+  if (remote_) prefetcher().ReaderWants(chunks);
 }
 
 void Store::CancelPrefetch(uint64_t ino) { prefetcher().Cancel(ino); }

@@ -177,6 +177,33 @@ def test_prefetch_0_cancels_the_work_queued(nodes):
 
 
 @pytest.mark.timeout(300)
+def test_a_prefetch_job_follows_a_reader_that_jumps(nodes):
+    # One prefetch thread on node B and 100 ms per backend call: the job's order is visible.
+    a, make_b, _ = nodes(options_b=SMALL + ",upload_threads=1",
+                         args_b=["--backend-faults", "delay_ms=100"])
+    d = a / "d"
+    d.mkdir()
+    for i in range(8):
+        write_file(d / f"f{i}.bin", os.urandom(4 * MiB))
+    wait_remote(*[d / f"f{i}.bin" for i in range(8)])
+
+    b = make_b()
+    files = [b / "d" / f"f{i}.bin" for i in range(8)]
+    wait_visible(files[-1])
+    os.setxattr(b / "d", "user.ckptfs.prefetch", b"1")  # the job goes f0, f1, ... in order
+    wait_cached(files[0])
+    # A reader jumps to f6: the job goes on from there (f6, then f7) and comes back for f1..f5.
+    with open(files[6], "rb") as f:
+        assert len(f.read(4096)) == 4096
+    wait_cached(files[6])
+    wait_cached(files[7])
+    skipped = [cached(p)["cached_chunks"] for p in files[3:6]]
+    assert skipped == [0, 0, 0], f"the job did not follow the reader: {skipped}"
+    wait_cached(b / "d")  # and nothing is left out
+    assert read_file(files[4]) == read_file(d / "f4.bin")
+
+
+@pytest.mark.timeout(300)
 def test_pinned_chunks_survive_eviction_and_remount(nodes):
     a, make_b, _ = nodes(options_b=SMALL + ",cache_size=8M")
     (a / "data").mkdir()
