@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -31,8 +32,12 @@ struct ChunkCache::Inflight {
 
 namespace {
 
-// The pool behind ChunkData::Allocate: free buffers of 1 MiB multiples, up to kPoolBytes in all.
+// Buffers of at least kPoolClass bytes are mappings of their own, sized in kPoolStep multiples
+// (munmap gives them back whole: in malloc's arenas, big aligned blocks fragment the heap and
+// the daemon's resident size grows far past what it holds). Freed ones wait in a pool, up to
+// kPoolBytes in all, for the next buffer of the same size.
 constexpr size_t kPoolClass = 1 << 20;
+constexpr size_t kPoolStep = 64 << 10;
 constexpr size_t kPoolBytes = 64 << 20;
 
 struct BufferPool {
@@ -66,16 +71,25 @@ BufferPool& Pool() {
 }  // namespace
 
 void ChunkBufferFree::operator()(uint8_t* p) const {
-  if (capacity >= kPoolClass && Pool().Give(p, capacity)) return;
-  std::free(p);
+  if (capacity < kPoolClass) return std::free(p);
+  if (!Pool().Give(p, capacity)) ::munmap(p, capacity);
 }
 
 std::shared_ptr<ChunkData> ChunkData::Allocate(size_t size) {
-  const size_t align = size >= kPoolClass ? kPoolClass : kAlign;
-  const size_t capacity = std::max<size_t>((size + align - 1) / align * align, kAlign);
-  uint8_t* p = capacity >= kPoolClass ? Pool().Take(capacity) : nullptr;
-  if (!p) p = static_cast<uint8_t*>(std::aligned_alloc(kAlign, capacity));
-  if (!p) throw std::bad_alloc();
+  const size_t step = size >= kPoolClass ? kPoolStep : kAlign;
+  const size_t capacity = std::max<size_t>((size + step - 1) / step * step, kAlign);
+  uint8_t* p = nullptr;
+  if (capacity >= kPoolClass) {
+    p = Pool().Take(capacity);
+    if (!p) {
+      void* m = ::mmap(nullptr, capacity, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (m == MAP_FAILED) throw std::bad_alloc();
+      p = static_cast<uint8_t*>(m);
+    }
+  } else {
+    p = static_cast<uint8_t*>(std::aligned_alloc(kAlign, capacity));
+    if (!p) throw std::bad_alloc();
+  }
   // Only the block after the last byte is written past `size`: zero what it holds of the buffer.
   const size_t block_end = std::min(capacity, (size + kAlign - 1) / kAlign * kAlign);
   std::memset(p + size, 0, block_end - size);
@@ -374,6 +388,8 @@ Result<ChunkRef> ChunkCache::Get(const ChunkId& id, size_t len) {
   flight->cv.notify_all();
   return r;
 }
+
+Status ChunkCache::Verify(const ChunkId& id, size_t len) { return Load(id, len).status(); }
 
 Result<ChunkRef> ChunkCache::Load(const ChunkId& id, size_t len) {
   std::string path = PathOf(id);

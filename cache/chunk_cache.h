@@ -98,6 +98,9 @@ class ChunkCache {
   // by the warms in flight. Shares Get's single flight. Ok when already on disk; kNotFound when
   // neither here nor in the backend (always, without a backend, for a chunk not on disk).
   Status Warm(const ChunkId& id, size_t len);
+  // Reads chunk `id` from its file and verifies it (fsck): Ok, kNotFound when there is no file,
+  // kCorrupt when its bytes are not the chunk's (the file is moved aside, as by Get).
+  Status Verify(const ChunkId& id, size_t len);
   // Removes the chunk from disk and RAM. A missing chunk is not an error.
   Status Remove(const ChunkId& id);
   // Makes every chunk written so far durable (one syncfs over the tier's filesystem).
