@@ -82,7 +82,8 @@ std::shared_ptr<ChunkData> ChunkData::Allocate(size_t size) {
   if (capacity >= kPoolClass) {
     p = Pool().Take(capacity);
     if (!p) {
-      void* m = ::mmap(nullptr, capacity, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      void* m =
+          ::mmap(nullptr, capacity, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
       if (m == MAP_FAILED) throw std::bad_alloc();
       p = static_cast<uint8_t*>(m);
     }

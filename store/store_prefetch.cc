@@ -23,11 +23,11 @@ using Clock = std::chrono::steady_clock;
 constexpr auto kPinPassInterval = std::chrono::seconds(10);
 constexpr size_t kMaxWarmedDirs = 1024;
 
-// Calls fn(ino, manifest) for file `ino`, or for every regular file under directory `ino` (all
-// levels when `recursive`, else its own files), each inode once. Other kinds of inode hold no
-// chunks and are skipped.
-Status ForEachFile(MetaStore::Txn& txn, uint64_t ino, bool recursive,
-                   const std::function<void(uint64_t, const Manifest&)>& fn) {
+}  // namespace
+
+// Other kinds of inode than files and directories hold no chunks and are skipped.
+Status Store::ForEachFile(MetaStore::Txn& txn, uint64_t ino, bool recursive,
+                          const std::function<void(uint64_t, const Manifest&)>& fn) {
   ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(ino));
   if (S_ISREG(rec.mode)) {
     ASSIGN_OR_RETURN(auto m, txn.GetManifest(ino));
@@ -43,8 +43,6 @@ Status ForEachFile(MetaStore::Txn& txn, uint64_t ino, bool recursive,
     return Status::Ok();
   });
 }
-
-}  // namespace
 
 // The prefetch queue and the pins. Jobs run in the order they came; each is first expanded (its
 // files' chunks not on disk, listed once from one LMDB snapshot) and then fetched, one chunk per
@@ -160,8 +158,8 @@ class Store::Prefetcher {
     enum class State { kNew, kExpanding, kReady } state = State::kNew;
     std::vector<std::pair<ChunkId, uint64_t>> chunks;  // to fetch, once kReady
     // Chunks are claimed from `cursor` on, in order, skipping those claimed already. A reader
-    // that misses a chunk of the job moves the cursor there (ReaderWants): the job then fetches what
-    // that reader reads next, and comes back for what it skipped at the end.
+    // that misses a chunk of the job moves the cursor there (ReaderWants): the job then fetches
+    // what that reader reads next, and comes back for what it skipped at the end.
     std::unordered_map<ChunkId, size_t, ChunkIdHash> index;  // chunk -> position in chunks
     std::vector<bool> claimed;
     size_t cursor = 0, claimed_count = 0;
