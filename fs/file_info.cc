@@ -21,6 +21,8 @@ namespace {
 constexpr std::string_view kChunks = "user.ckptfs.chunks";
 constexpr std::string_view kState = "user.ckptfs.state";
 constexpr std::string_view kCached = "user.ckptfs.cached";
+// user.ckptfs.fsck[.deep][.repair]: runs Store::Fsck on the file or tree (`ckptfs fsck`).
+constexpr std::string_view kFsck = "user.ckptfs.fsck";
 // The kernel passes attribute values of at most 64 KiB; longer tensor lists come in pages.
 constexpr size_t kMaxValue = 64 * 1024;
 
@@ -131,6 +133,8 @@ std::shared_ptr<FileInfoCache> NewFileInfoCache() { return std::make_shared<File
 
 bool IsComputedXattr(std::string_view name) {
   return name == kXattrFormat || name == kChunks || name == kState || name == kCached ||
+         name == kFsck || name == "user.ckptfs.fsck.deep" || name == "user.ckptfs.fsck.repair" ||
+         name == "user.ckptfs.fsck.deep.repair" ||
          name == kPrefetchXattr || name.substr(0, kXattrTensors.size()) == kXattrTensors;
 }
 
@@ -142,6 +146,13 @@ Result<std::string> ComputedXattr(Context& ctx, fuse_ino_t ino, std::string_view
     return Status(Code::kNoData, "not an attribute of a view file");
   }
   if (name == kState) return ctx.store->RemoteState(ino);
+  if (name.substr(0, kFsck.size()) == kFsck) {
+    Store::FsckOptions o;
+    o.deep = name.find(".deep") != std::string_view::npos;
+    o.repair = name.find(".repair") != std::string_view::npos;
+    ASSIGN_OR_RETURN(Store::FsckReport r, ctx.store->Fsck(ino, o));
+    return r.Json();
+  }
   if (name == kPrefetchXattr) return std::string(ctx.store->Prefetching(ino) ? "1" : "0");
   if (name == kCached) {
     ASSIGN_OR_RETURN(Store::CacheUsage u, ctx.store->Cached(ino));

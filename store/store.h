@@ -238,6 +238,35 @@ class Store final : private ChunkSink {
   // Of file `ino`, or of every file under directory `ino`, as committed (one LMDB snapshot, an
   // in-memory lookup per chunk).
   Result<CacheUsage> Cached(uint64_t ino);
+
+  // fsck (store/store_fsck.cc): checks the chunks of file `ino`, or of every file under
+  // directory `ino`, on the local tier and the backend, and (from the root) the chunk reference
+  // counts and the backend's file records. `deep` reads and verifies every chunk (local files,
+  // and backend objects by GET) instead of checking presence; `repair` refetches a missing or
+  // corrupt local chunk from the backend and puts a missing or corrupt backend chunk back from
+  // a verified local copy. Works on a live mount; staged files are sealed first.
+  struct FsckOptions {
+    bool deep = false;
+    bool repair = false;
+  };
+  struct FsckReport {
+    uint64_t files = 0, chunks = 0, bytes = 0;
+    uint64_t local_missing = 0, local_corrupt = 0, local_repaired = 0;
+    uint64_t remote_missing = 0, remote_corrupt = 0, remote_repaired = 0;
+    // The backend's files/ records under the path; bad ones queued for publishing again.
+    uint64_t records = 0, records_bad = 0, records_republished = 0;
+    uint64_t refcount_errors = 0;           // chunk records whose count differs from the manifests'
+    uint64_t unreferenced_chunk_files = 0;  // on disk, named by no chunk record (from the root)
+    // Files with a chunk that no tier could supply after repair, by path (the first kMaxListed).
+    std::vector<std::string> damaged;
+    uint64_t damaged_files = 0;
+    std::vector<std::string> problems;  // what was found, one line each (the first kMaxListed)
+    static constexpr size_t kMaxListed = 100;
+    // Nothing missing or corrupt that is still so, no bad record, no refcount error.
+    bool Clean() const;
+    std::string Json() const;
+  };
+  Result<FsckReport> Fsck(uint64_t ino, const FsckOptions& options);
   // Stores (pin) or removes (kNoData if absent) the attribute kPinXattr ("1") of file or
   // directory `ino`, then hands the cache the chunks it must keep whatever cache_size says (of
   // every pinned file and every file under a pinned directory) and prefetches them.
@@ -512,6 +541,10 @@ class Store final : private ChunkSink {
   // Prefetch work and pins (store_prefetch.cc), made on first use by prefetcher(). Declared last:
   // its threads stop before the cache, the metadata and the backend they use go.
   class Prefetcher;
+  // Calls fn(ino, manifest) for file `ino`, or for every regular file under directory `ino` (all
+  // levels when `recursive`, else its own files), each inode once (store_prefetch.cc).
+  static Status ForEachFile(MetaStore::Txn& txn, uint64_t ino, bool recursive,
+                            const std::function<void(uint64_t, const Manifest&)>& fn);
   Prefetcher& prefetcher();
   std::once_flag prefetch_once_;
   std::shared_ptr<Prefetcher> prefetch_;  // shared_ptr: deleted where Prefetcher is complete

@@ -18,6 +18,10 @@ int Inspect(const std::vector<std::string>& args);
 // there (exit 0), the prefetch ends short of it (1) or it is interrupted (130, cancelled).
 int Prefetch(const std::vector<std::string>& args);
 
+// ckptfs fsck [PATH] [--deep] [--repair] [--json]: the daemon's check of the files under PATH
+// (Store::Fsck); exit 0 clean, 1 damage remains, 2 the check could not run.
+int Fsck(const std::vector<std::string>& args);
+
 int Fail(const std::string& msg);
 
 }  // namespace ckptfs

@@ -44,6 +44,7 @@ constexpr const char* kUsage = R"(usage:
   ckptfs inspect [--json] FILE|DIR
   ckptfs inspect ROOT --view SPEC
   ckptfs prefetch PATH [--wait]
+  ckptfs fsck [PATH] [--deep] [--repair] [--json]
 
 mount options (-o): ram_cache=SIZE, write_queue=SIZE, write_memory=SIZE, write_threads=N,
   reorder_buffer=SIZE,
@@ -420,5 +421,6 @@ int main(int argc, char** argv) {
   if (cmd == "stats") return ckptfs::Stats(args);
   if (cmd == "inspect") return ckptfs::Inspect(args);
   if (cmd == "prefetch") return ckptfs::Prefetch(args);
+  if (cmd == "fsck") return ckptfs::Fsck(args);
   return ckptfs::Fail("unknown command '" + cmd + "'\n" + ckptfs::kUsage);
 }

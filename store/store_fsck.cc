@@ -1,0 +1,280 @@
+// Store::Fsck: is every byte of the committed files where the store says it is? Local: each
+// chunk a manifest names is on the disk tier (or held by the backend, which lets the local copy
+// go) and, deep, verifies; from the root, each chunk record counts exactly the manifests'
+// references. Backend: each chunk the store marked as uploaded is there (HEAD; deep, GET and
+// verify), each files/ record decodes and checks itself. Repair uses the other copy.
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+
+#include <cstdio>
+#include <map>
+#include <set>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "store/remote_tier.h"
+#include "store/store.h"
+
+namespace ckptfs {
+namespace {
+
+std::string Quote(std::string_view s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\u%04x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out + "\"";
+}
+
+void Note(Store::FsckReport* r, std::string line) {
+  if (r->problems.size() < Store::FsckReport::kMaxListed) r->problems.push_back(std::move(line));
+}
+
+}  // namespace
+
+bool Store::FsckReport::Clean() const {
+  return local_missing + local_corrupt == local_repaired &&
+         remote_missing + remote_corrupt == remote_repaired && records_bad == records_republished &&
+         refcount_errors == 0 && damaged_files == 0;
+}
+
+std::string Store::FsckReport::Json() const {
+  std::string out = "{\"clean\":" + std::string(Clean() ? "true" : "false");
+  auto num = [&](const char* k, uint64_t v) {
+    out += ",\"" + std::string(k) + "\":" + std::to_string(v);
+  };
+  num("files", files);
+  num("chunks", chunks);
+  num("bytes", bytes);
+  num("local_missing", local_missing);
+  num("local_corrupt", local_corrupt);
+  num("local_repaired", local_repaired);
+  num("remote_missing", remote_missing);
+  num("remote_corrupt", remote_corrupt);
+  num("remote_repaired", remote_repaired);
+  num("records", records);
+  num("records_bad", records_bad);
+  num("records_republished", records_republished);
+  num("refcount_errors", refcount_errors);
+  num("unreferenced_chunk_files", unreferenced_chunk_files);
+  num("damaged_files", damaged_files);
+  auto list = [&](const char* k, const std::vector<std::string>& v) {
+    out += ",\"" + std::string(k) + "\":[";
+    for (size_t i = 0; i < v.size(); ++i) out += (i ? "," : "") + Quote(v[i]);
+    out += "]";
+  };
+  list("damaged", damaged);
+  list("problems", problems);
+  return out + "}";
+}
+
+Result<Store::FsckReport> Store::Fsck(uint64_t ino, const FsckOptions& options) {
+  RETURN_IF_ERROR(SealAll());  // staged bytes are checked once they are chunks
+  FsckReport r;
+  Backend* backend = remote_ ? remote_->backend() : nullptr;
+  // The chunks under `ino`, with the files that name them (kept for the damage report only).
+  std::map<ChunkId, uint64_t> chunks;  // id -> length
+  std::unordered_map<ChunkId, std::vector<uint64_t>, ChunkIdHash> users;
+  std::map<ChunkId, ChunkRecord> records;
+  {
+    ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
+    RETURN_IF_ERROR(ForEachFile(txn, ino, true, [&](uint64_t file, const Manifest& m) {
+      ++r.files;
+      std::unordered_set<ChunkId, ChunkIdHash> mine;
+      for (const Extent& e : m.extents()) {
+        if (e.hole() || !mine.insert(e.id).second) continue;
+        chunks.emplace(e.id, e.len);
+        users[e.id].push_back(file);
+      }
+    }));
+    for (const auto& [id, len] : chunks) {
+      ASSIGN_OR_RETURN(ChunkRecord rec, txn.GetChunk(id));
+      records.emplace(id, rec);
+      r.bytes += len;
+    }
+    r.chunks = chunks.size();
+    if (ino == kRootIno) {
+      // Every manifest, linked or held open after an unlink, against every chunk record.
+      std::unordered_map<ChunkId, uint64_t, ChunkIdHash> counted;
+      RETURN_IF_ERROR(txn.ForEachManifest([&](uint64_t, const Manifest& m) {
+        for (const Extent& e : m.extents()) {
+          if (!e.hole()) ++counted[e.id];
+        }
+      }));
+      RETURN_IF_ERROR(txn.ForEachChunk([&](const ChunkId& id, const ChunkRecord& rec) {
+        auto it = counted.find(id);
+        const uint64_t want = it == counted.end() ? 0 : it->second;
+        if (it != counted.end()) counted.erase(it);
+        if (rec.refs == want) return;
+        ++r.refcount_errors;
+        Note(&r, "chunk " + id.Hex() + ": " + std::to_string(rec.refs) + " references recorded, " +
+                     std::to_string(want) + " in the manifests");
+      }));
+      for (const auto& [id, n] : counted) {
+        ++r.refcount_errors;
+        Note(&r, "chunk " + id.Hex() + ": no chunk record, " + std::to_string(n) +
+                     " references in the manifests");
+      }
+      // Chunk files no record names: a session still writing holds some until its commit, so
+      // they are counted, never removed here (the next start reclaims what stays unnamed).
+      RETURN_IF_ERROR(cache_->ForEach([&](const ChunkId& id, uint64_t) {
+        auto rec = txn.GetChunk(id);
+        if (rec.ok() && rec->refs == 0) ++r.unreferenced_chunk_files;
+      }));
+    }
+  }
+
+  std::unordered_set<ChunkId, ChunkIdHash> lost;  // no verified copy anywhere after repair
+  for (const auto& [id, len] : chunks) {
+    const ChunkRecord& rec = records[id];
+    // Local tier. A chunk the backend holds may have been evicted: absent is fine then.
+    Status local = options.deep       ? cache_->Verify(id, len)
+                   : cache_->Contains(id) ? Status::Ok()
+                                          : NotFound("no chunk file");
+    const bool local_ok = local.ok();
+    bool local_fixed = false;
+    if (!local_ok && !(local.code() == Code::kNotFound && rec.remote)) {
+      if (local.code() == Code::kCorrupt) {
+        ++r.local_corrupt;
+        Note(&r, "chunk " + id.Hex() + " on the local tier is corrupt (moved aside)");
+      } else {
+        ++r.local_missing;
+        Note(&r, "chunk " + id.Hex() + " is missing from the local tier: " + local.ToString());
+      }
+      if (options.repair && backend) {
+        Status got = cache_->Warm(id, len);  // fetched, verified, kept on disk
+        if (got.ok()) {
+          ++r.local_repaired;
+          local_fixed = true;
+        } else {
+          Note(&r, "chunk " + id.Hex() + " could not be fetched: " + got.ToString());
+        }
+      }
+    }
+    // Backend: the chunks the store recorded as uploaded.
+    bool remote_ok = false;
+    if (backend && rec.remote) {
+      const std::string key = ChunkCache::ObjectKey(id);
+      Status there;
+      if (options.deep) {
+        auto buf = ChunkData::Allocate(len);
+        auto n = backend->Get(key, 0, buf->bytes.get(), len);
+        if (!n.ok()) {
+          there = n.status();
+        } else if (*n != len || ChunkId::Of(buf->bytes.get(), len) != id) {
+          there = Corrupt("its bytes are not the chunk's");
+        }
+      } else {
+        auto head = backend->Head(key);
+        there = head.ok() && head->size != len ? Corrupt("it has " + std::to_string(head->size) +
+                                                         " bytes, not " + std::to_string(len))
+                                               : head.status();
+      }
+      remote_ok = there.ok();
+      if (!there.ok() && there.code() != Code::kNotFound && there.code() != Code::kCorrupt) {
+        return Status(there.code(), "checking chunk " + id.Hex() + " in " + backend->Describe() +
+                                        ": " + there.message());
+      }
+      if (!there.ok()) {
+        ++(there.code() == Code::kCorrupt ? r.remote_corrupt : r.remote_missing);
+        Note(&r, "chunk " + id.Hex() + " in " + backend->Describe() + ": " + there.ToString());
+        if (options.repair) {
+          // Put back from a local copy, verified on the way (Get checks what it reads).
+          auto copy = cache_->Get(id, len);
+          Status put = copy.ok() ? backend->Put(key, (*copy)->bytes.get(), len) : copy.status();
+          if (put.ok()) {
+            ++r.remote_repaired;
+            remote_ok = true;
+          } else {
+            Note(&r, "chunk " + id.Hex() + " could not be put back: " + put.ToString());
+          }
+        }
+      }
+    }
+    const bool remote_has = backend && rec.remote && remote_ok;
+    if (!local_ok && !local_fixed && !remote_has) lost.insert(id);
+  }
+
+  // The files that name a chunk no tier could supply.
+  std::set<uint64_t> hurt;
+  for (const ChunkId& id : lost) {
+    for (uint64_t file : users[id]) hurt.insert(file);
+  }
+  r.damaged_files = hurt.size();
+  if (!hurt.empty()) {
+    ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
+    for (uint64_t file : hurt) {
+      if (r.damaged.size() >= FsckReport::kMaxListed) break;
+      auto path = txn.PathOf(file);
+      r.damaged.push_back(path.ok() ? "/" + *path
+                                    : "inode " + std::to_string(file) + " (unlinked)");
+    }
+  }
+
+  // The backend's records under the path: each must decode (it checks its own hash). A bad one
+  // is published again from this node's copy when repairing and the node has the file.
+  if (backend) {
+    std::string prefix = "files/", exact;
+    if (ino != kRootIno) {
+      ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
+      ASSIGN_OR_RETURN(std::string path, txn.PathOf(ino));
+      ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(ino));
+      prefix += path;
+      if (S_ISDIR(rec.mode)) {
+        prefix += "/";
+      } else {
+        exact = prefix;
+      }
+    }
+    std::vector<std::string> keys;
+    RETURN_IF_ERROR(backend->List(prefix, "", [&](const ObjectInfo& o) {
+      if (exact.empty() || o.key == exact) keys.push_back(o.key);
+      return true;
+    }));
+    for (const std::string& key : keys) {
+      auto bytes = backend->GetObject(key);
+      if (!bytes.ok() && bytes.status().code() == Code::kNotFound) continue;  // deleted meanwhile
+      ++r.records;
+      Status st = bytes.ok() ? FileRecord::Decode(*bytes).status() : bytes.status();
+      if (st.ok()) continue;
+      ++r.records_bad;
+      Note(&r, key + " in " + backend->Describe() + ": " + st.ToString());
+      if (!options.repair) continue;
+      Result<uint64_t> file = kRootIno;
+      for (size_t at = 6; file.ok() && at <= key.size();) {
+        size_t slash = key.find('/', at);
+        if (slash == std::string::npos) slash = key.size();
+        auto entry = Lookup(*file, std::string_view(key).substr(at, slash - at));
+        file = entry.ok() ? Result<uint64_t>(entry->ino) : Result<uint64_t>(entry.status());
+        at = slash + 1;
+      }
+      if (file.ok()) {
+        // The published mark goes, so that the publish does not skip a version it thinks the
+        // backend holds.
+        ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
+        RETURN_IF_ERROR(txn.DelPublished(*file));
+        RETURN_IF_ERROR(txn.QueueRemoteOp(remote_op::PublishFile(*file)).status());
+        RETURN_IF_ERROR(txn.Commit());
+        remote_->Kick();
+        ++r.records_republished;
+      } else {
+        Note(&r, key + ": no local copy to publish again (" + file.status().ToString() + ")");
+      }
+    }
+  }
+  log_->info("fsck of inode {}{}{}: {} files, {} chunks, {}", ino, options.deep ? " (deep)" : "",
+             options.repair ? " (repair)" : "", r.files, r.chunks,
+             r.Clean() ? "clean" : "damage found");
+  return r;
+}
+
+}  // namespace ckptfs
