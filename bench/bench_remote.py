@@ -8,15 +8,21 @@ scripts/rgw.sh), every figure a ratio measured in this run:
                               local copy. Lower is better; the goal is <= 0.6.
   save remote/local           torch.save + fsync with -o durability=remote against
                               durability=local (same mount, fresh bytes each run).
+  restore-N  mount/boto3      N processes at once, each loading its own rank file of one
+                              checkpoint (a DeepSpeed global_step directory) cold through a
+                              fresh mount, against N processes each downloading the same object
+                              with boto3 (then loading it). Aggregate throughput ratio: higher is
+                              better; the goal is >= 1.0 against the downloads alone.
   upload ckptfs/boto3         the mount's background upload of a saved checkpoint (from close
                               to user.ckptfs.state == remote) against boto3's upload_file of the
                               same bytes. Higher is better (throughput ratio).
 
 Usage: /usr/bin/python3 bench/bench_remote.py [--gib 2] [--dir /var/tmp/ckptfs-remote]
-                                             [--cold-options OPT,OPT]
+                                             [--cold-options OPT,OPT] [--ranks 4]
 radosgw stores on bluestore in a sparse file under --dir (RGW_STORE=memstore keeps it in RAM).
 """
 import argparse
+import multiprocessing
 import os
 import shutil
 import subprocess
@@ -61,12 +67,39 @@ def drop_caches():
         f.write("3\n")
 
 
+def _storm_worker(barrier, results, index, job):
+    """One process of the restore storm: waits at the barrier, then runs job(index) and reports
+    the times (since the barrier) at which its steps ended."""
+    barrier.wait()
+    t0 = time.perf_counter()
+    results.put((index, [t - t0 for t in job(index)]))
+
+
+def storm(n, job):
+    """Runs job(0..n-1) in n forked processes released at once; returns, per step of job, the
+    time at which the last process ended it."""
+    ctx = multiprocessing.get_context("fork")
+    barrier, results = ctx.Barrier(n + 1), ctx.Queue()
+    procs = [ctx.Process(target=_storm_worker, args=(barrier, results, i, job)) for i in range(n)]
+    for p in procs:
+        p.start()
+    barrier.wait()
+    ends = [results.get(timeout=1800)[1] for _ in procs]
+    for p in procs:
+        p.join()
+        if p.exitcode != 0:
+            raise RuntimeError(f"a storm process failed ({p.exitcode})")
+    return [max(e[k] for e in ends) for k in range(len(ends[0]))]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--gib", type=float, default=2.0)
     ap.add_argument("--dir", default="/var/tmp/ckptfs-remote")
     ap.add_argument("--cold-options", default="",
                     help="-o options of the cold-load mount (e.g. readahead_chunks=64)")
+    ap.add_argument("--ranks", type=int, default=4,
+                    help="processes of the restore storm, one rank file each (0: skip it)")
     ap.add_argument("--bin", default=os.environ.get("CKPTFS_BIN",
                                                     os.path.join(ROOT, "build/tools/ckptfs")))
     args = ap.parse_args()
@@ -161,6 +194,44 @@ def main():
         local_load = time.perf_counter() - t0
         del loaded
 
+        # The restore storm: one checkpoint of `ranks` rank files (together --gib), each loaded by
+        # its own process, cold, at once; against as many parallel boto3 downloads (+ loads).
+        if args.ranks:
+            step = os.path.join(a, "global_step1")
+            os.makedirs(step)
+            names = [f"mp_rank_{r:02d}_model_states.pt" for r in range(args.ranks)]
+            for r, n in enumerate(names):
+                torch.save(state_dict(args.gib / args.ranks, 10 + r), os.path.join(step, n))
+            for n in names:
+                wait_state(os.path.join(step, n), "remote")
+            for r, n in enumerate(names):
+                shutil.copyfile(os.path.join(step, n), plain)
+                s3.upload_file(plain, "bench", f"plain/{n}", Config=xfer)
+            os.unlink(plain)
+            rank_bytes = sum(os.path.getsize(os.path.join(step, n)) for n in names)
+            e = mount("e", *([args.cold_options] if args.cold_options else []))
+            while not all(os.path.exists(os.path.join(e, "global_step1", n)) for n in names):
+                time.sleep(0.05)
+            drop_caches()
+
+            def load_from_mount(r):
+                torch.load(os.path.join(e, "global_step1", names[r]))
+                return [time.perf_counter()]
+
+            (storm_mount,) = storm(args.ranks, load_from_mount)
+            drop_caches()
+
+            def download_and_load(r):
+                client = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"],
+                                      region_name="us-east-1")
+                local = os.path.join(work, f"storm{r}.pt")
+                client.download_file("bench", f"plain/{names[r]}", local, Config=xfer)
+                t_download = time.perf_counter()
+                torch.load(local)
+                return [t_download, time.perf_counter()]
+
+            storm_download, storm_download_load = storm(args.ranks, download_and_load)
+
         # Save with durability=remote (fsync waits for the upload) on a third mount.
         c = mount("c", "durability=remote")
         sd2 = state_dict(args.gib, 2)
@@ -179,6 +250,13 @@ def main():
         print(f"  of which fetch   prefetch/download = {fetch_only / download_only:.2f}   "
               f"(ckptfs prefetch --wait {fetch_only:.1f} s, boto3 download {download_only:.1f} s); "
               f"torch.load from the local tier {local_load:.1f} s")
+        if args.ranks:
+            gb = rank_bytes / 1e9
+            print(f"restore-{args.ranks}  mount/boto3      = {storm_download / storm_mount:.2f}   "
+                  f"(aggregate: mount {gb / storm_mount:.2f} GB/s, {args.ranks} boto3 downloads "
+                  f"{gb / storm_download:.2f} GB/s)   goal >= 1.0")
+            print(f"  against download+load = {storm_download_load / storm_mount:.2f}   "
+                  f"(mount {storm_mount:.1f} s, boto3 download+load {storm_download_load:.1f} s)")
         print(f"save       remote/local   = {remote_save / local_save:.2f}   "
               f"(durability=local {local_save:.1f} s, remote {remote_save:.1f} s)")
         print(f"upload     ckptfs/boto3   = {(mib / upload) / (mib / boto_up):.2f}   "
