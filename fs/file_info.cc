@@ -21,6 +21,8 @@ namespace {
 constexpr std::string_view kChunks = "user.ckptfs.chunks";
 constexpr std::string_view kState = "user.ckptfs.state";
 constexpr std::string_view kCached = "user.ckptfs.cached";
+// "1" while the file, or a file under the directory, is open (`ckptfs retain` skips it).
+constexpr std::string_view kBusy = "user.ckptfs.busy";
 // user.ckptfs.fsck[.deep][.repair]: runs Store::Fsck on the file or tree (`ckptfs fsck`).
 constexpr std::string_view kFsck = "user.ckptfs.fsck";
 // The kernel passes attribute values of at most 64 KiB; longer tensor lists come in pages.
@@ -133,7 +135,7 @@ std::shared_ptr<FileInfoCache> NewFileInfoCache() { return std::make_shared<File
 
 bool IsComputedXattr(std::string_view name) {
   return name == kXattrFormat || name == kChunks || name == kState || name == kCached ||
-         name == kFsck || name == "user.ckptfs.fsck.deep" || name == "user.ckptfs.fsck.repair" ||
+         name == kFsck || name == kBusy || name == "user.ckptfs.fsck.deep" || name == "user.ckptfs.fsck.repair" ||
          name == "user.ckptfs.fsck.deep.repair" ||
          name == kPrefetchXattr || name.substr(0, kXattrTensors.size()) == kXattrTensors;
 }
@@ -146,6 +148,10 @@ Result<std::string> ComputedXattr(Context& ctx, fuse_ino_t ino, std::string_view
     return Status(Code::kNoData, "not an attribute of a view file");
   }
   if (name == kState) return ctx.store->RemoteState(ino);
+  if (name == kBusy) {
+    ASSIGN_OR_RETURN(bool busy, ctx.store->Busy(ino));
+    return std::string(busy ? "1" : "0");
+  }
   if (name.substr(0, kFsck.size()) == kFsck) {
     Store::FsckOptions o;
     o.deep = name.find(".deep") != std::string_view::npos;

@@ -230,6 +230,9 @@ class Store final : private ChunkSink {
   void CancelPrefetch(uint64_t ino);
   // Whether prefetch work for `ino` is queued or running.
   bool Prefetching(uint64_t ino);
+  // Whether file `ino`, or any file under directory `ino`, is open now (being written or read):
+  // retention leaves such a checkpoint alone.
+  Result<bool> Busy(uint64_t ino);
   struct CacheUsage {
     uint64_t files = 0;                            // regular files counted (hard links once)
     uint64_t chunks = 0, bytes = 0;                // their distinct chunks (holes excluded)

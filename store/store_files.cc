@@ -19,6 +19,19 @@ std::shared_ptr<Store::OpenFile> Store::FindFile(uint64_t ino) {
   return it == files_.end() ? nullptr : it->second;
 }
 
+Result<bool> Store::Busy(uint64_t ino) {
+  if (FindFile(ino)) return true;
+  ASSIGN_OR_RETURN(InodeRecord rec, GetAttr(ino));
+  if (!S_ISDIR(rec.mode)) return false;
+  bool busy = false;
+  ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
+  RETURN_IF_ERROR(txn.WalkTree(ino, true, [&](const DirEntry& e) -> Status {
+    if (!busy && FindFile(e.ino)) busy = true;
+    return Status::Ok();
+  }));
+  return busy;
+}
+
 std::shared_ptr<Store::OpenFile> Store::PinFile(uint64_t ino) {
   std::lock_guard lock(files_mu_);
   auto& f = files_[ino];

@@ -22,6 +22,10 @@ int Prefetch(const std::vector<std::string>& args);
 // (Store::Fsck); exit 0 clean, 1 damage remains, 2 the check could not run.
 int Fsck(const std::vector<std::string>& args);
 
+// ckptfs retain ROOT --keep-last N [--keep-every K] [--dry-run]: deletes old checkpoints under
+// ROOT through the mount (tools/retain.cc says which are kept).
+int Retain(const std::vector<std::string>& args);
+
 int Fail(const std::string& msg);
 
 }  // namespace ckptfs

@@ -45,6 +45,7 @@ constexpr const char* kUsage = R"(usage:
   ckptfs inspect ROOT --view SPEC
   ckptfs prefetch PATH [--wait]
   ckptfs fsck [PATH] [--deep] [--repair] [--json]
+  ckptfs retain ROOT --keep-last N [--keep-every K] [--dry-run]
 
 mount options (-o): ram_cache=SIZE, write_queue=SIZE, write_memory=SIZE, write_threads=N,
   reorder_buffer=SIZE,
@@ -422,5 +423,6 @@ int main(int argc, char** argv) {
   if (cmd == "inspect") return ckptfs::Inspect(args);
   if (cmd == "prefetch") return ckptfs::Prefetch(args);
   if (cmd == "fsck") return ckptfs::Fsck(args);
+  if (cmd == "retain") return ckptfs::Retain(args);
   return ckptfs::Fail("unknown command '" + cmd + "'\n" + ckptfs::kUsage);
 }

@@ -1,0 +1,241 @@
+// ckptfs retain ROOT --keep-last N [--keep-every K] [--dry-run]: deletes old checkpoints under
+// ROOT through the mount (so every node sees the deletion), newest kept.
+//
+// Which directories of ROOT are checkpoints: Megatron-LM's iter_NNNNNNN, DeepSpeed's
+// global_stepN, and directories holding a DCP .metadata (their step: the last number in the
+// name). Where ROOT has none of these, every directory of ROOT is one, ordered by modification
+// time. Never deleted: the last N, every K-th step, the one a tracker file names
+// (latest_checkpointed_iteration.txt, latest, latest_universal), a pinned one (user.ckptfs.pin
+// on it or anything in it), one with an open file (user.ckptfs.busy: being written or read).
+#include <sys/stat.h>
+#include <sys/xattr.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "tools/commands.h"
+#include "tools/mount_table.h"
+
+namespace ckptfs {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Checkpoint {
+  std::string name;
+  std::optional<uint64_t> step;
+  int64_t mtime_ns = 0;
+  std::string keep;  // why it stays; empty: deleted
+};
+
+std::optional<uint64_t> Number(const std::string& s) {
+  if (s.empty() || s.size() > 19 || !std::all_of(s.begin(), s.end(), ::isdigit)) return {};
+  return std::stoull(s);
+}
+
+// The last run of digits in a name ("step_100" -> 100).
+std::optional<uint64_t> LastNumber(const std::string& name) {
+  size_t end = name.size();
+  while (end > 0 && !std::isdigit(static_cast<unsigned char>(name[end - 1]))) --end;
+  size_t begin = end;
+  while (begin > 0 && std::isdigit(static_cast<unsigned char>(name[begin - 1]))) --begin;
+  return Number(name.substr(begin, end - begin));
+}
+
+std::string ReadTrimmed(const fs::path& p) {
+  std::ifstream in(p);
+  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.erase(0, 1);
+  return s;
+}
+
+bool AttrIs(const fs::path& p, const char* name, const char* value) {
+  char buf[16];
+  const ssize_t n = ::lgetxattr(p.c_str(), name, buf, sizeof(buf));
+  return n == static_cast<ssize_t>(std::strlen(value)) && std::memcmp(buf, value, n) == 0;
+}
+
+bool Pinned(const fs::path& dir) {
+  if (AttrIs(dir, "user.ckptfs.pin", "1")) return true;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::end(it);
+       it.increment(ec)) {
+    if (AttrIs(it->path(), "user.ckptfs.pin", "1")) return true;
+  }
+  return false;
+}
+
+uint64_t TreeBytes(const fs::path& dir) {
+  uint64_t total = 0;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::end(it);
+       it.increment(ec)) {
+    if (it->is_regular_file(ec)) total += it->file_size(ec);
+  }
+  return total;
+}
+
+std::string Human(uint64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), u ? "%.1f %s" : "%.0f %s", v, units[u]);
+  return buf;
+}
+
+int Usage() {
+  std::fprintf(stderr, "usage: ckptfs retain ROOT --keep-last N [--keep-every K] [--dry-run]\n");
+  return 2;
+}
+
+}  // namespace
+
+int Retain(const std::vector<std::string>& args) {
+  std::string root_arg;
+  std::optional<uint64_t> keep_last, keep_every;
+  bool dry_run = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--help" || a == "-h") {
+      std::printf(
+          "usage: ckptfs retain ROOT --keep-last N [--keep-every K] [--dry-run]\n"
+          "Deletes old checkpoints under ROOT (a directory in a ckptfs mount) through the mount.\n"
+          "Checkpoints: Megatron iter_NNNNNNN, DeepSpeed global_stepN, directories with a DCP\n"
+          ".metadata (step: the last number in the name); where there are none, every directory\n"
+          "of ROOT, oldest first by modification time.\n"
+          "Kept: the newest N, every K-th step, the one named by latest_checkpointed_iteration.txt,\n"
+          "latest or latest_universal, pinned ones, ones with a file open.\n"
+          "  --dry-run  say what would be deleted, delete nothing\n"
+          "Exit status: 0 done, 1 a deletion failed, 2 bad arguments or ROOT not in a mount.\n");
+      return 0;
+    }
+    if ((a == "--keep-last" || a == "--keep-every") && i + 1 < args.size()) {
+      auto n = Number(args[++i]);
+      if (!n || (a == "--keep-every" && *n == 0)) return Usage();
+      (a == "--keep-last" ? keep_last : keep_every) = n;
+    } else if (a == "--dry-run") {
+      dry_run = true;
+    } else if (!a.empty() && a[0] != '-' && root_arg.empty()) {
+      root_arg = a;
+    } else {
+      return Usage();
+    }
+  }
+  if (root_arg.empty() || !keep_last) return Usage();
+  const fs::path root = AbsolutePath(root_arg);
+  char probe[4];
+  if (::getxattr(root.c_str(), "user.ckptfs.busy", probe, sizeof(probe)) < 0) {
+    std::fprintf(stderr, "ckptfs retain: %s: %s\n", root.c_str(),
+                 errno == ENOTSUP || errno == ENODATA
+                     ? "not a directory in a ckptfs mount (or its daemon is too old)"
+                     : std::strerror(errno));
+    return 2;
+  }
+
+  // The checkpoints of ROOT, in the order of their steps (or times).
+  std::vector<Checkpoint> recognized, plain;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    if (!e.is_directory(ec) || e.is_symlink(ec)) continue;
+    Checkpoint c;
+    c.name = e.path().filename();
+    struct stat st;
+    if (::stat(e.path().c_str(), &st) == 0) {
+      c.mtime_ns = int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec;
+    }
+    if (c.name.rfind("iter_", 0) == 0) {
+      c.step = Number(c.name.substr(5));
+    } else if (c.name.rfind("global_step", 0) == 0) {
+      c.step = Number(c.name.substr(11));
+    } else if (fs::exists(e.path() / ".metadata", ec)) {
+      c.step = LastNumber(c.name);
+    }
+    (c.step || fs::exists(e.path() / ".metadata", ec) ? recognized : plain).push_back(c);
+  }
+  if (ec) {
+    std::fprintf(stderr, "ckptfs retain: listing %s: %s\n", root.c_str(), ec.message().c_str());
+    return 2;
+  }
+  std::vector<Checkpoint> ckpts = recognized.empty() ? plain : recognized;
+  const bool by_step = !recognized.empty() &&
+                       std::all_of(ckpts.begin(), ckpts.end(), [](auto& c) { return c.step; });
+  std::sort(ckpts.begin(), ckpts.end(), [&](const Checkpoint& a, const Checkpoint& b) {
+    if (by_step) return *a.step < *b.step;
+    return a.mtime_ns != b.mtime_ns ? a.mtime_ns < b.mtime_ns : a.name < b.name;
+  });
+
+  // What the trackers name.
+  std::set<std::string> tracked;
+  if (auto it = ReadTrimmed(root / "latest_checkpointed_iteration.txt"); !it.empty()) {
+    if (auto n = Number(it)) {
+      char name[32];
+      std::snprintf(name, sizeof(name), "iter_%07llu", static_cast<unsigned long long>(*n));
+      tracked.insert(name);
+    } else {
+      tracked.insert(it);  // "release"
+    }
+  }
+  for (const char* f : {"latest", "latest_universal"}) {
+    if (auto tag = ReadTrimmed(root / f); !tag.empty()) tracked.insert(tag);
+  }
+
+  for (size_t i = 0; i < ckpts.size(); ++i) {
+    Checkpoint& c = ckpts[i];
+    const fs::path p = root / c.name;
+    if (i + *keep_last >= ckpts.size()) {
+      c.keep = "newest " + std::to_string(*keep_last);
+    } else if (keep_every && c.step && *c.step % *keep_every == 0) {
+      c.keep = "every " + std::to_string(*keep_every);
+    } else if (tracked.count(c.name)) {
+      c.keep = "named by a tracker file";
+    } else if (AttrIs(p, "user.ckptfs.busy", "1")) {
+      c.keep = "a file in it is open";
+    } else if (Pinned(p)) {
+      c.keep = "pinned";
+    }
+  }
+  int rc = 0;
+  uint64_t freed = 0, deleted = 0;
+  for (const Checkpoint& c : ckpts) {
+    const fs::path p = root / c.name;
+    if (!c.keep.empty()) {
+      std::printf("keep    %s (%s)\n", c.name.c_str(), c.keep.c_str());
+      continue;
+    }
+    const uint64_t bytes = TreeBytes(p);
+    std::printf("%s %s (%s)\n", dry_run ? "would delete" : "delete ", c.name.c_str(),
+                Human(bytes).c_str());
+    std::fflush(stdout);
+    if (dry_run) continue;
+    std::error_code rm;
+    fs::remove_all(p, rm);
+    if (rm) {
+      std::fprintf(stderr, "ckptfs retain: deleting %s: %s\n", p.c_str(), rm.message().c_str());
+      rc = 1;
+      continue;
+    }
+    freed += bytes;
+    ++deleted;
+  }
+  if (!dry_run) {
+    std::printf("deleted %llu of %zu checkpoints, %s of files\n",
+                static_cast<unsigned long long>(deleted), ckpts.size(), Human(freed).c_str());
+  }
+  return rc;
+}
+
+}  // namespace ckptfs
