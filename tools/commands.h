@@ -27,5 +27,7 @@ int Fsck(const std::vector<std::string>& args);
 int Retain(const std::vector<std::string>& args);
 
 int Fail(const std::string& msg);
+// "1.5 GiB": bytes in powers of 1024, one decimal (none for plain bytes).
+std::string HumanBytes(double bytes);
 
 }  // namespace ckptfs

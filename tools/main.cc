@@ -403,6 +403,18 @@ int Fail(const std::string& msg) {
   return 1;
 }
 
+std::string HumanBytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 4) {
+    bytes /= 1024;
+    ++u;
+  }
+  char out[32];
+  std::snprintf(out, sizeof(out), u ? "%.1f %s" : "%.0f %s", bytes, units[u]);
+  return out;
+}
+
 }  // namespace ckptfs
 
 int main(int argc, char** argv) {

@@ -58,18 +58,6 @@ Result<Progress> ReadProgress(const std::string& path) {
   return Progress{field("bytes"), field("cached_bytes"), field("files")};
 }
 
-std::string Human(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (bytes >= 1024 && u < 4) {
-    bytes /= 1024;
-    ++u;
-  }
-  char out[32];
-  std::snprintf(out, sizeof(out), u ? "%.1f %s" : "%.0f %s", bytes, units[u]);
-  return out;
-}
-
 // One line, redrawn in place: [#####.....]  45%  1.2 GiB / 2.6 GiB  340.0 MiB/s
 void Draw(const Progress& p, double rate) {
   constexpr int kWidth = 30;
@@ -79,8 +67,8 @@ void Draw(const Progress& p, double rate) {
   std::string bar(static_cast<size_t>(filled), '#');
   bar.append(static_cast<size_t>(kWidth - filled), '.');
   std::fprintf(stderr, "\r[%s] %3d%%  %s / %s  %s/s   ", bar.c_str(), static_cast<int>(frac * 100),
-               Human(static_cast<double>(p.cached_bytes)).c_str(),
-               Human(static_cast<double>(p.bytes)).c_str(), Human(rate).c_str());
+               HumanBytes(static_cast<double>(p.cached_bytes)).c_str(),
+               HumanBytes(static_cast<double>(p.bytes)).c_str(), HumanBytes(rate).c_str());
   std::fflush(stderr);
 }
 
@@ -127,8 +115,8 @@ int Prefetch(const std::vector<std::string>& args) {
     if (p->cached_bytes >= p->bytes) {
       if (tty) std::fputc('\n', stderr);
       std::fprintf(stderr, "ckptfs: %s: %s in %lu files on the local tier (%.1f s, %s/s)\n",
-                   path.c_str(), Human(static_cast<double>(p->bytes)).c_str(),
-                   static_cast<unsigned long>(p->files), secs, Human(rate).c_str());
+                   path.c_str(), HumanBytes(static_cast<double>(p->bytes)).c_str(),
+                   static_cast<unsigned long>(p->files), secs, HumanBytes(rate).c_str());
       return 0;
     }
     if (g_interrupted) {
@@ -142,8 +130,8 @@ int Prefetch(const std::vector<std::string>& args) {
       if (settled) {
         if (tty) std::fputc('\n', stderr);
         return Fail(path + ": the prefetch ended with " +
-                    Human(static_cast<double>(p->cached_bytes)) + " of " +
-                    Human(static_cast<double>(p->bytes)) +
+                    HumanBytes(static_cast<double>(p->cached_bytes)) + " of " +
+                    HumanBytes(static_cast<double>(p->bytes)) +
                     " on the local tier (chunks missing from the backend, or more than cache_size "
                     "holds; see the daemon's log)");
       }

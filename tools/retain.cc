@@ -84,19 +84,6 @@ uint64_t TreeBytes(const fs::path& dir) {
   return total;
 }
 
-std::string Human(uint64_t bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(bytes);
-  int u = 0;
-  while (v >= 1024 && u < 4) {
-    v /= 1024;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), u ? "%.1f %s" : "%.0f %s", v, units[u]);
-  return buf;
-}
-
 int Usage() {
   std::fprintf(stderr, "usage: ckptfs retain ROOT --keep-last N [--keep-every K] [--dry-run]\n");
   return 2;
@@ -218,7 +205,7 @@ int Retain(const std::vector<std::string>& args) {
     }
     const uint64_t bytes = TreeBytes(p);
     std::printf("%s %s (%s)\n", dry_run ? "would delete" : "delete ", c.name.c_str(),
-                Human(bytes).c_str());
+                HumanBytes(static_cast<double>(bytes)).c_str());
     std::fflush(stdout);
     if (dry_run) continue;
     std::error_code rm;
@@ -233,7 +220,7 @@ int Retain(const std::vector<std::string>& args) {
   }
   if (!dry_run) {
     std::printf("deleted %llu of %zu checkpoints, %s of files\n",
-                static_cast<unsigned long long>(deleted), ckpts.size(), Human(freed).c_str());
+                static_cast<unsigned long long>(deleted), ckpts.size(), HumanBytes(static_cast<double>(freed)).c_str());
   }
   return rc;
 }
