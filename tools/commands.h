@@ -26,6 +26,10 @@ int Fsck(const std::vector<std::string>& args);
 // ROOT through the mount (tools/retain.cc says which are kept).
 int Retain(const std::vector<std::string>& args);
 
+// ckptfs gc --backend URL [--s3-endpoint URL] --dry-run: counts the backend's chunks no file
+// record references (deleting them is not built yet).
+int Gc(const std::vector<std::string>& args);
+
 int Fail(const std::string& msg);
 // "1.5 GiB": bytes in powers of 1024, one decimal (none for plain bytes).
 std::string HumanBytes(double bytes);

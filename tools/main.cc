@@ -46,6 +46,7 @@ constexpr const char* kUsage = R"(usage:
   ckptfs prefetch PATH [--wait]
   ckptfs fsck [PATH] [--deep] [--repair] [--json]
   ckptfs retain ROOT --keep-last N [--keep-every K] [--dry-run]
+  ckptfs gc --backend URL [--s3-endpoint URL] --dry-run
 
 mount options (-o): ram_cache=SIZE, write_queue=SIZE, write_memory=SIZE, write_threads=N,
   reorder_buffer=SIZE,
@@ -436,5 +437,6 @@ int main(int argc, char** argv) {
   if (cmd == "prefetch") return ckptfs::Prefetch(args);
   if (cmd == "fsck") return ckptfs::Fsck(args);
   if (cmd == "retain") return ckptfs::Retain(args);
+  if (cmd == "gc") return ckptfs::Gc(args);
   return ckptfs::Fail("unknown command '" + cmd + "'\n" + ckptfs::kUsage);
 }
