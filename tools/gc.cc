@@ -190,6 +190,15 @@ int Gc(const std::vector<std::string>& args) {
               HumanBytes(static_cast<double>(unreferenced_bytes)).c_str());
   std::printf("references read  %lu; at most %zu chunk ids in memory at once\n",
               static_cast<unsigned long>(references), peak_ids);
+  // This process's own high-water mark (getrusage would count the process it was forked from).
+  if (std::FILE* status = std::fopen("/proc/self/status", "r")) {
+    char line[256];
+    while (std::fgets(line, sizeof(line), status)) {
+      long kib;
+      if (std::sscanf(line, "VmHWM: %ld kB", &kib) == 1) std::printf("peak_rss_kib     %ld\n", kib);
+    }
+    std::fclose(status);
+  }
   if (bad_records) {
     std::printf("%lu records could not be read: a gc would delete nothing until they are fixed\n",
                 static_cast<unsigned long>(bad_records));
