@@ -157,7 +157,15 @@ Result<std::string> ComputedXattr(Context& ctx, fuse_ino_t ino, std::string_view
     o.deep = name.find(".deep") != std::string_view::npos;
     o.repair = name.find(".repair") != std::string_view::npos;
     ASSIGN_OR_RETURN(Store::FsckReport r, ctx.store->Fsck(ino, o));
-    return r.Json();
+    // The report must fit one attribute value: long paths and lines go first (the counts stay;
+    // damaged_files still says how many files lost bytes).
+    std::string json = r.Json();
+    while (json.size() > kMaxValue && !(r.damaged.empty() && r.problems.empty())) {
+      auto& longer = r.problems.size() >= r.damaged.size() ? r.problems : r.damaged;
+      longer.pop_back();
+      json = r.Json();
+    }
+    return json;
   }
   if (name == kPrefetchXattr) return std::string(ctx.store->Prefetching(ino) ? "1" : "0");
   if (name == kCached) {

@@ -144,3 +144,22 @@ def test_fsck_names_the_files_no_tier_can_repair(make_mount):
 def test_fsck_outside_a_mount_fails_clearly(tmp_path):
     p = run([CKPTFS_BIN, "fsck", tmp_path], check=False)
     assert p.returncode == 2 and "not in a ckptfs mount" in p.stderr
+
+
+@pytest.mark.timeout(300)
+def test_a_report_too_long_for_one_attribute_keeps_its_counts(make_mount):
+    m = make_mount(options=SMALL)
+    deep = m / ("d" * 250) / ("e" * 250)
+    deep.mkdir(parents=True)
+    for i in range(101):
+        write_file(deep / (f"{i:03d}" + "f" * 240), os.urandom(8192))
+    os.setxattr(m.mnt, "user.ckptfs.seal", b"1")
+    for p in m.chunk_files():
+        os.unlink(p)
+    # 101 paths of ~750 bytes and their problem lines: more than the kernel's 64 KiB per value.
+    code, r = fsck(m.mnt)
+    assert code == 1, r
+    counts = {k: v for k, v in r.items() if k not in ("damaged", "problems")}
+    assert r["damaged_files"] == 101 and r["local_missing"] == 101, counts
+    assert 0 < len(r["damaged"]) < 101
+    assert all(p.startswith("/" + "d" * 250 + "/") for p in r["damaged"])
