@@ -196,7 +196,11 @@ Status ChunkCache::Warm(const ChunkId& id, size_t len) {
 
 Result<bool> ChunkCache::Put(const ChunkId& id, const void* data, size_t len) {
   struct stat st;
-  if (::stat(PathOf(id).c_str(), &st) == 0 && static_cast<size_t>(st.st_size) == len) return false;
+  if (::stat(PathOf(id).c_str(), &st) == 0 && static_cast<size_t>(st.st_size) == len) {
+    std::lock_guard lock(mu_);
+    DiskAdd(id, len);  // known to the disk map even if a racing Load dropped it
+    return false;
+  }
   std::string tmp = TmpPath(id);
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return Status::FromErrno(errno, "create chunk file " + tmp);
@@ -206,6 +210,8 @@ Result<bool> ChunkCache::Put(const ChunkId& id, const void* data, size_t len) {
 Result<bool> ChunkCache::PutFetched(const ChunkId& id, const ChunkData& data) {
   struct stat st;
   if (::stat(PathOf(id).c_str(), &st) == 0 && static_cast<size_t>(st.st_size) == data.size) {
+    std::lock_guard lock(mu_);
+    DiskAdd(id, data.size);
     return false;
   }
   std::string tmp = TmpPath(id);
@@ -396,7 +402,11 @@ Result<ChunkRef> ChunkCache::Load(const ChunkId& id, size_t len) {
   std::string path = PathOf(id);
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
-    if (errno == ENOENT) return NotFound("chunk " + id.Hex() + " is not on the local tier");
+    if (errno == ENOENT) {
+      std::lock_guard lock(mu_);
+      DiskDrop(id);  // gone behind our back: Warm and OnDisk must not count it any more
+      return NotFound("chunk " + id.Hex() + " is not on the local tier");
+    }
     return Status::FromErrno(errno, "open chunk " + path);
   }
   auto data = ChunkData::Allocate(len);

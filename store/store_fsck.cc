@@ -135,11 +135,18 @@ Result<Store::FsckReport> Store::Fsck(uint64_t ino, const FsckOptions& options) 
 
   std::unordered_set<ChunkId, ChunkIdHash> lost;  // no verified copy anywhere after repair
   for (const auto& [id, len] : chunks) {
-    const ChunkRecord& rec = records[id];
+    ChunkRecord rec = records[id];
     // Local tier. A chunk the backend holds may have been evicted: absent is fine then.
     Status local = options.deep       ? cache_->Verify(id, len)
                    : cache_->Contains(id) ? Status::Ok()
                                           : NotFound("no chunk file");
+    if (!local.ok()) {
+      // The snapshot above is minutes old on a deep check of a live mount: a chunk uploaded and
+      // evicted since, or reclaimed with a file deleted since, is not damage.
+      ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
+      ASSIGN_OR_RETURN(rec, txn.GetChunk(id));
+      if (rec.refs == 0) continue;
+    }
     const bool local_ok = local.ok();
     bool local_fixed = false;
     if (!local_ok && !(local.code() == Code::kNotFound && rec.remote)) {
@@ -152,6 +159,7 @@ Result<Store::FsckReport> Store::Fsck(uint64_t ino, const FsckOptions& options) 
       }
       if (options.repair && backend) {
         Status got = cache_->Warm(id, len);  // fetched, verified, kept on disk
+        if (got.ok()) got = cache_->Verify(id, len);  // and there now, whatever Warm believed
         if (got.ok()) {
           ++r.local_repaired;
           local_fixed = true;
@@ -166,8 +174,9 @@ Result<Store::FsckReport> Store::Fsck(uint64_t ino, const FsckOptions& options) 
       const std::string key = ChunkCache::ObjectKey(id);
       Status there;
       if (options.deep) {
-        auto buf = ChunkData::Allocate(len);
-        auto n = backend->Get(key, 0, buf->bytes.get(), len);
+        // One byte more than the chunk: an object that is too long is caught too.
+        auto buf = ChunkData::Allocate(len + 1);
+        auto n = backend->Get(key, 0, buf->bytes.get(), len + 1);
         if (!n.ok()) {
           there = n.status();
         } else if (*n != len || ChunkId::Of(buf->bytes.get(), len) != id) {
@@ -243,8 +252,13 @@ Result<Store::FsckReport> Store::Fsck(uint64_t ino, const FsckOptions& options) 
     for (const std::string& key : keys) {
       auto bytes = backend->GetObject(key);
       if (!bytes.ok() && bytes.status().code() == Code::kNotFound) continue;  // deleted meanwhile
+      // Only a record that was read and does not decode is bad: a failed read is no verdict.
+      if (!bytes.ok()) {
+        return Status(bytes.status().code(), "reading " + key + " from " + backend->Describe() +
+                                                 ": " + bytes.status().message());
+      }
       ++r.records;
-      Status st = bytes.ok() ? FileRecord::Decode(*bytes).status() : bytes.status();
+      Status st = FileRecord::Decode(*bytes).status();
       if (st.ok()) continue;
       ++r.records_bad;
       Note(&r, key + " in " + backend->Describe() + ": " + st.ToString());

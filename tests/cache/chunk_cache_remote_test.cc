@@ -2,6 +2,7 @@
 // misses fetched and verified, corrupt copies refetched, eviction of what the backend holds only,
 // least recently used first, pins kept.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
@@ -93,6 +94,22 @@ TEST_F(RemoteCacheTest, FetchedChunksOfAnySizeAreKeptExactly) {
     ASSERT_TRUE(r.ok()) << r.status().ToString();
     EXPECT_TRUE(std::equal(c.bytes.begin(), c.bytes.end(), (*r)->bytes.get()));
   }
+}
+
+// A chunk file removed behind the cache's back: once a read has found it gone, Warm fetches it
+// again instead of believing its map (fsck --repair counts on that).
+TEST_F(RemoteCacheTest, WarmFetchesAChunkWhoseFileWentMissing) {
+  Open(0, &mem_);
+  const Chunk c = MakeChunk(70'000, 7);
+  Upload(c);
+  ASSERT_TRUE(cache_->Put(c.id, c.bytes.data(), c.bytes.size()).ok());
+  ASSERT_TRUE(cache_->OnDisk(c.id));
+  ASSERT_EQ(::unlink(cache_->PathOf(c.id).c_str()), 0);
+  EXPECT_EQ(cache_->Verify(c.id, c.bytes.size()).code(), Code::kNotFound);
+  EXPECT_FALSE(cache_->OnDisk(c.id));
+  ASSERT_TRUE(cache_->Warm(c.id, c.bytes.size()).ok());
+  EXPECT_EQ(metrics_.remote_fetches.Get(), 1u);
+  EXPECT_TRUE(cache_->Verify(c.id, c.bytes.size()).ok());
 }
 
 // Chunk buffers are aligned and zero-padded to the next block, also when they come back from the
