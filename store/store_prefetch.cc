@@ -96,20 +96,21 @@ class Store::Prefetcher {
   }
 
   // Chunks a reader of a cold file reaches next (Store::FetchSoon). A job that holds the first
-  // of them moves its cursor there; otherwise they are fetched before any job's chunks, into the
-  // RAM tier (the reader takes them from there, or joins the fetch when it gets there first),
-  // and the oldest of these wishes are dropped past kMaxUrgent, as their reader has moved on.
+  // of them moves its cursor there, to go on with what that reader reads next; and they are
+  // fetched before any job's chunks, into the RAM tier (the reader takes them from there, or
+  // joins the fetch when it gets there first). The oldest of these wishes are dropped past
+  // kMaxUrgent, as their reader has moved on.
   void ReaderWants(const std::vector<std::pair<ChunkId, uint64_t>>& chunks) {
     std::lock_guard lock(mu_);
     if (stop_ || chunks.empty()) return;
     for (const auto& j : jobs_) {
-      if (j->cancelled || j->state != Job::State::kReady) continue;
+      if (j->cancelled || j->state != Job::State::kReady || j->Exhausted()) continue;
       auto it = j->index.find(chunks.front().first);
-      if (it == j->index.end()) continue;
-      j->cursor = it->second;
-      cv_.notify_all();
-      return;
+      if (it != j->index.end()) j->cursor = it->second;
     }
+    // Asked for in any case: the job may be behind another, or its chunk shared with another
+    // file. A chunk both fetch is fetched once (ChunkCache's single flight; the later one finds
+    // it on disk).
     for (const auto& c : chunks) urgent_.push_back(c);
     while (urgent_.size() > kMaxUrgent) urgent_.pop_front();
     cv_.notify_all();
