@@ -58,20 +58,30 @@ std::string ReadTrimmed(const fs::path& p) {
   return s;
 }
 
-bool AttrIs(const fs::path& p, const char* name, const char* value) {
+// Whether attribute `name` of p holds `value`; nullopt when that cannot be told (an error other
+// than "no such attribute"), which the callers count as "yes": a check that fails keeps.
+std::optional<bool> AttrIs(const fs::path& p, const char* name, const char* value) {
   char buf[16];
   const ssize_t n = ::lgetxattr(p.c_str(), name, buf, sizeof(buf));
+  if (n < 0) return errno == ENODATA ? std::optional<bool>(false) : std::nullopt;
   return n == static_cast<ssize_t>(std::strlen(value)) && std::memcmp(buf, value, n) == 0;
 }
 
-bool Pinned(const fs::path& dir) {
-  if (AttrIs(dir, "user.ckptfs.pin", "1")) return true;
+// Why checkpoint directory p must stay now (open, pinned, or either cannot be told); empty: it
+// may go. Asked right before its deletion.
+std::string MustStay(const fs::path& p) {
+  auto busy = AttrIs(p, "user.ckptfs.busy", "1");
+  if (!busy) return "cannot tell whether a file in it is open";
+  if (*busy) return "a file in it is open";
+  auto pinned = AttrIs(p, "user.ckptfs.pin", "1");
   std::error_code ec;
-  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::end(it);
+  for (auto it = fs::recursive_directory_iterator(p, ec); !ec && pinned == false &&
+                                                         it != fs::end(it);
        it.increment(ec)) {
-    if (AttrIs(it->path(), "user.ckptfs.pin", "1")) return true;
+    pinned = AttrIs(it->path(), "user.ckptfs.pin", "1");
   }
-  return false;
+  if (ec || !pinned) return "cannot tell whether it is pinned";
+  return *pinned ? "pinned" : "";
 }
 
 uint64_t TreeBytes(const fs::path& dir) {
@@ -182,23 +192,19 @@ int Retain(const std::vector<std::string>& args) {
 
   for (size_t i = 0; i < ckpts.size(); ++i) {
     Checkpoint& c = ckpts[i];
-    const fs::path p = root / c.name;
     if (i + *keep_last >= ckpts.size()) {
       c.keep = "newest " + std::to_string(*keep_last);
     } else if (keep_every && c.step && *c.step % *keep_every == 0) {
       c.keep = "every " + std::to_string(*keep_every);
     } else if (tracked.count(c.name)) {
       c.keep = "named by a tracker file";
-    } else if (AttrIs(p, "user.ckptfs.busy", "1")) {
-      c.keep = "a file in it is open";
-    } else if (Pinned(p)) {
-      c.keep = "pinned";
     }
   }
   int rc = 0;
   uint64_t freed = 0, deleted = 0;
-  for (const Checkpoint& c : ckpts) {
+  for (Checkpoint& c : ckpts) {
     const fs::path p = root / c.name;
+    if (c.keep.empty()) c.keep = MustStay(p);
     if (!c.keep.empty()) {
       std::printf("keep    %s (%s)\n", c.name.c_str(), c.keep.c_str());
       continue;
