@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -143,7 +144,9 @@ int Gc(const std::vector<std::string>& args) {
       if (e.hole()) continue;
       uint8_t raw[16];
       e.id.ToBytes(raw);
-      std::fwrite(raw, 1, sizeof(raw), spill[raw[0]]);
+      if (std::fwrite(raw, 1, sizeof(raw), spill[raw[0]]) != sizeof(raw)) {
+        return Error("writing a spill file in " + tmpl + ": " + std::strerror(errno));
+      }
       ++references;
     }
   }
@@ -154,11 +157,16 @@ int Gc(const std::vector<std::string>& args) {
   for (int p = 0; p < 256; ++p) {
     progress.Show("comparing chunks/: prefix " + std::to_string(p + 1) + " of 256");
     std::vector<ChunkId> ids;
+    // A reference lost in a spill file would make its chunk look unreferenced: any error stops.
+    if (std::fflush(spill[p]) != 0 || std::ferror(spill[p])) {
+      return Error("writing a spill file in " + tmpl + ": " + std::strerror(errno));
+    }
     std::rewind(spill[p]);
     uint8_t raw[16];
     while (std::fread(raw, 1, sizeof(raw), spill[p]) == sizeof(raw)) {
       ids.push_back(ChunkId::FromBytes(raw));
     }
+    if (std::ferror(spill[p])) return Error("reading a spill file in " + tmpl);
     std::fclose(spill[p]);
     spill[p] = nullptr;
     std::sort(ids.begin(), ids.end());
