@@ -194,13 +194,16 @@ Status ChunkCache::Warm(const ChunkId& id, size_t len) {
   return r.status();
 }
 
-Result<bool> ChunkCache::Put(const ChunkId& id, const void* data, size_t len) {
+bool ChunkCache::AlreadyOnDisk(const ChunkId& id, size_t len) {
   struct stat st;
-  if (::stat(PathOf(id).c_str(), &st) == 0 && static_cast<size_t>(st.st_size) == len) {
-    std::lock_guard lock(mu_);
-    DiskAdd(id, len);  // known to the disk map even if a racing Load dropped it
-    return false;
-  }
+  if (::stat(PathOf(id).c_str(), &st) != 0 || static_cast<size_t>(st.st_size) != len) return false;
+  std::lock_guard lock(mu_);
+  DiskAdd(id, len);  // known to the disk map even if a racing Load dropped it
+  return true;
+}
+
+Result<bool> ChunkCache::Put(const ChunkId& id, const void* data, size_t len) {
+  if (AlreadyOnDisk(id, len)) return false;
   std::string tmp = TmpPath(id);
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return Status::FromErrno(errno, "create chunk file " + tmp);
@@ -208,12 +211,7 @@ Result<bool> ChunkCache::Put(const ChunkId& id, const void* data, size_t len) {
 }
 
 Result<bool> ChunkCache::PutFetched(const ChunkId& id, const ChunkData& data) {
-  struct stat st;
-  if (::stat(PathOf(id).c_str(), &st) == 0 && static_cast<size_t>(st.st_size) == data.size) {
-    std::lock_guard lock(mu_);
-    DiskAdd(id, data.size);
-    return false;
-  }
+  if (AlreadyOnDisk(id, data.size)) return false;
   std::string tmp = TmpPath(id);
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_DIRECT, 0600);
   if (fd < 0 && errno == EINVAL) return Put(id, data.bytes.get(), data.size);  // no O_DIRECT here

@@ -119,8 +119,11 @@ class ChunkCache {
   // Put for a chunk fetched from the backend, written with O_DIRECT where the filesystem
   // allows: the page cache gets no second copy of bytes the reader already has.
   Result<bool> PutFetched(const ChunkId& id, const ChunkData& data);
-  // Writes data[0..len) as chunk `id` through a temporary file (fd open on `tmp`), then renames it.
+  // Whether chunk `id` already has its file of `len` bytes (then entered in the disk map).
+  bool AlreadyOnDisk(const ChunkId& id, size_t len);
+  // A fresh name under <dir>/tmp/ for a chunk file being written.
   std::string TmpPath(const ChunkId& id);
+  // Writes data[0..len) as chunk `id` through a temporary file (fd open on `tmp`), then renames it.
   Result<bool> WriteChunkFile(const ChunkId& id, int fd, const std::string& tmp, const void* data,
                               size_t len, bool direct);
   // Disk accounting. REQUIRES: mu_ held.

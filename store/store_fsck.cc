@@ -81,25 +81,19 @@ Result<Store::FsckReport> Store::Fsck(uint64_t ino, const FsckOptions& options) 
   RETURN_IF_ERROR(SealAll());  // staged bytes are checked once they are chunks
   FsckReport r;
   Backend* backend = remote_ ? remote_->backend() : nullptr;
-  // The chunks under `ino`, with the files that name them (kept for the damage report only).
-  std::map<ChunkId, uint64_t> chunks;  // id -> length
-  std::unordered_map<ChunkId, std::vector<uint64_t>, ChunkIdHash> users;
-  std::map<ChunkId, ChunkRecord> records;
+  // The chunks under `ino`: their length, and their record as of this snapshot.
+  std::map<ChunkId, std::pair<uint64_t, ChunkRecord>> chunks;
   {
     ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
-    RETURN_IF_ERROR(ForEachFile(txn, ino, true, [&](uint64_t file, const Manifest& m) {
+    RETURN_IF_ERROR(ForEachFile(txn, ino, true, [&](uint64_t, const Manifest& m) {
       ++r.files;
-      std::unordered_set<ChunkId, ChunkIdHash> mine;
       for (const Extent& e : m.extents()) {
-        if (e.hole() || !mine.insert(e.id).second) continue;
-        chunks.emplace(e.id, e.len);
-        users[e.id].push_back(file);
+        if (!e.hole()) chunks.emplace(e.id, std::pair(e.len, ChunkRecord{}));
       }
     }));
-    for (const auto& [id, len] : chunks) {
-      ASSIGN_OR_RETURN(ChunkRecord rec, txn.GetChunk(id));
-      records.emplace(id, rec);
-      r.bytes += len;
+    for (auto& [id, c] : chunks) {
+      ASSIGN_OR_RETURN(c.second, txn.GetChunk(id));
+      r.bytes += c.first;
     }
     r.chunks = chunks.size();
     if (ino == kRootIno) {
@@ -134,8 +128,9 @@ Result<Store::FsckReport> Store::Fsck(uint64_t ino, const FsckOptions& options) 
   }
 
   std::unordered_set<ChunkId, ChunkIdHash> lost;  // no verified copy anywhere after repair
-  for (const auto& [id, len] : chunks) {
-    ChunkRecord rec = records[id];
+  for (const auto& [id, c] : chunks) {
+    const uint64_t len = c.first;
+    ChunkRecord rec = c.second;
     // Local tier. A chunk the backend holds may have been evicted: absent is fine then.
     Status local = options.deep       ? cache_->Verify(id, len)
                    : cache_->Contains(id) ? Status::Ok()
@@ -213,14 +208,17 @@ Result<Store::FsckReport> Store::Fsck(uint64_t ino, const FsckOptions& options) 
     if (!local_ok && !local_fixed && !remote_has) lost.insert(id);
   }
 
-  // The files that name a chunk no tier could supply.
-  std::set<uint64_t> hurt;
-  for (const ChunkId& id : lost) {
-    for (uint64_t file : users[id]) hurt.insert(file);
-  }
-  r.damaged_files = hurt.size();
-  if (!hurt.empty()) {
+  // The files that name a chunk no tier could supply (walked again: rare, and no list of every
+  // chunk's files is kept for it).
+  if (!lost.empty()) {
+    std::set<uint64_t> hurt;
     ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
+    RETURN_IF_ERROR(ForEachFile(txn, ino, true, [&](uint64_t file, const Manifest& m) {
+      for (const Extent& e : m.extents()) {
+        if (!e.hole() && lost.count(e.id)) hurt.insert(file);
+      }
+    }));
+    r.damaged_files = hurt.size();
     for (uint64_t file : hurt) {
       if (r.damaged.size() >= FsckReport::kMaxListed) break;
       auto path = txn.PathOf(file);
