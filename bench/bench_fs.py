@@ -17,7 +17,8 @@ the plain directory):
 and the daemon's peak RSS (VmHWM) against its budget (256 MiB + configured RAM cache).
 
 Usage: /usr/bin/python3 bench/bench_fs.py [--gib 2] [--dir /var/tmp/ckptfs-bench]
-       [--repeat 3] [-o mount-options]
+       [--repeat 3] [--only save,write-1M] [-o mount-options]
+Runs alternate which side goes first, so neither inherits the other's writeback.
 """
 import argparse
 import os
@@ -109,7 +110,9 @@ def main():
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--bin", default=os.environ.get("CKPTFS_BIN", os.path.join(ROOT, "build/tools/ckptfs")))
     ap.add_argument("-o", dest="opts", default="")
+    ap.add_argument("--only", default="", help="comma-separated figures to time (default: all)")
     args = ap.parse_args()
+    only = set(filter(None, args.only.split(",")))
 
     size = int(args.gib * (1 << 30))
     base = args.dir
@@ -135,9 +138,12 @@ def main():
               f"repeat {args.repeat}, median", flush=True)
 
         def ratio(name, plain_fn, mount_fn, prep=None):
+            if only and name not in only:
+                return
             tp, tm = [], []
-            for _ in range(args.repeat):
-                for fn, acc in ((plain_fn, tp), (mount_fn, tm)):
+            for i in range(args.repeat):
+                sides = ((plain_fn, tp), (mount_fn, tm))
+                for fn, acc in (sides if i % 2 == 0 else sides[::-1]):
                     if prep:
                         prep()
                     acc.append(timed(fn))
