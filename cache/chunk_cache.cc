@@ -311,6 +311,14 @@ void ChunkCache::MarkRemote(const ChunkId& id, uint64_t len) {
   local_only_bytes_ -= it->second.size;
 }
 
+void ChunkCache::UnmarkRemote(const ChunkId& id) {
+  std::lock_guard lock(mu_);
+  auto it = disk_.find(id);
+  if (it == disk_.end() || !it->second.remote) return;
+  it->second.remote = false;
+  local_only_bytes_ += it->second.size;
+}
+
 void ChunkCache::SetPinned(std::unordered_map<ChunkId, uint64_t, ChunkIdHash> pinned) {
   std::lock_guard lock(mu_);
   pinned_ = std::move(pinned);

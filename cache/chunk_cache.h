@@ -76,6 +76,8 @@ class ChunkCache {
   void SetKeepFetched(std::function<bool(const ChunkId&)> keep);
   // The backend holds chunk `id` (of `len` bytes): its local copy may be evicted from now on.
   void MarkRemote(const ChunkId& id, uint64_t len);
+  // The backend may no longer hold chunk `id` (a gc round condemned it): its local copy stays.
+  void UnmarkRemote(const ChunkId& id);
   // Chunks that must stay on disk whatever the limit (user.ckptfs.pin); replaces the last set.
   void SetPinned(std::unordered_map<ChunkId, uint64_t, ChunkIdHash> pinned);
   // Evicts remote-held, unpinned chunks, least recently used first, until the disk tier is

@@ -26,6 +26,7 @@ Status Config::Validate() {
   if (backend.empty() && (durability == "remote" || cache_bytes > 0)) {
     return Invalid("durability=remote and cache_size need a backend (--backend URL)");
   }
+  if (!(gc_window_s > 0)) return Invalid("gc_window must be positive");
   if (upload_threads == 0 || upload_threads > 256) return Invalid("upload_threads must be 1..256");
   if (cache_bytes > 0 && cache_bytes < 4 * uint64_t{chunking.max_bytes}) {
     return Invalid("cache_size must hold at least four chunks (" +

@@ -87,6 +87,9 @@ struct Config {
   double remote_timeout_s = 600;
   // Seconds between two looks at what other nodes published to the backend (0: never).
   double sync_interval_s = 1.0;
+  // Garbage collection (docs/gc.md): the longest a publish may take from reading gc/round to its
+  // record's PUT; a collector's --grace must be longer than every mount's gc_window.
+  double gc_window_s = 300;
   // How long a mount may wait for its first sync from the backend before it fails (with
   // sync_interval > 0 a mount serves only once its namespace holds what the backend held).
   double mount_timeout_s = 300;

@@ -15,6 +15,7 @@ namespace {
 constexpr uint8_t kInodeVersion = 1;
 constexpr std::string_view kNextInoKey = "next_ino";
 constexpr std::string_view kNextRemoteOpKey = "next_remote_op";
+constexpr std::string_view kGcEpochKey = "gc_epoch";
 
 Status LmdbError(int rc, const std::string& what) {
   Code code = Code::kIo;
@@ -491,6 +492,26 @@ Status MetaStore::Txn::MarkChunkRemote(const ChunkId& id) {
   if (r.refs == 0 || r.remote) return Status::Ok();
   r.remote = true;
   return PutChunkRecord(id, r);
+}
+
+Status MetaStore::Txn::ClearChunkRemote(const ChunkId& id) {
+  ASSIGN_OR_RETURN(ChunkRecord r, GetChunk(id));
+  if (r.refs == 0 || !r.remote) return Status::Ok();
+  r.remote = false;
+  return PutChunkRecord(id, r);
+}
+
+Result<uint64_t> MetaStore::Txn::GetGcEpoch() {
+  ASSIGN_OR_RETURN(auto v, Get(store_->meta_, kGcEpochKey));
+  if (!v) return uint64_t{0};
+  if (v->size() != 8) return Corrupt("gc epoch record is damaged");
+  return GetU64(v->data());
+}
+
+Status MetaStore::Txn::PutGcEpoch(uint64_t epoch) {
+  std::string v;
+  PutU64(v, epoch);
+  return Put(store_->meta_, kGcEpochKey, v);
 }
 
 Status MetaStore::Txn::PutChunkRecord(const ChunkId& id, const ChunkRecord& r) {

@@ -164,6 +164,11 @@ class MetaStore {
     Status DelPublished(uint64_t ino);
     // Records that the backend holds chunk id (no-op for a chunk nothing references).
     Status MarkChunkRemote(const ChunkId& id);
+    // Forgets that the backend holds chunk id (a gc round may delete it); no-op when unknown.
+    Status ClearChunkRemote(const ChunkId& id);
+    // The last gc round (store/gc.h) whose deletions this node has taken into account (0: none).
+    Result<uint64_t> GetGcEpoch();
+    Status PutGcEpoch(uint64_t epoch);
 
     Result<ChunkRecord> GetChunk(const ChunkId& id);  // refs 0 when unknown
     // Adds `delta` references to chunk `id` of `len` bytes and returns the new count; the record

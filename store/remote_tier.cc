@@ -128,7 +128,7 @@ void RemoteTier::Kick() {
 }
 
 void RemoteTier::Loop() {
-  int failures = 0;
+  int failures = 0, gc_failures = 0;
   for (;;) {
     uint64_t seq = 0;
     std::string op;
@@ -142,6 +142,11 @@ void RemoteTier::Loop() {
                            : txn.status();
       if (!st.ok()) log_->error("reading the upload queue: {}", st.ToString());
     }
+    // gc/round is read at least every half window, whatever the queue holds, so that a round's
+    // condemned chunks are fetched back well within its grace.
+    Status gc = RefreshGc(false);
+    if (!gc.ok() && ++gc_failures % 30 == 3) log_->warn("following gc rounds: {}", gc.ToString());
+    if (gc.ok()) gc_failures = 0;
     std::unique_lock lock(mu_);
     if (stop_) return;
     if (seq == 0) {
@@ -224,6 +229,11 @@ Status RemoteTier::PublishFile(uint64_t ino) {
     ASSIGN_OR_RETURN(bool unborn, txn.IsUnborn(ino));
     if (unborn) return Status::Ok();
   }
+  // From this read of gc/round to the record's PUT: the window (see remote_gc.cc).
+  RETURN_IF_ERROR(RefreshGc(false));
+  const auto window_start = gc_.read_at;
+  const uint64_t epoch = gc_.epoch;
+  RETURN_IF_ERROR(CheckGc(m));
   RETURN_IF_ERROR(UploadChunks(m));
   FileRecord fr;
   fr.mode = rec.mode;
@@ -235,6 +245,16 @@ Status RemoteTier::PublishFile(uint64_t ino) {
   fr.manifest = std::move(m);
   const std::string bytes = fr.Encode();
   RETURN_IF_ERROR(backend_->Put("files/" + path, bytes.data(), bytes.size()));
+  if (std::chrono::duration<double>(std::chrono::steady_clock::now() - window_start).count() >
+      gc_window_s_) {
+    // Too slow for the protocol: a round that began meanwhile may delete a chunk this record
+    // relied on. Publish again once that round has been seen (and is over, for its chunks).
+    RETURN_IF_ERROR(RefreshGc(true));
+    if (gc_.epoch != epoch) {
+      return Status(Code::kBusy, "publishing took longer than gc_window while gc round " +
+                                     std::to_string(gc_.epoch) + " began: publishing it again");
+    }
+  }
   metrics_->files_published.Add(1);
   ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
   // Renamed while this ran (a save to a temporary name, then a rename over the checkpoint):

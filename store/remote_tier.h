@@ -18,6 +18,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -25,6 +26,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <vector>
 
 #include "backends/backend.h"
 #include "cache/chunk_cache.h"
@@ -68,6 +70,11 @@ class RemoteTier {
   // Stops the worker (see Stop).
   ~RemoteTier();
 
+  // The garbage-collection protocol (store/gc.h, docs/gc.md): the longest this node lets pass
+  // from reading gc/round to the end of a record's PUT that relied on chunks the backend held.
+  // A collector's grace must be longer. Call before Start.
+  void SetGcWindow(double seconds) { gc_window_s_ = seconds; }
+
   // Starts the worker on the queue as it is in LMDB.
   void Start();
   // Finishes the op in flight and stops; the rest stay queued for the next start.
@@ -89,6 +96,17 @@ class RemoteTier {
   Status PublishFile(uint64_t ino);
   Status UploadChunks(const Manifest& m);
 
+  // gc (worker thread only). Reads gc/round unless read within half the window (or `force`),
+  // and follows it: a round seen active has its condemned chunks unmarked (and fetched back
+  // when a local file names them); a round missed, or ended while this node looked away, has
+  // every mark checked against the backend.
+  Status RefreshGc(bool force);
+  Status EndGcRound();
+  Status UnmarkCondemned(bool fetch_back);
+  Status RevalidateMarks();
+  // kBusy when the file names a chunk the active round condemned: it waits for the round.
+  Status CheckGc(const Manifest& m) const;
+
   Backend* const backend_;
   MetaStore* const meta_;
   ChunkCache* const cache_;
@@ -106,6 +124,19 @@ class RemoteTier {
   uint64_t queue_empty_at_ = 0;      // guarded by mu_: done_upto_ when the queue was last empty
   Status last_error_;                // guarded by mu_
   std::thread worker_;
+
+  double gc_window_s_ = 300;
+  struct GcView {
+    bool read = false;                          // gc/round was read at least once
+    std::chrono::steady_clock::time_point read_at;  // when that GET was sent
+    uint64_t epoch = 0;                         // of the last round seen
+    bool active = false;                        // following an active round
+    std::chrono::steady_clock::time_point active_since;
+    double deadline_s = 0;
+    std::vector<ChunkId> condemned;             // sorted; while active
+    bool fetch_pending = false;                 // a fetch-back failed: try again
+    uint64_t expired = 0;                       // a round given up on (its collector vanished)
+  } gc_;
 };
 
 }  // namespace ckptfs

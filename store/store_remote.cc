@@ -62,6 +62,7 @@ Status Store::AttachRemote(std::unique_ptr<Backend> backend) {
   for (const auto& [id, len] : remote) cache_->MarkRemote(id, len);
   remote_ = std::make_unique<RemoteTier>(backend_.get(), meta_.get(), cache_.get(), &metrics_,
                                          node, cfg_.upload_threads);
+  remote_->SetGcWindow(cfg_.gc_window_s);
   RETURN_IF_ERROR(QueueUnpublished());
   remote_->Start();
   log_->info("writing back to {} as node {}", backend_->Describe(), node);

@@ -54,7 +54,7 @@ mount options (-o): ram_cache=SIZE, write_queue=SIZE, write_memory=SIZE, write_t
   writeback_cache[=0|1], passthrough[=0|1], max_threads=N, max_background=N, max_readahead=SIZE,
   attr_timeout=SECONDS, entry_timeout=SECONDS, chunk_min=SIZE, chunk_avg=SIZE, chunk_max=SIZE,
   tensor_chunking[=0|1], tensor_piece=SIZE, durability=local|remote, cache_size=SIZE,
-  upload_threads=N, remote_timeout=SECONDS, sync_interval=SECONDS, mount_timeout=SECONDS,
+  upload_threads=N, remote_timeout=SECONDS, sync_interval=SECONDS, gc_window=SECONDS, mount_timeout=SECONDS,
   view_rules=FILE,
   views=hidden|visible;
   any other option goes to FUSE (e.g. ro, allow_other).
@@ -104,6 +104,7 @@ Status ApplyOption(const std::string& opt, Config& cfg) {
     if (key == "upload_threads") return (cfg.upload_threads = std::stoul(val)), Status::Ok();
     if (key == "remote_timeout") return (cfg.remote_timeout_s = std::stod(val)), Status::Ok();
     if (key == "sync_interval") return (cfg.sync_interval_s = std::stod(val)), Status::Ok();
+    if (key == "gc_window") return (cfg.gc_window_s = std::stod(val)), Status::Ok();
     if (key == "mount_timeout") return (cfg.mount_timeout_s = std::stod(val)), Status::Ok();
     if (key == "writeback_cache") return (cfg.writeback_cache = val != "0"), Status::Ok();
     if (key == "passthrough") return (cfg.passthrough = val != "0"), Status::Ok();

@@ -12,6 +12,7 @@
 
 #include "backends/mem_backend.h"
 #include "store/store.h"
+#include "tests/store/shared_backend.h"
 #include "tests/test_util.h"
 
 namespace ckptfs {
@@ -19,65 +20,10 @@ namespace {
 
 using Bytes = std::vector<uint8_t>;
 
-// A Backend that forwards to a shared MemBackend, so each Store can own its own.
-class Shared : public Backend {
- public:
-  explicit Shared(MemBackend* m) : m_(m) {}
-  Status Put(const std::string& k, const void* d, size_t n) override {
-    Status st = m_->Put(k, d, n);
-    if (on_put) on_put(k);
-    return st;
-  }
-  std::function<void(const std::string& key)> on_put;  // after each Put, on the uploader
-  Result<size_t> Get(const std::string& k, uint64_t o, void* b, size_t n) override {
-    return m_->Get(k, o, b, n);
-  }
-  Result<ObjectInfo> Head(const std::string& k) override { return m_->Head(k); }
-  Status Delete(const std::string& k) override { return m_->Delete(k); }
-  Status List(const std::string& p, const std::string& a,
-              const std::function<bool(const ObjectInfo&)>& fn) override {
-    return m_->List(p, a, fn);
-  }
-  std::string Describe() const override { return "mem://shared"; }
+using Shared = test::SharedBackend;
 
- private:
-  MemBackend* m_;
-};
-
-class RemoteTierTest : public ::testing::Test {
+class RemoteTierTest : public test::NodesTest {
  protected:
-  std::unique_ptr<Store> OpenStore(const std::string& name, Shared** backend = nullptr) {
-    Config cfg;
-    cfg.mountpoint = "/unused";
-    cfg.cache_dir = dir_.Sub(name);
-    cfg.chunking.min_bytes = 16 << 10;
-    cfg.chunking.avg_bytes = 64 << 10;
-    cfg.chunking.max_bytes = 256 << 10;
-    cfg.backend = "mem://";
-    cfg.sync_interval_s = 0;  // the tests run the sync passes themselves
-    EXPECT_TRUE(cfg.Validate().ok());
-    auto shared = std::make_unique<Shared>(&mem_);
-    if (backend) *backend = shared.get();
-    auto s = Store::Open(cfg, {}, std::move(shared));
-    EXPECT_TRUE(s.ok()) << s.status().ToString();
-    return s.ok() ? std::move(*s) : nullptr;
-  }
-
-  static uint64_t Write(Store& s, uint64_t parent, const std::string& name, const Bytes& data) {
-    auto f = s.Lookup(parent, name);
-    uint64_t ino = f.ok() ? f->ino : 0;
-    if (!ino) {
-      auto r = s.MakeNode(parent, name, S_IFREG | 0644, 0, Caller{});
-      EXPECT_TRUE(r.ok()) << r.status().ToString();
-      ino = r->ino;
-    }
-    EXPECT_TRUE(s.Open(ino, true).ok());
-    EXPECT_TRUE(s.Write(ino, 0, data.data(), data.size()).ok());
-    EXPECT_TRUE(s.Flush(ino).ok());
-    EXPECT_TRUE(s.Release(ino).ok());
-    return ino;
-  }
-
   static Bytes Read(Store& s, uint64_t ino) {
     EXPECT_TRUE(s.Open(ino).ok());
     std::vector<ReadSlice> slices;
@@ -106,8 +52,6 @@ class RemoteTierTest : public ::testing::Test {
     return n;
   }
 
-  test::TempDir dir_;
-  MemBackend mem_;
 };
 
 TEST_F(RemoteTierTest, CommittedFilesReachTheOtherNode) {

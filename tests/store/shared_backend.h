@@ -1,0 +1,116 @@
+// Stores (simulated nodes), each with its own cache directory, on one in-memory backend.
+// SharedBackend forwards to a MemBackend shared by several Stores, so that each Store can own its
+// own Backend object; hooks let a test act between a request and its answer, and `fail_rate`
+// injects kIo (seeded) into any request but the listing. NodesTest is the fixture.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backends/mem_backend.h"
+#include "store/store.h"
+#include "tests/test_util.h"
+
+namespace ckptfs::test {
+
+class SharedBackend : public Backend {
+ public:
+  explicit SharedBackend(MemBackend* m) : m_(m) {}
+
+  std::function<void(const std::string& key)> on_put;   // after each Put, on the caller
+  std::function<void(const std::string& key)> on_head;  // after each Head, before it answers
+  double fail_rate = 0;                                 // set before use
+  uint64_t seed = 0;
+
+  Status Put(const std::string& k, const void* d, size_t n) override {
+    if (Fails()) return Status(Code::kIo, "injected fault: put " + k);
+    Status st = m_->Put(k, d, n);
+    if (on_put) on_put(k);
+    return st;
+  }
+  Result<size_t> Get(const std::string& k, uint64_t o, void* b, size_t n) override {
+    if (Fails()) return Status(Code::kIo, "injected fault: get " + k);
+    return m_->Get(k, o, b, n);
+  }
+  Result<ObjectInfo> Head(const std::string& k) override {
+    if (Fails()) return Status(Code::kIo, "injected fault: head " + k);
+    auto r = m_->Head(k);
+    if (on_head) on_head(k);
+    return r;
+  }
+  Status Delete(const std::string& k) override {
+    if (Fails()) return Status(Code::kIo, "injected fault: delete " + k);
+    return m_->Delete(k);
+  }
+  Status List(const std::string& p, const std::string& a,
+              const std::function<bool(const ObjectInfo&)>& fn) override {
+    return m_->List(p, a, fn);
+  }
+  std::string Describe() const override { return "mem://shared"; }
+
+ private:
+  bool Fails() {
+    if (fail_rate <= 0) return false;
+    std::lock_guard lock(mu_);
+    if (!rng_seeded_) rng_.seed(seed), rng_seeded_ = true;
+    return std::uniform_real_distribution<double>(0, 1)(rng_) < fail_rate;
+  }
+
+  MemBackend* m_;
+  std::mutex mu_;
+  std::mt19937_64 rng_;
+  bool rng_seeded_ = false;
+};
+
+class NodesTest : public ::testing::Test {
+ protected:
+  using Bytes = std::vector<uint8_t>;
+
+  // A node on the shared backend; `tweak` adjusts its configuration.
+  std::unique_ptr<Store> OpenStore(const std::string& name, SharedBackend** backend = nullptr,
+                                   const std::function<void(Config&)>& tweak = {}) {
+    Config cfg;
+    cfg.mountpoint = "/unused";
+    cfg.cache_dir = dir_.Sub(name);
+    cfg.chunking.min_bytes = 16 << 10;
+    cfg.chunking.avg_bytes = 64 << 10;
+    cfg.chunking.max_bytes = 256 << 10;
+    cfg.backend = "mem://";
+    cfg.sync_interval_s = 0;  // the tests run the sync passes themselves
+    if (tweak) tweak(cfg);
+    EXPECT_TRUE(cfg.Validate().ok());
+    auto shared = std::make_unique<SharedBackend>(&mem_);
+    if (backend) *backend = shared.get();
+    auto s = Store::Open(cfg, {}, std::move(shared));
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    return s.ok() ? std::move(*s) : nullptr;
+  }
+
+  // Creates or replaces parent/name with `data`; returns its inode.
+  static uint64_t Write(Store& s, uint64_t parent, const std::string& name, const Bytes& data) {
+    auto f = s.Lookup(parent, name);
+    uint64_t ino = f.ok() ? f->ino : 0;
+    if (!ino) {
+      auto r = s.MakeNode(parent, name, S_IFREG | 0644, 0, Caller{});
+      EXPECT_TRUE(r.ok()) << r.status().ToString();
+      ino = r->ino;
+    }
+    EXPECT_TRUE(s.Open(ino, true).ok());
+    EXPECT_TRUE(s.Write(ino, 0, data.data(), data.size()).ok());
+    EXPECT_TRUE(s.Flush(ino).ok());
+    EXPECT_TRUE(s.Release(ino).ok());
+    return ino;
+  }
+
+  TempDir dir_;
+  MemBackend mem_;
+};
+
+}  // namespace ckptfs::test
