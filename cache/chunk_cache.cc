@@ -319,6 +319,11 @@ void ChunkCache::UnmarkRemote(const ChunkId& id) {
   local_only_bytes_ += it->second.size;
 }
 
+void ChunkCache::SetProtected(std::unordered_set<ChunkId, ChunkIdHash> ids) {
+  std::lock_guard lock(mu_);
+  protected_ = std::move(ids);
+}
+
 void ChunkCache::SetPinned(std::unordered_map<ChunkId, uint64_t, ChunkIdHash> pinned) {
   std::lock_guard lock(mu_);
   pinned_ = std::move(pinned);
@@ -329,6 +334,10 @@ ChunkCache::Usage ChunkCache::usage() const {
   return Usage{disk_bytes_, local_only_bytes_, disk_limit_};
 }
 
+bool ChunkCache::Evictable(const ChunkId& id, const DiskEntry& d) const {
+  return d.remote && !pinned_.count(id) && !protected_.count(id) && !inflight_.count(id);
+}
+
 uint64_t ChunkCache::Evict() {
   std::vector<ChunkId> victims;
   {
@@ -337,7 +346,7 @@ uint64_t ChunkCache::Evict() {
     uint64_t excess = disk_bytes_ - disk_limit_;
     for (auto it = disk_lru_.rbegin(); it != disk_lru_.rend() && excess > 0; ++it) {
       const DiskEntry& d = disk_.at(*it);
-      if (!d.remote || pinned_.count(*it) || inflight_.count(*it)) continue;
+      if (!Evictable(*it, d)) continue;
       victims.push_back(*it);
       excess -= std::min(excess, d.size);
     }
@@ -346,10 +355,13 @@ uint64_t ChunkCache::Evict() {
   for (const ChunkId& id : victims) {
     uint64_t size = 0;
     {
+      // Checked again, and dropped from the map under the same lock: a chunk unmarked or
+      // protected since it was picked stays, and one that goes no longer counts as on disk.
       std::lock_guard lock(mu_);
       auto it = disk_.find(id);
-      if (it == disk_.end()) continue;
+      if (it == disk_.end() || !Evictable(id, it->second)) continue;
       size = it->second.size;
+      DiskDrop(id);
     }
     if (Remove(id).ok()) {
       freed += size;

@@ -17,6 +17,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "common/chunk_id.h"
 #include "common/log.h"
@@ -78,6 +79,9 @@ class ChunkCache {
   void MarkRemote(const ChunkId& id, uint64_t len);
   // The backend may no longer hold chunk `id` (a gc round condemned it): its local copy stays.
   void UnmarkRemote(const ChunkId& id);
+  // Chunks never evicted, whatever their mark says (a gc round's condemned chunks that local
+  // files name: another thread may mark one remote again meanwhile); replaces the last set.
+  void SetProtected(std::unordered_set<ChunkId, ChunkIdHash> ids);
   // Chunks that must stay on disk whatever the limit (user.ckptfs.pin); replaces the last set.
   void SetPinned(std::unordered_map<ChunkId, uint64_t, ChunkIdHash> pinned);
   // Evicts remote-held, unpinned chunks, least recently used first, until the disk tier is
@@ -161,8 +165,11 @@ class ChunkCache {
   };
   std::list<ChunkId> disk_lru_;
   std::unordered_map<ChunkId, DiskEntry, ChunkIdHash> disk_;
+  // REQUIRES: mu_ held.
+  bool Evictable(const ChunkId& id, const DiskEntry& d) const;
   uint64_t disk_bytes_ = 0, local_only_bytes_ = 0;
   std::unordered_map<ChunkId, uint64_t, ChunkIdHash> pinned_;
+  std::unordered_set<ChunkId, ChunkIdHash> protected_;
 };
 
 }  // namespace ckptfs

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <condition_variable>
 #include <mutex>
+#include <unordered_set>
 #include <thread>
 
 #include "store/gc.h"
@@ -84,6 +85,7 @@ Status RemoteTier::RefreshGc(bool force) {
 Status RemoteTier::EndGcRound() {
   // Marks again (a fetch during the round may have set one), then the round is done here.
   RETURN_IF_ERROR(UnmarkCondemned(false));
+  cache_->SetProtected({});
   ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
   RETURN_IF_ERROR(txn.PutGcEpoch(gc_.epoch));
   RETURN_IF_ERROR(txn.Commit());
@@ -107,6 +109,13 @@ Status RemoteTier::UnmarkCondemned(bool fetch_back) {
     RETURN_IF_ERROR(txn.Commit());
   }
   gc_.fetch_pending = false;
+  if (fetch_back) {
+    // Until the round ends no eviction takes them, even if a read's fetch or the namespace sync
+    // marks one as held again meanwhile.
+    std::unordered_set<ChunkId, ChunkIdHash> keep;
+    for (const auto& [id, len] : named) keep.insert(id);
+    cache_->SetProtected(std::move(keep));
+  }
   for (const auto& [id, len] : named) {
     cache_->UnmarkRemote(id);
     if (!fetch_back || cache_->OnDisk(id)) continue;
@@ -114,6 +123,7 @@ Status RemoteTier::UnmarkCondemned(bool fetch_back) {
     // its file keeps.
     Status st = cache_->Warm(id, len);
     cache_->UnmarkRemote(id);
+    if (st.ok() && !cache_->OnDisk(id)) st = IoError("fetched but not kept on the local tier");
     if (!st.ok()) {
       gc_.fetch_pending = true;
       log_->error("gc round {} condemned chunk {}, which a file here names, and fetching it back "

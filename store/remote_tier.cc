@@ -230,11 +230,13 @@ Status RemoteTier::PublishFile(uint64_t ino) {
     if (unborn) return Status::Ok();
   }
   // From this read of gc/round to the record's PUT: the window (see remote_gc.cc).
-  RETURN_IF_ERROR(RefreshGc(false));
+  // A gc error is never a reason to drop the op: it is retried like a backend error.
+  if (Status gc = RefreshGc(false); !gc.ok()) return IoError("following gc rounds: " + gc.ToString());
   const auto window_start = gc_.read_at;
   const uint64_t epoch = gc_.epoch;
   RETURN_IF_ERROR(CheckGc(m));
-  RETURN_IF_ERROR(UploadChunks(m));
+  std::vector<std::pair<ChunkId, uint64_t>> held;
+  RETURN_IF_ERROR(UploadChunks(m, &held));
   FileRecord fr;
   fr.mode = rec.mode;
   fr.uid = rec.uid;
@@ -249,12 +251,18 @@ Status RemoteTier::PublishFile(uint64_t ino) {
       gc_window_s_) {
     // Too slow for the protocol: a round that began meanwhile may delete a chunk this record
     // relied on. Publish again once that round has been seen (and is over, for its chunks).
-    RETURN_IF_ERROR(RefreshGc(true));
+    if (Status gc = RefreshGc(true); !gc.ok()) {
+      return IoError("following gc rounds: " + gc.ToString());
+    }
     if (gc_.epoch != epoch) {
       return Status(Code::kBusy, "publishing took longer than gc_window while gc round " +
                                      std::to_string(gc_.epoch) + " began: publishing it again");
     }
   }
+  // Only now may the local copies go: a chunk evicted before its record was safely in the
+  // bucket could be condemned and swept while this node holds no other copy.
+  for (const auto& [id, len] : held) cache_->MarkRemote(id, len);
+  cache_->Evict();
   metrics_->files_published.Add(1);
   ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
   // Renamed while this ran (a save to a temporary name, then a rename over the checkpoint):
@@ -274,9 +282,9 @@ Status RemoteTier::PublishFile(uint64_t ino) {
   return txn.Commit();
 }
 
-Status RemoteTier::UploadChunks(const Manifest& m) {
+Status RemoteTier::UploadChunks(const Manifest& m,
+                                std::vector<std::pair<ChunkId, uint64_t>>* held) {
   std::map<ChunkId, uint64_t> todo;
-  std::vector<std::pair<ChunkId, uint64_t>> already;  // chunks the backend holds
   {
     ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
     for (const Extent& e : m.extents()) {
@@ -285,17 +293,13 @@ Status RemoteTier::UploadChunks(const Manifest& m) {
       if (!r.remote) {
         todo.emplace(e.id, e.len);
       } else {
-        already.emplace_back(e.id, e.len);
+        // Evicted and then written again (the same tensor saved anew), it is back on disk as
+        // local-only: the backend holds it, so it may be evicted again once the record is up.
+        held->emplace_back(e.id, e.len);
       }
     }
   }
-  // A chunk evicted and then written again (the same tensor saved anew) is back on disk as
-  // local-only: the backend holds it, so it may be evicted again.
-  for (const auto& [id, len] : already) cache_->MarkRemote(id, len);
-  if (todo.empty()) {
-    cache_->Evict();
-    return Status::Ok();
-  }
+  if (todo.empty()) return Status::Ok();
   struct Batch {
     std::mutex mu;
     std::condition_variable cv;
@@ -329,20 +333,26 @@ Status RemoteTier::UploadChunks(const Manifest& m) {
       if (--batch.left == 0) batch.cv.notify_all();
     });
   }
-  std::unique_lock lock(batch.mu);
-  batch.cv.wait(lock, [&] { return batch.left == 0; });
+  {
+    std::unique_lock lock(batch.mu);
+    // A long upload keeps following gc rounds (fetching back what a round condemned).
+    while (!batch.cv.wait_for(lock, std::chrono::milliseconds(500), [&] { return batch.left == 0; })) {
+      lock.unlock();
+      (void)RefreshGc(false);  // an error here is met again, and returned, by the next refresh
+      lock.lock();
+    }
+  }
+  // A round that began meanwhile may have condemned what was just put (no record names it yet):
+  // none of it is marked, and the file waits for the round.
+  RETURN_IF_ERROR(CheckGc(m));
   // Record what the backend holds even when some chunks failed: they are not uploaded again.
-  Status marked = [&]() -> Status {
+  {
     ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
     for (const auto& [id, len] : batch.held) RETURN_IF_ERROR(txn.MarkChunkRemote(id));
-    return txn.Commit();
-  }();
-  if (marked.ok()) {
-    for (const auto& [id, len] : batch.held) cache_->MarkRemote(id, len);
-    cache_->Evict();  // the limit holds again once the uploads are done, not at the next miss
+    RETURN_IF_ERROR(txn.Commit());
   }
-  RETURN_IF_ERROR(batch.first);
-  return marked;
+  held->insert(held->end(), batch.held.begin(), batch.held.end());
+  return batch.first;
 }
 
 Status RemoteTier::WaitPublished(uint64_t ino, uint64_t generation, double timeout_s) {

@@ -94,7 +94,9 @@ class RemoteTier {
   void Loop();
   Status Process(std::string_view op);
   Status PublishFile(uint64_t ino);
-  Status UploadChunks(const Manifest& m);
+  // Puts the chunks of m the backend lacks; *held gets every chunk it holds, to be marked
+  // evictable once the file's record is up.
+  Status UploadChunks(const Manifest& m, std::vector<std::pair<ChunkId, uint64_t>>* held);
 
   // gc (worker thread only). Reads gc/round unless read within half the window (or `force`),
   // and follows it: a round seen active has its condemned chunks unmarked (and fetched back

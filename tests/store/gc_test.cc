@@ -269,6 +269,22 @@ TEST_F(GcTest, ANodeFetchesBackCondemnedChunksItsFilesName) {
   }
 }
 
+// A gc/round this node cannot read (damaged, or of a later version) holds publishing back; it
+// never drops a file from the upload queue.
+TEST_F(GcTest, AnUnreadableRoundDelaysPublishingAndDropsNothing) {
+  ASSERT_TRUE(mem_.Put(kGcRoundKey, "ckptfs-gc-round 9\n", 18).ok());
+  auto a = OpenNode("a");
+  const Bytes data = test::RandomBytes(256 << 10, 8);
+  Write(*a, "x.pt", data);
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  EXPECT_FALSE(mem_.Head("files/x.pt").ok());
+  ASSERT_TRUE(mem_.Delete(kGcRoundKey).ok());
+  ASSERT_TRUE(a->remote()->Drain(60).ok());
+  auto back = ReadCold("x.pt");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, data);
+}
+
 // Three nodes write, rewrite and delete files built from a small pool of blocks (so that chunks
 // dedup across files and nodes, and garbage is often reused) while a collector runs round after
 // round, with injected faults. No record ever names a missing chunk, every surviving file reads
