@@ -59,10 +59,12 @@ Status RemoteTier::RefreshGc(bool force) {
     // Rounds before this one ran while this node was not looking: its marks may name chunks
     // they deleted.
     if (round.epoch > done + 1 || !round.active || round.epoch == gc_.expired) {
+      ++gc_generation_;
       RETURN_IF_ERROR(RevalidateMarks());
     }
     if (round.active && round.epoch != gc_.expired) {
       ASSIGN_OR_RETURN(gc_.condemned, ReadCondemned(*backend_, round.epoch));
+      ++gc_generation_;  // before any mark is cleared: a sync that read before now sets none
       gc_.active = true;
       gc_.active_since = sent;
       gc_.deadline_s = round.deadline_s;
@@ -83,6 +85,7 @@ Status RemoteTier::RefreshGc(bool force) {
 }
 
 Status RemoteTier::EndGcRound() {
+  ++gc_generation_;
   // Marks again (a fetch during the round may have set one), then the round is done here.
   RETURN_IF_ERROR(UnmarkCondemned(false));
   cache_->SetProtected({});

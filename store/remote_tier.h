@@ -90,6 +90,11 @@ class RemoteTier {
 
   Backend* backend() const { return backend_; }
 
+  // Moves whenever this node takes a gc round into account (a round begins or ends here). Marks
+  // ("the backend holds this chunk") drawn from records read under an older value may name
+  // chunks the round deleted: the namespace sync sets none then.
+  uint64_t gc_generation() const { return gc_generation_.load(); }
+
  private:
   void Loop();
   Status Process(std::string_view op);
@@ -128,6 +133,7 @@ class RemoteTier {
   std::thread worker_;
 
   double gc_window_s_ = 300;
+  std::atomic<uint64_t> gc_generation_{0};
   struct GcView {
     bool read = false;                          // gc/round was read at least once
     std::chrono::steady_clock::time_point read_at;  // when that GET was sent

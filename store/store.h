@@ -484,7 +484,8 @@ class Store final : private ChunkSink {
   Status WaitForRoom(size_t len);
   // The namespace sync's steps (store_remote.cc).
   void SyncLoop();
-  Status ApplyRemoteFile(const std::string& path, const FileRecord& r);
+  // `gc_generation`: RemoteTier::gc_generation() before the record was read.
+  Status ApplyRemoteFile(const std::string& path, const FileRecord& r, uint64_t gc_generation);
   Status ApplyRemoteDelete(const std::string& path);
   Status ApplyRemoteDir(const std::string& path);
   Status ApplyRemoteRmdir(const std::string& path);

@@ -246,6 +246,7 @@ Status Store::SyncFromRemote(const SyncProgress& progress, bool* listed) {
       if (st.ok()) synced_[key] = version;
       continue;
     }
+    const uint64_t gc_generation = remote_->gc_generation();
     auto bytes = backend_->GetObject(key);
     if (!bytes.ok()) {
       if (bytes.status().code() != Code::kNotFound) note(bytes.status(), key);
@@ -262,7 +263,7 @@ Status Store::SyncFromRemote(const SyncProgress& progress, bool* listed) {
       synced_[key] = damaged;
       continue;
     }
-    Status st = rec->origin == node_id_ ? Status::Ok() : ApplyRemoteFile(key.substr(6), *rec);
+    Status st = rec->origin == node_id_ ? Status::Ok() : ApplyRemoteFile(key.substr(6), *rec, gc_generation);
     if (st.ok() || st.code() == Code::kExists) {
       synced_[key] = version;
     } else if (st.code() != Code::kBusy) {
@@ -359,13 +360,15 @@ Status Store::ApplyRemoteDir(const std::string& path) {
   return Status::Ok();
 }
 
-Status Store::ApplyRemoteFile(const std::string& path, const FileRecord& r) {
+Status Store::ApplyRemoteFile(const std::string& path, const FileRecord& r,
+                              uint64_t gc_generation) {
   std::vector<std::string> parts = Components(path);
   const std::string name = parts.back();
   parts.pop_back();
   std::vector<std::pair<uint64_t, std::string>> created;
   std::vector<ChunkId> freed;
   uint64_t parent = 0, ino = 0;
+  bool marked = false;
   {
     std::lock_guard lock(ns_mu_);
     ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
@@ -405,8 +408,12 @@ Status Store::ApplyRemoteFile(const std::string& path, const FileRecord& r) {
       return e.status();
     }
     RETURN_IF_ERROR(AddManifestRefs(txn, r.manifest, +1, nullptr));
+    // The record says the backend holds these chunks, unless a gc round began or ended here
+    // since it was read (it may have been deleted and its chunks swept meanwhile). Checked in
+    // this write transaction: a round taken into account after it clears what it marks.
+    marked = remote_->gc_generation() == gc_generation;
     for (const Extent& x : r.manifest.extents()) {
-      if (!x.hole()) RETURN_IF_ERROR(txn.MarkChunkRemote(x.id));
+      if (marked && !x.hole()) RETURN_IF_ERROR(txn.MarkChunkRemote(x.id));
     }
     RETURN_IF_ERROR(txn.PutManifest(rec.ino, r.manifest));
     rec.mode = S_IFREG | (r.mode & 07777);
@@ -423,7 +430,7 @@ Status Store::ApplyRemoteFile(const std::string& path, const FileRecord& r) {
     ino = rec.ino;
   }
   for (const Extent& x : r.manifest.extents()) {
-    if (!x.hole()) cache_->MarkRemote(x.id, x.len);
+    if (marked && !x.hole()) cache_->MarkRemote(x.id, x.len);
   }
   Reclaim(freed);
   if (on_change_) {

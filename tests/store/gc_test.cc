@@ -269,6 +269,38 @@ TEST_F(GcTest, ANodeFetchesBackCondemnedChunksItsFilesName) {
   }
 }
 
+// The namespace sync reads a record, then a round deletes that record's chunks (the record was
+// deleted meanwhile) and ends on the reading node before the sync applies it. The stale record
+// must not leave marks saying the backend holds those chunks: a later file with the same bytes
+// would skip their upload.
+TEST_F(GcTest, ASyncOfARecordReadBeforeARoundMarksNothing) {
+  const Bytes data = test::RandomBytes(1 << 20, 9);
+  auto a = OpenNode("a");
+  Write(*a, "x.pt", data);
+  ASSERT_TRUE(a->remote()->Drain(30).ok());
+  test::SharedBackend* bb = nullptr;
+  auto b = OpenNode("b", &bb);
+  std::atomic<bool> fired{false};
+  bb->on_get = [&](const std::string& key) {
+    if (key != "files/x.pt" || fired.exchange(true)) return;
+    ASSERT_TRUE(a->Unlink(kRootIno, "x.pt").ok());
+    ASSERT_TRUE(a->remote()->Drain(30).ok());
+    auto r = Collect();
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    ASSERT_GT(r->deleted, 0u);
+    // b's worker takes the round's end into account (it reads gc/round every half window).
+    std::this_thread::sleep_for(std::chrono::duration<double>(2 * kWindow));
+  };
+  ASSERT_TRUE(b->SyncFromRemote().ok());
+  ASSERT_TRUE(fired);
+  Write(*b, "y.pt", data);
+  ASSERT_TRUE(b->remote()->Drain(60).ok());
+  CheckRecords();
+  auto back = ReadCold("y.pt");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, data);
+}
+
 // A gc/round this node cannot read (damaged, or of a later version) holds publishing back; it
 // never drops a file from the upload queue.
 TEST_F(GcTest, AnUnreadableRoundDelaysPublishingAndDropsNothing) {

@@ -26,6 +26,7 @@ class SharedBackend : public Backend {
 
   std::function<void(const std::string& key)> on_put;   // after each Put, on the caller
   std::function<void(const std::string& key)> on_head;  // after each Head, before it answers
+  std::function<void(const std::string& key)> on_get;   // after each Get, before it answers
   double fail_rate = 0;                                 // set before use
   uint64_t seed = 0;
 
@@ -37,7 +38,9 @@ class SharedBackend : public Backend {
   }
   Result<size_t> Get(const std::string& k, uint64_t o, void* b, size_t n) override {
     if (Fails()) return Status(Code::kIo, "injected fault: get " + k);
-    return m_->Get(k, o, b, n);
+    auto r = m_->Get(k, o, b, n);
+    if (on_get) on_get(k);
+    return r;
   }
   Result<ObjectInfo> Head(const std::string& k) override {
     if (Fails()) return Status(Code::kIo, "injected fault: head " + k);
