@@ -319,6 +319,19 @@ void ChunkCache::UnmarkRemote(const ChunkId& id) {
   local_only_bytes_ += it->second.size;
 }
 
+void ChunkCache::Hold(const std::vector<ChunkId>& ids) {
+  std::lock_guard lock(mu_);
+  for (const ChunkId& id : ids) ++held_[id];
+}
+
+void ChunkCache::Unhold(const std::vector<ChunkId>& ids) {
+  std::lock_guard lock(mu_);
+  for (const ChunkId& id : ids) {
+    auto it = held_.find(id);
+    if (it != held_.end() && --it->second == 0) held_.erase(it);
+  }
+}
+
 void ChunkCache::SetProtected(std::unordered_set<ChunkId, ChunkIdHash> ids) {
   std::lock_guard lock(mu_);
   protected_ = std::move(ids);
@@ -335,7 +348,8 @@ ChunkCache::Usage ChunkCache::usage() const {
 }
 
 bool ChunkCache::Evictable(const ChunkId& id, const DiskEntry& d) const {
-  return d.remote && !pinned_.count(id) && !protected_.count(id) && !inflight_.count(id);
+  return d.remote && !pinned_.count(id) && !protected_.count(id) && !held_.count(id) &&
+         !inflight_.count(id);
 }
 
 uint64_t ChunkCache::Evict() {

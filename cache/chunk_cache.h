@@ -18,6 +18,7 @@
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
+#include <vector>
 
 #include "common/chunk_id.h"
 #include "common/log.h"
@@ -82,6 +83,11 @@ class ChunkCache {
   // Chunks never evicted, whatever their mark says (a gc round's condemned chunks that local
   // files name: another thread may mark one remote again meanwhile); replaces the last set.
   void SetProtected(std::unordered_set<ChunkId, ChunkIdHash> ids);
+  // Chunks that a file committed here and not yet in the backend names: never evicted until
+  // Unhold (counted: several files may name one chunk). The backend may hold them for another
+  // file, which a gc round can delete while this node cannot see it.
+  void Hold(const std::vector<ChunkId>& ids);
+  void Unhold(const std::vector<ChunkId>& ids);
   // Chunks that must stay on disk whatever the limit (user.ckptfs.pin); replaces the last set.
   void SetPinned(std::unordered_map<ChunkId, uint64_t, ChunkIdHash> pinned);
   // Evicts remote-held, unpinned chunks, least recently used first, until the disk tier is
@@ -170,6 +176,7 @@ class ChunkCache {
   uint64_t disk_bytes_ = 0, local_only_bytes_ = 0;
   std::unordered_map<ChunkId, uint64_t, ChunkIdHash> pinned_;
   std::unordered_set<ChunkId, ChunkIdHash> protected_;
+  std::unordered_map<ChunkId, uint32_t, ChunkIdHash> held_;
 };
 
 }  // namespace ckptfs

@@ -191,9 +191,13 @@ Status RemoteTier::Process(std::string_view op) {
   if (op.empty()) return Corrupt("empty upload op");
   const std::string_view arg = op.substr(1);
   switch (op[0]) {
-    case 'F':
+    case 'F': {
       if (arg.size() != 8) return Corrupt("damaged upload op");
-      return PublishFile(GetU64(arg, 0));
+      const uint64_t ino = GetU64(arg, 0);
+      Status st = PublishFile(ino);
+      if (st.ok() && on_published_) on_published_(ino);
+      return st;
+    }
     case 'D':
       return backend_->Delete("files/" + std::string(arg));
     case 'M':

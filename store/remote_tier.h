@@ -21,6 +21,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -74,6 +75,9 @@ class RemoteTier {
   // from reading gc/round to the end of a record's PUT that relied on chunks the backend held.
   // A collector's grace must be longer. Call before Start.
   void SetGcWindow(double seconds) { gc_window_s_ = seconds; }
+  // Called on the worker after a publish op for `ino` is done (published, or the file is gone).
+  // Call before Start.
+  void SetPublishedListener(std::function<void(uint64_t ino)> fn) { on_published_ = std::move(fn); }
 
   // Starts the worker on the queue as it is in LMDB.
   void Start();
@@ -133,6 +137,7 @@ class RemoteTier {
   std::thread worker_;
 
   double gc_window_s_ = 300;
+  std::function<void(uint64_t ino)> on_published_;
   std::atomic<uint64_t> gc_generation_{0};
   struct GcView {
     bool read = false;                          // gc/round was read at least once

@@ -479,6 +479,10 @@ class Store final : private ChunkSink {
   std::string ChildPath(MetaStore::Txn& txn, uint64_t parent, std::string_view name);
   // At open: queue every file whose committed version the backend does not hold.
   Status QueueUnpublished();
+  // The chunks of a file committed here stay unevictable until its generation is in the
+  // backend (ChunkCache::Hold); Released by the remote tier's publish of the file.
+  void HoldUnpublished(uint64_t ino, uint64_t generation, const Manifest& m);
+  void ReleaseUnpublished(uint64_t ino);
   // Waits until the local tier has room for `len` more bytes of chunks the backend does not
   // hold yet (cache_size); kNoSpace after remote_timeout.
   Status WaitForRoom(size_t len);
@@ -542,6 +546,9 @@ class Store final : private ChunkSink {
   std::vector<uint64_t> resume_seals_;  // staged at the last stop; sealed once open
   std::unique_ptr<ThreadPool> seal_pool_;
   std::unique_ptr<RemoteTier> remote_;
+  std::mutex unpublished_mu_;
+  // ino -> the generation held and the chunk ids it names (sorted, distinct).
+  std::unordered_map<uint64_t, std::pair<uint64_t, std::vector<ChunkId>>> unpublished_;
   // Prefetch work and pins (store_prefetch.cc), made on first use by prefetcher(). Declared last:
   // its threads stop before the cache, the metadata and the backend they use go.
   class Prefetcher;

@@ -556,6 +556,7 @@ Status Store::CommitManifestTxn(MetaStore::Txn& txn, uint64_t ino, const Manifes
   // Always (one lookup each): a mark whose in-memory flag was lost must not outlive the commit.
   RETURN_IF_ERROR(txn.ClearUnborn(ino));
   RETURN_IF_ERROR(txn.DelStaged(ino));
+  if (remote_) HoldUnpublished(ino, rec.generation, m);
   return QueueRemote(txn, remote_op::PublishFile(ino));
 }
 

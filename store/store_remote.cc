@@ -63,6 +63,7 @@ Status Store::AttachRemote(std::unique_ptr<Backend> backend) {
   remote_ = std::make_unique<RemoteTier>(backend_.get(), meta_.get(), cache_.get(), &metrics_,
                                          node, cfg_.upload_threads);
   remote_->SetGcWindow(cfg_.gc_window_s);
+  remote_->SetPublishedListener([this](uint64_t ino) { ReleaseUnpublished(ino); });
   RETURN_IF_ERROR(QueueUnpublished());
   remote_->Start();
   log_->info("writing back to {} as node {}", backend_->Describe(), node);
@@ -94,12 +95,56 @@ Status Store::QueueUnpublished() {
     if (!rec.ok() || !S_ISREG(rec->mode) || rec->nlink == 0) continue;
     ASSIGN_OR_RETURN(uint64_t published, txn.GetPublished(ino));
     if (published >= rec->generation) continue;
+    ASSIGN_OR_RETURN(auto m, txn.GetManifest(ino));
+    if (m) HoldUnpublished(ino, rec->generation, *m);
     RETURN_IF_ERROR(txn.QueueRemoteOp(remote_op::PublishFile(ino)).status());
     ++queued;
   }
   RETURN_IF_ERROR(txn.Commit());
   if (queued) log_->info("{} files committed locally are queued for upload", queued);
   return Status::Ok();
+}
+
+void Store::HoldUnpublished(uint64_t ino, uint64_t generation, const Manifest& m) {
+  std::vector<ChunkId> ids;
+  for (const Extent& e : m.extents()) {
+    if (!e.hole()) ids.push_back(e.id);
+  }
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  cache_->Hold(ids);
+  std::vector<ChunkId> old;
+  {
+    std::lock_guard lock(unpublished_mu_);
+    auto& slot = unpublished_[ino];
+    old.swap(slot.second);
+    slot = {generation, std::move(ids)};
+  }
+  cache_->Unhold(old);  // the version this one replaced: held after the new one is
+}
+
+void Store::ReleaseUnpublished(uint64_t ino) {
+  bool gone = false;
+  uint64_t published = 0;
+  {
+    auto txn = meta_->Begin(false);
+    if (!txn.ok()) return;  // held a little longer: the next publish of the file releases it
+    auto rec = txn->GetInode(ino);
+    if (!rec.ok() && rec.status().code() != Code::kNotFound) return;
+    gone = !rec.ok() || rec->nlink == 0;
+    auto p = txn->GetPublished(ino);
+    if (!p.ok()) return;
+    published = *p;
+  }
+  std::vector<ChunkId> ids;
+  {
+    std::lock_guard lock(unpublished_mu_);
+    auto it = unpublished_.find(ino);
+    if (it == unpublished_.end() || (!gone && published < it->second.first)) return;
+    ids.swap(it->second.second);
+    unpublished_.erase(it);
+  }
+  cache_->Unhold(ids);
 }
 
 void Store::KickRemote() {

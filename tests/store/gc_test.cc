@@ -301,6 +301,43 @@ TEST_F(GcTest, ASyncOfARecordReadBeforeARoundMarksNothing) {
   EXPECT_EQ(*back, data);
 }
 
+// A file committed here and not yet published names chunks the backend holds for another file.
+// While the node cannot publish (or see gc rounds), the bucket may lose those chunks; the node's
+// copies must not have been evicted meanwhile, however full its local tier gets.
+TEST_F(GcTest, ChunksOfAFileNotYetPublishedAreNeverEvicted) {
+  auto a = OpenNode("a", nullptr, 1 << 20);
+  const Bytes data = test::RandomBytes(512 << 10, 10);
+  Write(*a, "x.pt", data);
+  ASSERT_TRUE(a->remote()->Drain(30).ok());  // in the bucket, so evictable here
+  std::vector<std::string> x_chunks;
+  ASSERT_TRUE(mem_.List("chunks/", "", [&](const ObjectInfo& o) {
+    return x_chunks.push_back(o.key), true;
+  }).ok());
+  a->remote()->Stop();  // a can no longer publish
+  const uint64_t y = Write(*a, "y.pt", data);  // the same bytes: nothing new on disk
+  // a reads another node's 1 MiB file: its fetches fill the local tier and evict.
+  auto b = OpenNode("b");
+  Write(*b, "z.pt", test::RandomBytes(1 << 20, 11));
+  ASSERT_TRUE(b->remote()->Drain(30).ok());
+  ASSERT_TRUE(a->SyncFromRemote().ok());
+  auto z = a->Lookup(kRootIno, "z.pt");
+  ASSERT_TRUE(z.ok());
+  ASSERT_TRUE(a->Open(z->ino).ok());
+  std::vector<ReadSlice> slices;
+  ASSERT_TRUE(a->Read(z->ino, 0, 4 << 20, &slices).ok());
+  ASSERT_TRUE(a->Release(z->ino).ok());
+  EXPECT_GT(a->metrics().chunks_evicted.Get(), 0u);
+  // x is deleted elsewhere and a round a never saw sweeps its chunks.
+  for (const std::string& k : x_chunks) ASSERT_TRUE(mem_.Delete(k).ok());
+  ASSERT_TRUE(a->Open(y).ok());
+  slices.clear();
+  ASSERT_TRUE(a->Read(y, 0, 4 << 20, &slices).ok());
+  Bytes out;
+  for (const ReadSlice& sl : slices) out.insert(out.end(), sl.data, sl.data + sl.len);
+  EXPECT_TRUE(a->Release(y).ok());
+  EXPECT_EQ(out, data);
+}
+
 // A gc/round this node cannot read (damaged, or of a later version) holds publishing back; it
 // never drops a file from the upload queue.
 TEST_F(GcTest, AnUnreadableRoundDelaysPublishingAndDropsNothing) {
