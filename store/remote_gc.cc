@@ -139,7 +139,9 @@ Status RemoteTier::UnmarkCondemned(bool fetch_back) {
 Status RemoteTier::RevalidateMarks() {
   std::vector<std::pair<ChunkId, uint64_t>> marked;
   {
-    ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
+    // A write transaction: it waits for a namespace sync that checked gc_generation before it
+    // moved, so the marks that sync sets are among those checked.
+    ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
     RETURN_IF_ERROR(txn.ForEachChunk([&](const ChunkId& id, const ChunkRecord& r) {
       if (r.remote) marked.emplace_back(id, r.len);
     }));

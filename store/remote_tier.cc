@@ -195,7 +195,10 @@ Status RemoteTier::Process(std::string_view op) {
       if (arg.size() != 8) return Corrupt("damaged upload op");
       const uint64_t ino = GetU64(arg, 0);
       Status st = PublishFile(ino);
-      if (st.ok() && on_published_) on_published_(ino);
+      if (st.ok() && on_published_) {
+        on_published_(ino);
+        cache_->Evict();  // what the file held may go now
+      }
       return st;
     }
     case 'D':

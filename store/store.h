@@ -547,8 +547,11 @@ class Store final : private ChunkSink {
   std::unique_ptr<ThreadPool> seal_pool_;
   std::unique_ptr<RemoteTier> remote_;
   std::mutex unpublished_mu_;
-  // ino -> the generation held and the chunk ids it names (sorted, distinct).
-  std::unordered_map<uint64_t, std::pair<uint64_t, std::vector<ChunkId>>> unpublished_;
+  // ino -> each version held: its generation and the chunk ids it names (sorted, distinct).
+  // Versions stay until one at least as new is published (a commit whose transaction failed
+  // leaves its entry; the version before it keeps its own).
+  std::unordered_map<uint64_t, std::vector<std::pair<uint64_t, std::vector<ChunkId>>>>
+      unpublished_;
   // Prefetch work and pins (store_prefetch.cc), made on first use by prefetcher(). Declared last:
   // its threads stop before the cache, the metadata and the backend they use go.
   class Prefetcher;

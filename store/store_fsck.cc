@@ -274,6 +274,9 @@ Result<Store::FsckReport> Store::Fsck(uint64_t ino, const FsckOptions& options) 
         // backend holds.
         ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
         RETURN_IF_ERROR(txn.DelPublished(*file));
+        ASSIGN_OR_RETURN(auto m, txn.GetManifest(*file));
+        ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(*file));
+        if (m) HoldUnpublished(*file, rec.generation, *m);
         RETURN_IF_ERROR(txn.QueueRemoteOp(remote_op::PublishFile(*file)).status());
         RETURN_IF_ERROR(txn.Commit());
         remote_->Kick();

@@ -113,14 +113,8 @@ void Store::HoldUnpublished(uint64_t ino, uint64_t generation, const Manifest& m
   std::sort(ids.begin(), ids.end());
   ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
   cache_->Hold(ids);
-  std::vector<ChunkId> old;
-  {
-    std::lock_guard lock(unpublished_mu_);
-    auto& slot = unpublished_[ino];
-    old.swap(slot.second);
-    slot = {generation, std::move(ids)};
-  }
-  cache_->Unhold(old);  // the version this one replaced: held after the new one is
+  std::lock_guard lock(unpublished_mu_);
+  unpublished_[ino].emplace_back(generation, std::move(ids));
 }
 
 void Store::ReleaseUnpublished(uint64_t ino) {
@@ -140,9 +134,17 @@ void Store::ReleaseUnpublished(uint64_t ino) {
   {
     std::lock_guard lock(unpublished_mu_);
     auto it = unpublished_.find(ino);
-    if (it == unpublished_.end() || (!gone && published < it->second.first)) return;
-    ids.swap(it->second.second);
-    unpublished_.erase(it);
+    if (it == unpublished_.end()) return;
+    auto& versions = it->second;
+    for (auto v = versions.begin(); v != versions.end();) {
+      if (gone || v->first <= published) {
+        ids.insert(ids.end(), v->second.begin(), v->second.end());
+        v = versions.erase(v);
+      } else {
+        ++v;
+      }
+    }
+    if (versions.empty()) unpublished_.erase(it);
   }
   cache_->Unhold(ids);
 }
@@ -167,8 +169,11 @@ Status Store::QueueTree(MetaStore::Txn& txn, uint64_t ino, const std::string& pa
   ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(ino));
   if (S_ISREG(rec.mode)) {
     if (!publish) return txn.QueueRemoteOp(remote_op::Unpublish(path)).status();
-    // A file that moves keeps its generation: publish it again under the new path.
+    // A file that moves keeps its generation: publish it again under the new path (no record
+    // may name its chunks meanwhile: they stay on the local tier until then).
     RETURN_IF_ERROR(txn.DelPublished(ino));
+    ASSIGN_OR_RETURN(auto m, txn.GetManifest(ino));
+    if (m) HoldUnpublished(ino, rec.generation, *m);
     return txn.QueueRemoteOp(remote_op::PublishFile(ino)).status();
   }
   if (!S_ISDIR(rec.mode)) return Status::Ok();
