@@ -258,15 +258,7 @@ TEST_F(GcTest, ANodeFetchesBackCondemnedChunksItsFilesName) {
   EXPECT_GT(r->deleted, 0u);
   EXPECT_EQ(Count("chunks/"), 0u);
   EXPECT_GT(a->metrics().remote_fetches.Get(), fetched_before);  // evicted copies came back
-  for (const auto& [ino, data] : files) {
-    EXPECT_TRUE(a->Open(ino).ok());
-    std::vector<ReadSlice> slices;
-    ASSERT_TRUE(a->Read(ino, 0, 4 << 20, &slices).ok());
-    Bytes out;
-    for (const ReadSlice& sl : slices) out.insert(out.end(), sl.data, sl.data + sl.len);
-    EXPECT_TRUE(a->Release(ino).ok());
-    EXPECT_EQ(out, data);
-  }
+  for (const auto& [ino, data] : files) EXPECT_EQ(Read(*a, ino), data);
 }
 
 // The namespace sync reads a record, then a round deletes that record's chunks (the record was
@@ -322,20 +314,11 @@ TEST_F(GcTest, ChunksOfAFileNotYetPublishedAreNeverEvicted) {
   ASSERT_TRUE(a->SyncFromRemote().ok());
   auto z = a->Lookup(kRootIno, "z.pt");
   ASSERT_TRUE(z.ok());
-  ASSERT_TRUE(a->Open(z->ino).ok());
-  std::vector<ReadSlice> slices;
-  ASSERT_TRUE(a->Read(z->ino, 0, 4 << 20, &slices).ok());
-  ASSERT_TRUE(a->Release(z->ino).ok());
+  Read(*a, z->ino);
   EXPECT_GT(a->metrics().chunks_evicted.Get(), 0u);
   // x is deleted elsewhere and a round a never saw sweeps its chunks.
   for (const std::string& k : x_chunks) ASSERT_TRUE(mem_.Delete(k).ok());
-  ASSERT_TRUE(a->Open(y).ok());
-  slices.clear();
-  ASSERT_TRUE(a->Read(y, 0, 4 << 20, &slices).ok());
-  Bytes out;
-  for (const ReadSlice& sl : slices) out.insert(out.end(), sl.data, sl.data + sl.len);
-  EXPECT_TRUE(a->Release(y).ok());
-  EXPECT_EQ(out, data);
+  EXPECT_EQ(Read(*a, y), data);
 }
 
 // A gc/round this node cannot read (damaged, or of a later version) holds publishing back; it

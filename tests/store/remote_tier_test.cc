@@ -24,17 +24,6 @@ using Shared = test::SharedBackend;
 
 class RemoteTierTest : public test::NodesTest {
  protected:
-  static Bytes Read(Store& s, uint64_t ino) {
-    EXPECT_TRUE(s.Open(ino).ok());
-    std::vector<ReadSlice> slices;
-    Status st = s.Read(ino, 0, 64 << 20, &slices);
-    EXPECT_TRUE(st.ok()) << st.ToString();
-    Bytes out;
-    for (const ReadSlice& sl : slices) out.insert(out.end(), sl.data, sl.data + sl.len);
-    EXPECT_TRUE(s.Release(ino).ok());
-    return out;
-  }
-
   // The ino of a path, 0 when absent.
   static uint64_t Find(Store& s, const std::vector<std::string>& path) {
     uint64_t ino = kRootIno;

@@ -112,6 +112,18 @@ class NodesTest : public ::testing::Test {
     return ino;
   }
 
+  // The whole file as the node reads it.
+  static Bytes Read(Store& s, uint64_t ino) {
+    EXPECT_TRUE(s.Open(ino).ok());
+    std::vector<ReadSlice> slices;
+    Status st = s.Read(ino, 0, 64 << 20, &slices);
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    Bytes out;
+    for (const ReadSlice& sl : slices) out.insert(out.end(), sl.data, sl.data + sl.len);
+    EXPECT_TRUE(s.Release(ino).ok());
+    return out;
+  }
+
   TempDir dir_;
   MemBackend mem_;
 };
