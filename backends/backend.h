@@ -72,6 +72,9 @@ class Backend {
   // Where the objects live, for logs and `ckptfs status` ("file:///data/ckpt", "s3://b/p").
   // Never contains credentials.
   virtual std::string Describe() const = 0;
+  // Which objects these are, for telling backends apart (a remote tier's state belongs to one):
+  // the same for every wrapper of one backend (an injector of faults). Describe() by default.
+  virtual std::string Identity() const { return Describe(); }
 };
 
 // kInvalid (naming the rule broken) unless `key` follows the key rules above.

@@ -100,6 +100,7 @@ class FaultBackend : public Backend {
   Status List(const std::string& prefix, const std::string& start_after,
               const std::function<bool(const ObjectInfo&)>& fn) override;
   std::string Describe() const override;
+  std::string Identity() const override { return base_->Identity(); }
 
  private:
   enum class Damage { kNone, kTruncate, kFlip };

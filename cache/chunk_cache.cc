@@ -265,12 +265,13 @@ std::string ChunkCache::ObjectKey(const ChunkId& id) {
   return "chunks/" + hex.substr(0, 2) + "/" + hex;
 }
 
-void ChunkCache::AttachRemote(Backend* backend, uint64_t disk_limit) {
+void ChunkCache::AttachRemote(std::vector<Backend*> tiers, uint64_t disk_limit) {
   std::vector<std::pair<ChunkId, uint64_t>> found;
   Status st = ForEach([&](const ChunkId& id, uint64_t size) { found.emplace_back(id, size); });
   if (!st.ok()) log_->error("listing the local tier: {}", st.ToString());
   std::lock_guard lock(mu_);
-  remote_ = backend;
+  tiers_ = std::move(tiers);
+  remote_ = !tiers_.empty();
   disk_limit_ = disk_limit;
   for (const auto& [id, size] : found) DiskAdd(id, size);
 }
@@ -283,7 +284,7 @@ void ChunkCache::SetKeepFetched(std::function<bool(const ChunkId&)> keep) {
 void ChunkCache::DiskAdd(const ChunkId& id, uint64_t size) {
   if (disk_.count(id)) return DiskTouch(id);
   disk_lru_.push_front(id);
-  disk_.emplace(id, DiskEntry{size, false, disk_lru_.begin()});
+  disk_.emplace(id, DiskEntry{size, 0, disk_lru_.begin()});
   disk_bytes_ += size;
   local_only_bytes_ += size;
 }
@@ -292,7 +293,7 @@ void ChunkCache::DiskDrop(const ChunkId& id) {
   auto it = disk_.find(id);
   if (it == disk_.end()) return;
   disk_bytes_ -= it->second.size;
-  if (!it->second.remote) local_only_bytes_ -= it->second.size;
+  if (!it->second.tiers) local_only_bytes_ -= it->second.size;
   disk_lru_.erase(it->second.pos);
   disk_.erase(it);
 }
@@ -302,21 +303,20 @@ void ChunkCache::DiskTouch(const ChunkId& id) {
   if (it != disk_.end()) disk_lru_.splice(disk_lru_.begin(), disk_lru_, it->second.pos);
 }
 
-void ChunkCache::MarkRemote(const ChunkId& id, uint64_t len) {
-  (void)len;
+void ChunkCache::MarkRemote(const ChunkId& id, int tier) {
   std::lock_guard lock(mu_);
   auto it = disk_.find(id);
-  if (it == disk_.end() || it->second.remote) return;
-  it->second.remote = true;
-  local_only_bytes_ -= it->second.size;
+  if (it == disk_.end()) return;
+  if (!it->second.tiers) local_only_bytes_ -= it->second.size;
+  it->second.tiers = static_cast<uint8_t>(it->second.tiers | (1u << tier));
 }
 
-void ChunkCache::UnmarkRemote(const ChunkId& id) {
+void ChunkCache::UnmarkRemote(const ChunkId& id, int tier) {
   std::lock_guard lock(mu_);
   auto it = disk_.find(id);
-  if (it == disk_.end() || !it->second.remote) return;
-  it->second.remote = false;
-  local_only_bytes_ += it->second.size;
+  if (it == disk_.end() || !(it->second.tiers & (1u << tier))) return;
+  it->second.tiers = static_cast<uint8_t>(it->second.tiers & ~(1u << tier));
+  if (!it->second.tiers) local_only_bytes_ += it->second.size;
 }
 
 void ChunkCache::Hold(const std::vector<ChunkId>& ids) {
@@ -332,9 +332,14 @@ void ChunkCache::Unhold(const std::vector<ChunkId>& ids) {
   }
 }
 
-void ChunkCache::SetProtected(std::unordered_set<ChunkId, ChunkIdHash> ids) {
+void ChunkCache::SetProtected(int tier, const std::unordered_set<ChunkId, ChunkIdHash>& ids) {
+  const uint8_t bit = static_cast<uint8_t>(1u << tier);
   std::lock_guard lock(mu_);
-  protected_ = std::move(ids);
+  for (auto it = protected_.begin(); it != protected_.end();) {
+    it->second = static_cast<uint8_t>(it->second & ~bit);
+    it = it->second ? std::next(it) : protected_.erase(it);
+  }
+  for (const ChunkId& id : ids) protected_[id] |= bit;
 }
 
 void ChunkCache::SetPinned(std::unordered_map<ChunkId, uint64_t, ChunkIdHash> pinned) {
@@ -348,8 +353,10 @@ ChunkCache::Usage ChunkCache::usage() const {
 }
 
 bool ChunkCache::Evictable(const ChunkId& id, const DiskEntry& d) const {
-  return d.remote && !pinned_.count(id) && !protected_.count(id) && !held_.count(id) &&
-         !inflight_.count(id);
+  // Held by a tier whose mark counts (not protected for that tier's gc round).
+  auto p = protected_.find(id);
+  const uint8_t tiers = static_cast<uint8_t>(d.tiers & ~(p == protected_.end() ? 0 : p->second));
+  return tiers && !pinned_.count(id) && !held_.count(id) && !inflight_.count(id);
 }
 
 uint64_t ChunkCache::Evict() {
@@ -465,54 +472,67 @@ Result<ChunkRef> ChunkCache::Load(const ChunkId& id, size_t len) {
   return ChunkRef(std::move(data));
 }
 
-// A miss of the disk tier: the backend's copy, verified, then kept on disk (a full disk only
-// costs the copy). A failed GET (kIo) and a copy that fails verification are tried again, up to
-// kFetchAttempts in all, with a short backoff after I/O errors: the backend's client retries its
-// own transport errors, this covers what still gets through (a flaky server, a proxy that damages
-// bytes) before a reader sees EIO. Any other error (kPermission, ...) is final at once.
+// A miss of the disk tier: the copy of the nearest remote tier that has it, verified, then kept
+// on disk (a full disk only costs the copy). A tier that answers "not here" or fails passes the
+// request on to the next. A failed GET (kIo) and a copy that fails verification make another
+// round over the tiers, up to kFetchAttempts in all, with a short backoff after I/O errors: the
+// backend's client retries its own transport errors, this covers what still gets through (a
+// flaky server, a proxy that damages bytes) before a reader sees EIO. Any other error
+// (kPermission, ...) is final for that tier.
 Result<ChunkRef> ChunkCache::Fetch(const ChunkId& id, size_t len) {
   constexpr int kFetchAttempts = 5;
   auto data = ChunkData::Allocate(len);
   for (int attempt = 1;; ++attempt) {
-    auto n = remote_->Get(ObjectKey(id), 0, data->bytes.get(), len);
-    Status st;
-    if (!n.ok()) {
-      if (n.status().code() == Code::kNotFound) {
-        return NotFound("chunk " + id.Hex() + " is neither on the local tier nor in " +
-                        remote_->Describe());
-      }
-      st = n.status();
-    } else {
-      metrics_->remote_fetches.Add(1);
-      metrics_->remote_fetch_bytes.Add(*n);
-      if (*n == len && ChunkId::Of(data->bytes.get(), len) == id) {
-        // A chunk nobody references any more (its file was deleted meanwhile) is served, not
-        // kept: nothing would ever remove it from disk.
-        if (!keep_ || keep_(id)) {
-          if (auto put = PutFetched(id, *data); !put.ok()) {
-            log_->warn("chunk {} fetched but not kept on the local tier: {}", id.Hex(),
-                       put.status().ToString());
+    Status first;        // the first error other than "not here"
+    bool again = false;  // some tier may answer another try
+    for (size_t tier = 0; tier < tiers_.size(); ++tier) {
+      Backend* backend = tiers_[tier];
+      auto n = backend->Get(ObjectKey(id), 0, data->bytes.get(), len);
+      Status st;
+      if (!n.ok()) {
+        if (n.status().code() == Code::kNotFound) continue;
+        st = n.status();
+      } else {
+        metrics_->remote_fetches.Add(1);
+        metrics_->remote_fetch_bytes.Add(*n);
+        if (tier > 0) metrics_->remote_fetch_fallthrough.Add(1);
+        if (*n == len && ChunkId::Of(data->bytes.get(), len) == id) {
+          // A chunk nobody references any more (its file was deleted meanwhile) is served, not
+          // kept: nothing would ever remove it from disk.
+          if (!keep_ || keep_(id)) {
+            if (auto put = PutFetched(id, *data); !put.ok()) {
+              log_->warn("chunk {} fetched but not kept on the local tier: {}", id.Hex(),
+                         put.status().ToString());
+            }
+            MarkRemote(id, static_cast<int>(tier));
+            Evict();
           }
-          MarkRemote(id, len);
-          Evict();
+          return ChunkRef(std::move(data));
         }
-        return ChunkRef(std::move(data));
+        metrics_->remote_verify_failures.Add(1);
+        st = Corrupt("chunk " + id.Hex() + " from " + backend->Describe() +
+                     " failed verification (" + std::to_string(*n) + " of " +
+                     std::to_string(len) + " bytes)");
       }
-      metrics_->remote_verify_failures.Add(1);
-      st = Corrupt("chunk " + id.Hex() + " from " + remote_->Describe() + " failed verification (" +
-                   std::to_string(*n) + " of " + std::to_string(len) + " bytes)");
+      const bool retryable = st.code() == Code::kIo || st.code() == Code::kCorrupt;
+      again = again || retryable;
+      const bool last = attempt >= kFetchAttempts && tier + 1 == tiers_.size();
+      if (st.code() == Code::kCorrupt) {
+        log_->error("{}{}", st.message(), last ? "" : "; fetching it again");
+      } else if (retryable && !last) {
+        log_->warn("fetching chunk {} from {}: {}", id.Hex(), backend->Describe(), st.ToString());
+      } else {
+        log_->error("fetching chunk {} from {}: {}", id.Hex(), backend->Describe(), st.ToString());
+      }
+      if (first.ok()) first = st;
     }
-    const bool again =
-        attempt < kFetchAttempts && (st.code() == Code::kIo || st.code() == Code::kCorrupt);
-    if (st.code() == Code::kCorrupt) {
-      log_->error("{}{}", st.message(), again ? "; fetching it again" : "");
-    } else if (again) {
-      log_->warn("fetching chunk {}: {}; trying again", id.Hex(), st.ToString());
-    } else {
-      log_->error("fetching chunk {}: {}", id.Hex(), st.ToString());
+    if (first.ok()) {
+      std::string where;
+      for (Backend* b : tiers_) where += (where.empty() ? "" : ", ") + b->Describe();
+      return NotFound("chunk " + id.Hex() + " is neither on the local tier nor in " + where);
     }
-    if (!again) return st;
-    if (st.code() == Code::kIo) {
+    if (!again || attempt >= kFetchAttempts) return first;
+    if (first.code() == Code::kIo) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20 << (attempt - 1)));
     }
   }

@@ -2,10 +2,10 @@
 // their id; recently read chunks also live in a RAM LRU. Every byte read from disk is verified
 // against its id before anyone sees it (invariant 1).
 //
-// With a remote backend (AttachRemote), a chunk missing on disk is fetched from the backend,
-// verified, and kept on disk; one fetch serves every concurrent reader. Chunks the backend holds
-// (MarkRemote) may be evicted, least recently used first, to keep the disk tier under its limit;
-// chunks it does not hold yet are never evicted.
+// With remote tiers (AttachRemote: backends, nearest first), a chunk missing on disk is fetched
+// from the nearest tier that has it, verified, and kept on disk; one fetch serves every
+// concurrent reader. Chunks some tier holds (MarkRemote) may be evicted, least recently used
+// first, to keep the disk tier under its limit; chunks no tier holds yet are never evicted.
 //
 // Thread-safe. One ChunkCache owns its directory; the store's lock file keeps a second daemon out.
 #pragma once
@@ -66,23 +66,26 @@ class ChunkCache {
   // The verified bytes of chunk `id`, which is `len` bytes long. One disk read serves all
   // concurrent callers for the same id. When the bytes on disk are not the chunk's, the file is
   // moved aside to <dir>/chunks/corrupt/ (so that the next Put writes it anew) and the result is
-  // kCorrupt, or, with a backend attached, the backend's copy. kNotFound when absent here (and
-  // from the backend); a backend's copy that fails verification twice is kCorrupt.
+  // kCorrupt, or, with tiers attached, a tier's copy. kNotFound when absent here (and from every
+  // tier); a copy that fails verification on every try is kCorrupt.
   Result<ChunkRef> Get(const ChunkId& id, size_t len);
 
-  // Serves misses from `backend` (which outlives the cache) and bounds the disk tier to
-  // `disk_limit` bytes of chunk files (0: no bound). Call once, before any other call.
-  void AttachRemote(Backend* backend, uint64_t disk_limit);
+  // Serves misses from `tiers` (nearest first; they outlive the cache; at most kMaxTiers) and
+  // bounds the disk tier to `disk_limit` bytes of chunk files (0: no bound). Call once, before
+  // any other call.
+  void AttachRemote(std::vector<Backend*> tiers, uint64_t disk_limit);
   // Whether a chunk fetched from the backend is kept on disk (the store: "is it referenced?").
   // Unset: always. Call once, before any other call.
   void SetKeepFetched(std::function<bool(const ChunkId&)> keep);
-  // The backend holds chunk `id` (of `len` bytes): its local copy may be evicted from now on.
-  void MarkRemote(const ChunkId& id, uint64_t len);
-  // The backend may no longer hold chunk `id` (a gc round condemned it): its local copy stays.
-  void UnmarkRemote(const ChunkId& id);
-  // Chunks never evicted, whatever their mark says (a gc round's condemned chunks that local
-  // files name: another thread may mark one remote again meanwhile); replaces the last set.
-  void SetProtected(std::unordered_set<ChunkId, ChunkIdHash> ids);
+  // Remote tier `tier` holds chunk `id`: its local copy may be evicted from now on.
+  void MarkRemote(const ChunkId& id, int tier);
+  // Tier `tier` may no longer hold chunk `id` (a gc round condemned it): unless another tier
+  // holds it, its local copy stays.
+  void UnmarkRemote(const ChunkId& id, int tier);
+  // Chunks whose mark for `tier` counts for nothing (a gc round of that tier condemned them and
+  // local files name them: another thread may mark one again meanwhile); replaces that tier's
+  // last set.
+  void SetProtected(int tier, const std::unordered_set<ChunkId, ChunkIdHash>& ids);
   // Chunks that a file committed here and not yet in the backend names: never evicted until
   // Unhold (counted: several files may name one chunk). The backend may hold them for another
   // file, which a gc round can delete while this node cannot see it.
@@ -161,12 +164,13 @@ class ChunkCache {
   uint64_t tmp_seq_ = 0;
 
   // The disk tier's chunks in recency order (most recent first), with what eviction needs.
-  Backend* remote_ = nullptr;  // set once by AttachRemote
+  std::vector<Backend*> tiers_;  // set once by AttachRemote
+  bool remote_ = false;          // !tiers_.empty()
   std::function<bool(const ChunkId&)> keep_;  // set once by SetKeepFetched
   uint64_t disk_limit_ = 0;
   struct DiskEntry {
     uint64_t size = 0;
-    bool remote = false;
+    uint8_t tiers = 0;  // bit T: remote tier T holds it
     std::list<ChunkId>::iterator pos;
   };
   std::list<ChunkId> disk_lru_;
@@ -175,7 +179,7 @@ class ChunkCache {
   bool Evictable(const ChunkId& id, const DiskEntry& d) const;
   uint64_t disk_bytes_ = 0, local_only_bytes_ = 0;
   std::unordered_map<ChunkId, uint64_t, ChunkIdHash> pinned_;
-  std::unordered_set<ChunkId, ChunkIdHash> protected_;
+  std::unordered_map<ChunkId, uint8_t, ChunkIdHash> protected_;  // bit T: SetProtected(T)
   std::unordered_map<ChunkId, uint32_t, ChunkIdHash> held_;
 };
 

@@ -23,8 +23,22 @@ Status Config::Validate() {
   if (durability != "local" && durability != "remote") {
     return Invalid("durability must be 'local' or 'remote', not '" + durability + "'");
   }
-  if (backend.empty() && (durability == "remote" || cache_bytes > 0)) {
+  if (backends.empty() && (durability == "remote" || cache_bytes > 0)) {
     return Invalid("durability=remote and cache_size need a backend (--backend URL)");
+  }
+  if (!tier_keep.empty() && tier_keep.size() >= backends.size()) {
+    return Invalid("keep= takes one count per nearer tier (" +
+                   std::to_string(backends.empty() ? 0 : backends.size() - 1) +
+                   " here); the farthest tier keeps everything (ckptfs retain deletes)");
+  }
+  if (tier_keep_every.size() > tier_keep.size()) {
+    return Invalid("keep_every= needs keep= for the same tiers");
+  }
+  for (int t : durability_tiers) {
+    if (t < 0 || static_cast<size_t>(t) >= backends.size()) {
+      return Invalid("durability_tier=" + std::to_string(t + 1) + ": there are " +
+                     std::to_string(backends.size()) + " backends");
+    }
   }
   if (!(gc_window_s > 0)) return Invalid("gc_window must be positive");
   if (upload_threads == 0 || upload_threads > 256) return Invalid("upload_threads must be 1..256");

@@ -70,15 +70,23 @@ struct Config {
   // tier and cut into chunks after its close (store/store_staged.cc). Off, or where unavailable
   // (logged at mount), every byte goes through the daemon.
   bool passthrough = true;
-  // The remote tier (store/remote_tier.h). Empty: none; the cache directory holds everything.
-  // "file:///PATH" (a directory, e.g. on a parallel filesystem) or "s3://BUCKET[/PREFIX]".
-  std::string backend;
+  // The remote tiers (store/remote_tier.h), nearest first (--backend given once per tier). Empty:
+  // none; the cache directory holds everything. Each "file:///PATH" (a directory, e.g. on a
+  // parallel filesystem) or "s3://BUCKET[/PREFIX]". The farthest is the shared namespace.
+  std::vector<std::string> backends;
   std::string s3_endpoint;  // empty: $AWS_ENDPOINT_URL
-  std::string backend_faults;  // tests (--backend-faults): faults injected around the backend
+  std::string backend_faults;  // tests (--backend-faults): faults injected around every tier
   std::string cache_faults;    // tests (--cache-faults): chunk reads/writes that fail (cache/fault_io_engine.h)
   // "local": close and fsync make a file durable on the local tier; uploads follow behind.
-  // "remote": fsync also waits until the backend holds the file.
+  // "remote": fsync also waits until the tiers in durability_tiers hold the file.
   std::string durability = "local";
+  // The tiers (0-based, nearest first) durability=remote waits for; empty: every tier.
+  // -o durability_tier=N[+M...], counted from 1 in --backend order.
+  std::vector<int> durability_tiers;
+  // Per nearer tier (nearest first): how many recent checkpoints it keeps (0: all), and every
+  // K-th step kept besides (0: none) (-o keep=N[+N...], keep_every=K[+K...]). Files of older
+  // checkpoints are dropped from that tier only (store/store_policy.cc).
+  std::vector<uint64_t> tier_keep, tier_keep_every;
   // Bytes of chunk files the local tier keeps (0: no bound). Only chunks the backend holds are
   // evicted; writers wait while the tier is full of chunks still to upload.
   uint64_t cache_bytes = 0;

@@ -20,6 +20,8 @@ std::vector<std::pair<std::string, uint64_t>> Metrics::Snapshot() const {
       {"tensor_chunk_bytes", tensor_chunk_bytes.Get()},
       {"remote_fetches", remote_fetches.Get()},
       {"remote_fetch_bytes", remote_fetch_bytes.Get()},
+      {"remote_fetch_fallthrough", remote_fetch_fallthrough.Get()},
+      {"tier_files_dropped", tier_files_dropped.Get()},
       {"remote_verify_failures", remote_verify_failures.Get()},
       {"chunks_uploaded", chunks_uploaded.Get()},
       {"chunk_upload_bytes", chunk_upload_bytes.Get()},

@@ -37,6 +37,8 @@ struct Metrics {
   // The remote tier.
   Counter remote_fetches;          // chunks fetched from the backend on a local miss
   Counter remote_fetch_bytes;
+  Counter remote_fetch_fallthrough;  // of those, served by a farther tier than the first
+  Counter tier_files_dropped;  // files dropped from a nearer tier by its keep= policy
   Counter remote_verify_failures;  // fetched chunks whose bytes did not match their name
   Counter chunks_uploaded;         // chunks put to the backend
   Counter chunk_upload_bytes;

@@ -1,8 +1,11 @@
-// UTF-8 encoding of one code point, shared by the JSON, pickle and S3 XML readers.
+// UTF-8 encoding of one code point, shared by the JSON, pickle and S3 XML readers, and the JSON
+// string quoting of the reports the daemon writes.
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <string>
+#include <string_view>
 
 namespace ckptfs {
 
@@ -24,6 +27,25 @@ inline void AppendUtf8(uint32_t cp, std::string* out) {
     out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
     out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
   }
+}
+
+// `s` as a JSON string literal: quotes, backslashes and control characters escaped (other bytes
+// pass as they are).
+inline std::string JsonQuote(std::string_view s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\u%04x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out + "\"";
 }
 
 }  // namespace ckptfs

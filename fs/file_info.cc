@@ -20,6 +20,8 @@ namespace {
 
 constexpr std::string_view kChunks = "user.ckptfs.chunks";
 constexpr std::string_view kState = "user.ckptfs.state";
+// Per remote tier, nearest first: JSON {"tiers":[{"backend":URL,"state":...},...]}.
+constexpr std::string_view kTiers = "user.ckptfs.tiers";
 constexpr std::string_view kCached = "user.ckptfs.cached";
 // "1" while the file, or a file under the directory, is open (`ckptfs retain` skips it).
 constexpr std::string_view kBusy = "user.ckptfs.busy";
@@ -134,7 +136,8 @@ Result<std::shared_ptr<const Described>> Describe(Context& ctx, fuse_ino_t ino) 
 std::shared_ptr<FileInfoCache> NewFileInfoCache() { return std::make_shared<FileInfoCache>(); }
 
 bool IsComputedXattr(std::string_view name) {
-  return name == kXattrFormat || name == kChunks || name == kState || name == kCached ||
+  return name == kXattrFormat || name == kChunks || name == kState || name == kTiers ||
+         name == kCached ||
          name == kFsck || name == kBusy || name == "user.ckptfs.fsck.deep" || name == "user.ckptfs.fsck.repair" ||
          name == "user.ckptfs.fsck.deep.repair" ||
          name == kPrefetchXattr || name.substr(0, kXattrTensors.size()) == kXattrTensors;
@@ -148,6 +151,7 @@ Result<std::string> ComputedXattr(Context& ctx, fuse_ino_t ino, std::string_view
     return Status(Code::kNoData, "not an attribute of a view file");
   }
   if (name == kState) return ctx.store->RemoteState(ino);
+  if (name == kTiers) return ctx.store->TierStates(ino);
   if (name == kBusy) {
     ASSIGN_OR_RETURN(bool busy, ctx.store->Busy(ino));
     return std::string(busy ? "1" : "0");

@@ -16,6 +16,12 @@ constexpr uint8_t kInodeVersion = 1;
 constexpr std::string_view kNextInoKey = "next_ino";
 constexpr std::string_view kNextRemoteOpKey = "next_remote_op";
 constexpr std::string_view kGcEpochKey = "gc_epoch";
+constexpr std::string_view kTierNameKey = "tier_name";
+
+// A per-tier name: tier 0 keeps the name it had before the chain (older stores read on).
+std::string TierKey(std::string_view base, int tier) {
+  return tier == 0 ? std::string(base) : std::string(base) + "." + std::to_string(tier);
+}
 
 Status LmdbError(int rc, const std::string& what) {
   Code code = Code::kIo;
@@ -91,7 +97,8 @@ Result<InodeRecord> DecodeInode(std::string_view b) {
 
 Result<ChunkRecord> DecodeChunk(const ChunkId& id, std::string_view v) {
   if (v.size() != 16 && v.size() != 17) return Corrupt("chunk record " + id.Hex() + " is damaged");
-  return ChunkRecord{GetU64(v.data()), GetU64(v.data() + 8), v.size() == 17 && v[16] == 1};
+  return ChunkRecord{GetU64(v.data()), GetU64(v.data() + 8),
+                     v.size() == 17 ? static_cast<uint8_t>(v[16]) : uint8_t{0}};
 }
 
 }  // namespace
@@ -104,7 +111,7 @@ Result<std::unique_ptr<MetaStore>> MetaStore::Open(const std::string& dir, uint6
   std::unique_ptr<MetaStore> s(new MetaStore);
   int rc = mdb_env_create(&s->env_);
   if (rc) return LmdbError(rc, "mdb_env_create");
-  mdb_env_set_maxdbs(s->env_, 16);
+  mdb_env_set_maxdbs(s->env_, 32);
   mdb_env_set_maxreaders(s->env_, 1024);
   mdb_env_set_mapsize(s->env_, map_bytes);
   // NOTLS: FUSE worker threads come and go. NOMETASYNC: a commit syncs the data pages only; a
@@ -133,16 +140,30 @@ Result<std::unique_ptr<MetaStore>> MetaStore::Open(const std::string& dir, uint6
     }
   }
   s->has_remote_tables_ = true;
-  for (auto& t : std::initializer_list<std::pair<const char*, MDB_dbi*>>{
-           {"parents", &s->parents_}, {"remote_ops", &s->remote_ops_},
-           {"published", &s->published_}, {"staged", &s->staged_}}) {
-    rc = mdb_dbi_open(txn, t.first, read_only ? 0 : MDB_CREATE, t.second);
+  auto open_new = [&](const std::string& name, MDB_dbi* dbi, bool* present) -> Status {
+    rc = mdb_dbi_open(txn, name.c_str(), read_only ? 0 : MDB_CREATE, dbi);
     if (rc == MDB_NOTFOUND && read_only) {
-      s->has_remote_tables_ = false;
-    } else if (rc) {
-      mdb_txn_abort(txn);
-      return LmdbError(rc, std::string("opening table ") + t.first);
+      *present = false;
+      return Status::Ok();
     }
+    if (rc) {
+      mdb_txn_abort(txn);
+      return LmdbError(rc, "opening table " + name);
+    }
+    *present = true;
+    return Status::Ok();
+  };
+  for (auto& t : std::initializer_list<std::pair<const char*, MDB_dbi*>>{
+           {"parents", &s->parents_}, {"staged", &s->staged_}}) {
+    bool present = false;
+    RETURN_IF_ERROR(open_new(t.first, t.second, &present));
+    if (!present) s->has_remote_tables_ = false;
+  }
+  for (int tier = 0; tier < kMaxTiers; ++tier) {
+    bool ops = false, published = false;
+    RETURN_IF_ERROR(open_new(TierKey("remote_ops", tier), &s->remote_ops_[tier], &ops));
+    RETURN_IF_ERROR(open_new(TierKey("published", tier), &s->published_[tier], &published));
+    s->has_tier_tables_[tier] = ops && published;
   }
   rc = mdb_txn_commit(txn);
   if (rc) return LmdbError(rc, "mdb_txn_commit");
@@ -319,37 +340,81 @@ Result<uint64_t> MetaStore::Txn::QueueRemoteOp(std::string_view op) {
   std::string nv;
   PutU64(nv, seq + 1);
   RETURN_IF_ERROR(Put(store_->meta_, kNextRemoteOpKey, nv));
-  RETURN_IF_ERROR(Put(store_->remote_ops_, InoKey(seq), op));
+  // One sequence for every tier: each tier's queue keeps the order the changes were made in.
+  for (int tier = 0; tier < store_->tiers_; ++tier) {
+    RETURN_IF_ERROR(Put(store_->remote_ops_[tier], InoKey(seq), op));
+  }
+  return seq;
+}
+
+Result<uint64_t> MetaStore::Txn::QueueRemoteOpFor(int tier, std::string_view op) {
+  if (tier < 0 || tier >= kMaxTiers) return Invalid("no remote tier " + std::to_string(tier));
+  ASSIGN_OR_RETURN(auto v, Get(store_->meta_, kNextRemoteOpKey));
+  const uint64_t seq = (v && v->size() == 8) ? GetU64(v->data()) : 1;
+  std::string nv;
+  PutU64(nv, seq + 1);
+  RETURN_IF_ERROR(Put(store_->meta_, kNextRemoteOpKey, nv));
+  RETURN_IF_ERROR(Put(store_->remote_ops_[tier], InoKey(seq), op));
   return seq;
 }
 
 Status MetaStore::Txn::ForEachRemoteOp(
-    uint64_t after, const std::function<bool(uint64_t, std::string_view)>& fn) {
-  if (!store_->has_remote_tables_) return Status::Ok();
-  return Scan(store_->remote_ops_, {}, InoKey(after + 1),
+    int tier, uint64_t after, const std::function<bool(uint64_t, std::string_view)>& fn) {
+  if (tier < 0 || tier >= kMaxTiers || !store_->has_tier_tables_[tier]) return Status::Ok();
+  return Scan(store_->remote_ops_[tier], {}, InoKey(after + 1),
               [&](std::string_view k, std::string_view v) {
                 return k.size() != 8 || fn(GetU64(k.data()), v);
               });
 }
 
-Status MetaStore::Txn::DelRemoteOp(uint64_t seq) {
-  return Del(store_->remote_ops_, InoKey(seq), true);
+Status MetaStore::Txn::DelRemoteOp(int tier, uint64_t seq) {
+  return Del(store_->remote_ops_[tier], InoKey(seq), true);
 }
 
-Result<uint64_t> MetaStore::Txn::GetPublished(uint64_t ino) {
-  if (!store_->has_remote_tables_) return uint64_t{0};
-  ASSIGN_OR_RETURN(auto v, Get(store_->published_, InoKey(ino)));
+Result<uint64_t> MetaStore::Txn::GetPublished(int tier, uint64_t ino) {
+  if (tier < 0 || tier >= kMaxTiers || !store_->has_tier_tables_[tier]) return uint64_t{0};
+  ASSIGN_OR_RETURN(auto v, Get(store_->published_[tier], InoKey(ino)));
   return (v && v->size() == 8) ? GetU64(v->data()) : uint64_t{0};
 }
 
-Status MetaStore::Txn::PutPublished(uint64_t ino, uint64_t generation) {
+Status MetaStore::Txn::PutPublished(int tier, uint64_t ino, uint64_t generation) {
   std::string v;
   PutU64(v, generation);
-  return Put(store_->published_, InoKey(ino), v);
+  return Put(store_->published_[tier], InoKey(ino), v);
 }
 
 Status MetaStore::Txn::DelPublished(uint64_t ino) {
-  return Del(store_->published_, InoKey(ino), true);
+  for (int tier = 0; tier < kMaxTiers; ++tier) {
+    if (store_->has_tier_tables_[tier]) RETURN_IF_ERROR(Del(store_->published_[tier], InoKey(ino), true));
+  }
+  return Status::Ok();
+}
+
+Result<std::string> MetaStore::Txn::GetTierName(int tier) {
+  ASSIGN_OR_RETURN(auto v, Get(store_->meta_, TierKey(kTierNameKey, tier)));
+  return v ? std::string(*v) : std::string();
+}
+
+Status MetaStore::Txn::PutTierName(int tier, std::string_view name) {
+  return Put(store_->meta_, TierKey(kTierNameKey, tier), name);
+}
+
+Status MetaStore::Txn::ResetTier(int tier) {
+  if (tier < 0 || tier >= kMaxTiers) return Invalid("no remote tier " + std::to_string(tier));
+  for (MDB_dbi dbi : {store_->remote_ops_[tier], store_->published_[tier]}) {
+    const int rc = mdb_drop(txn_, dbi, 0);
+    if (rc) return LmdbError(rc, "emptying the tables of remote tier " + std::to_string(tier));
+  }
+  std::vector<std::pair<ChunkId, ChunkRecord>> marked;
+  RETURN_IF_ERROR(ForEachChunk([&](const ChunkId& id, const ChunkRecord& r) {
+    if (r.tiers & (1u << tier)) marked.emplace_back(id, r);
+  }));
+  for (auto& [id, r] : marked) {
+    r.tiers = static_cast<uint8_t>(r.tiers & ~(1u << tier));
+    RETURN_IF_ERROR(PutChunkRecord(id, r));
+  }
+  RETURN_IF_ERROR(Del(store_->meta_, TierKey(kGcEpochKey, tier), true));
+  return Del(store_->meta_, TierKey(kTierNameKey, tier), true);
 }
 
 Status MetaStore::Txn::DelEntry(uint64_t parent, std::string_view name) {
@@ -487,31 +552,33 @@ Result<ChunkRecord> MetaStore::Txn::GetChunk(const ChunkId& id) {
   return DecodeChunk(id, *v);
 }
 
-Status MetaStore::Txn::MarkChunkRemote(const ChunkId& id) {
+Status MetaStore::Txn::MarkChunkRemote(const ChunkId& id, int tier) {
   ASSIGN_OR_RETURN(ChunkRecord r, GetChunk(id));
-  if (r.refs == 0 || r.remote) return Status::Ok();
-  r.remote = true;
+  const uint8_t bit = static_cast<uint8_t>(1u << tier);
+  if (r.refs == 0 || (r.tiers & bit)) return Status::Ok();
+  r.tiers |= bit;
   return PutChunkRecord(id, r);
 }
 
-Status MetaStore::Txn::ClearChunkRemote(const ChunkId& id) {
+Status MetaStore::Txn::ClearChunkRemote(const ChunkId& id, int tier) {
   ASSIGN_OR_RETURN(ChunkRecord r, GetChunk(id));
-  if (r.refs == 0 || !r.remote) return Status::Ok();
-  r.remote = false;
+  const uint8_t bit = static_cast<uint8_t>(1u << tier);
+  if (r.refs == 0 || !(r.tiers & bit)) return Status::Ok();
+  r.tiers = static_cast<uint8_t>(r.tiers & ~bit);
   return PutChunkRecord(id, r);
 }
 
-Result<uint64_t> MetaStore::Txn::GetGcEpoch() {
-  ASSIGN_OR_RETURN(auto v, Get(store_->meta_, kGcEpochKey));
+Result<uint64_t> MetaStore::Txn::GetGcEpoch(int tier) {
+  ASSIGN_OR_RETURN(auto v, Get(store_->meta_, TierKey(kGcEpochKey, tier)));
   if (!v) return uint64_t{0};
   if (v->size() != 8) return Corrupt("gc epoch record is damaged");
   return GetU64(v->data());
 }
 
-Status MetaStore::Txn::PutGcEpoch(uint64_t epoch) {
+Status MetaStore::Txn::PutGcEpoch(int tier, uint64_t epoch) {
   std::string v;
   PutU64(v, epoch);
-  return Put(store_->meta_, kGcEpochKey, v);
+  return Put(store_->meta_, TierKey(kGcEpochKey, tier), v);
 }
 
 Status MetaStore::Txn::PutChunkRecord(const ChunkId& id, const ChunkRecord& r) {
@@ -520,7 +587,8 @@ Status MetaStore::Txn::PutChunkRecord(const ChunkId& id, const ChunkRecord& r) {
   std::string v;
   PutU64(v, r.refs);
   PutU64(v, r.len);
-  if (r.remote) v.push_back(1);  // 16 bytes: a record from before the remote tier
+  // 16 bytes: no tier holds it (and records from before the remote tier); byte 17: the tiers.
+  if (r.tiers) v.push_back(static_cast<char>(r.tiers));
   return Put(store_->chunks_, std::string_view(reinterpret_cast<char*>(key), 16), v);
 }
 

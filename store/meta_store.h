@@ -15,8 +15,9 @@
 //   parents    ino                  -> parent ino + name   (the entry that last linked ino: a
 //                                      file's path for the remote tier)
 //   remote_ops seq                  -> op            (namespace changes still to publish to the
-//                                      remote backend, in order; see store/remote_tier.h)
-//   published  ino                  -> generation    (the version of a file the backend has)
+//                                      first remote tier, in order; see store/remote_tier.h)
+//   published  ino                  -> generation    (the version of a file that tier has)
+//   remote_ops.T, published.T       the same for remote tier T (1..kMaxTiers-1) of the chain
 //   staged     ino                  -> StagedRecord  (bytes closed in a passthrough staging
 //                                      file and not yet cut into chunks; see store/staged.cc)
 //
@@ -87,10 +88,18 @@ struct StagedRecord {
                          // a daemon crash, not a machine crash)
 };
 
+// Remote tiers a store writes back to, nearest first (`--backend` given more than once).
+constexpr int kMaxTiers = 4;
+// A published version meaning "dropped from this tier by its keep= policy": the record there is
+// deleted and the file is not published there again (unless it moves).
+constexpr uint64_t kDroppedFromTier = UINT64_MAX;
+
 struct ChunkRecord {
   uint64_t refs = 0;
   uint64_t len = 0;
-  bool remote = false;  // the remote backend holds it: the local copy may be evicted
+  // Bit T: remote tier T holds it. Any bit: the local copy may be evicted.
+  uint8_t tiers = 0;
+  bool remote() const { return tiers != 0; }
 };
 
 class MetaStore {
@@ -152,23 +161,35 @@ class MetaStore {
     // ancestor is gone (unlinked).
     Result<std::string> PathOf(uint64_t ino);
 
-    // The remote tier's queue of namespace changes to publish, in the order they were made.
+    // The remote tiers' queues of namespace changes to publish, in the order they were made:
+    // QueueRemoteOp queues op for every tier (SetRemoteTiers), QueueRemoteOpFor for one.
     Result<uint64_t> QueueRemoteOp(std::string_view op);
-    // Calls fn(seq, op) in order for queued ops with seq > after, until fn returns false.
-    Status ForEachRemoteOp(uint64_t after,
+    Result<uint64_t> QueueRemoteOpFor(int tier, std::string_view op);
+    // Calls fn(seq, op) in order for tier's queued ops with seq > after, until fn returns false.
+    Status ForEachRemoteOp(int tier, uint64_t after,
                            const std::function<bool(uint64_t, std::string_view)>& fn);
-    Status DelRemoteOp(uint64_t seq);
-    // The generation of ino that the backend holds (0: none).
-    Result<uint64_t> GetPublished(uint64_t ino);
-    Status PutPublished(uint64_t ino, uint64_t generation);
+    Status DelRemoteOp(int tier, uint64_t seq);
+    // The generation of ino that remote tier `tier` holds (0: none).
+    Result<uint64_t> GetPublished(int tier, uint64_t ino);
+    Status PutPublished(int tier, uint64_t ino, uint64_t generation);
+    // On every tier (the file moved, or is gone).
     Status DelPublished(uint64_t ino);
-    // Records that the backend holds chunk id (no-op for a chunk nothing references).
-    Status MarkChunkRemote(const ChunkId& id);
-    // Forgets that the backend holds chunk id (a gc round may delete it); no-op when unknown.
-    Status ClearChunkRemote(const ChunkId& id);
-    // The last gc round (store/gc.h) whose deletions this node has taken into account (0: none).
-    Result<uint64_t> GetGcEpoch();
-    Status PutGcEpoch(uint64_t epoch);
+    // Records that remote tier `tier` holds chunk id (no-op for a chunk nothing references).
+    Status MarkChunkRemote(const ChunkId& id, int tier);
+    // Forgets that tier holds chunk id (a gc round may delete it); no-op when unknown.
+    Status ClearChunkRemote(const ChunkId& id, int tier);
+    // The last gc round (store/gc.h) of tier's backend whose deletions this node has taken into
+    // account (0: none).
+    Result<uint64_t> GetGcEpoch(int tier);
+    Status PutGcEpoch(int tier, uint64_t epoch);
+    // Which backend remote tier `tier` was ("": none recorded). A tier whose backend changed
+    // between two mounts has its state dropped (ResetTier): its marks would name chunks the new
+    // backend never held.
+    Result<std::string> GetTierName(int tier);
+    Status PutTierName(int tier, std::string_view name);
+    // Forgets everything about remote tier `tier`: its queue, published versions, chunk marks,
+    // gc epoch and name.
+    Status ResetTier(int tier);
 
     Result<ChunkRecord> GetChunk(const ChunkId& id);  // refs 0 when unknown
     // Adds `delta` references to chunk `id` of `len` bytes and returns the new count; the record
@@ -211,6 +232,9 @@ class MetaStore {
   };
 
   Result<Txn> Begin(bool write);
+  // How many remote tiers QueueRemoteOp queues for (0..kMaxTiers). Set before the first op.
+  void SetRemoteTiers(int n) { tiers_ = n; }
+  int remote_tiers() const { return tiers_; }
   // Makes every committed transaction durable (the meta page included).
   Status Sync();
 
@@ -218,8 +242,10 @@ class MetaStore {
   MetaStore() = default;
   MDB_env* env_ = nullptr;
   MDB_dbi inodes_ = 0, dentries_ = 0, dircookies_ = 0, manifests_ = 0, symlinks_ = 0,
-          xattrs_ = 0, chunks_ = 0, orphans_ = 0, meta_ = 0, parents_ = 0, remote_ops_ = 0,
-          published_ = 0, staged_ = 0;
+          xattrs_ = 0, chunks_ = 0, orphans_ = 0, meta_ = 0, parents_ = 0, staged_ = 0;
+  MDB_dbi remote_ops_[kMaxTiers] = {}, published_[kMaxTiers] = {};
+  bool has_tier_tables_[kMaxTiers] = {};  // false: a read-only open of an older store
+  int tiers_ = 0;
   // Tables added after the first release: a read-only open of an older store has none of them.
   bool has_remote_tables_ = false;
 };

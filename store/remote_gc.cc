@@ -38,7 +38,7 @@ Status RemoteTier::RefreshGc(bool force) {
   uint64_t done;
   {
     ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
-    ASSIGN_OR_RETURN(done, txn.GetGcEpoch());
+    ASSIGN_OR_RETURN(done, txn.GetGcEpoch(tier_));
   }
   if (gc_.active) {
     const bool over = round.epoch != gc_.epoch || !round.active;
@@ -74,7 +74,7 @@ Status RemoteTier::RefreshGc(bool force) {
       RETURN_IF_ERROR(UnmarkCondemned(true));
     } else {
       ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
-      RETURN_IF_ERROR(txn.PutGcEpoch(round.epoch));
+      RETURN_IF_ERROR(txn.PutGcEpoch(tier_, round.epoch));
       RETURN_IF_ERROR(txn.Commit());
     }
   }
@@ -88,9 +88,9 @@ Status RemoteTier::EndGcRound() {
   ++gc_generation_;
   // Marks again (a fetch during the round may have set one), then the round is done here.
   RETURN_IF_ERROR(UnmarkCondemned(false));
-  cache_->SetProtected({});
+  cache_->SetProtected(tier_, {});
   ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
-  RETURN_IF_ERROR(txn.PutGcEpoch(gc_.epoch));
+  RETURN_IF_ERROR(txn.PutGcEpoch(tier_, gc_.epoch));
   RETURN_IF_ERROR(txn.Commit());
   gc_.active = false;
   gc_.fetch_pending = false;
@@ -100,14 +100,16 @@ Status RemoteTier::EndGcRound() {
 }
 
 Status RemoteTier::UnmarkCondemned(bool fetch_back) {
-  std::vector<std::pair<ChunkId, uint64_t>> named;  // condemned chunks a local file names
+  // Condemned chunks a local file names, with their length (0: another tier holds it too).
+  std::vector<std::pair<ChunkId, uint64_t>> named;
   {
     ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
     for (const ChunkId& id : gc_.condemned) {
       ASSIGN_OR_RETURN(ChunkRecord r, txn.GetChunk(id));
       if (r.refs == 0) continue;
-      RETURN_IF_ERROR(txn.ClearChunkRemote(id));
-      named.emplace_back(id, r.len);
+      RETURN_IF_ERROR(txn.ClearChunkRemote(id, tier_));
+      // Another tier's copy serves it (its own rounds are followed by its own RemoteTier).
+      named.emplace_back(id, (r.tiers & ~(1u << tier_)) ? 0 : r.len);
     }
     RETURN_IF_ERROR(txn.Commit());
   }
@@ -117,15 +119,15 @@ Status RemoteTier::UnmarkCondemned(bool fetch_back) {
     // marks one as held again meanwhile.
     std::unordered_set<ChunkId, ChunkIdHash> keep;
     for (const auto& [id, len] : named) keep.insert(id);
-    cache_->SetProtected(std::move(keep));
+    cache_->SetProtected(tier_, keep);
   }
   for (const auto& [id, len] : named) {
-    cache_->UnmarkRemote(id);
-    if (!fetch_back || cache_->OnDisk(id)) continue;
+    cache_->UnmarkRemote(id, tier_);
+    if (!fetch_back || len == 0 || cache_->OnDisk(id)) continue;
     // Evicted while the backend held it; the sweep will delete it: this node's copy is the one
     // its file keeps.
     Status st = cache_->Warm(id, len);
-    cache_->UnmarkRemote(id);
+    cache_->UnmarkRemote(id, tier_);
     if (st.ok() && !cache_->OnDisk(id)) st = IoError("fetched but not kept on the local tier");
     if (!st.ok()) {
       gc_.fetch_pending = true;
@@ -143,7 +145,7 @@ Status RemoteTier::RevalidateMarks() {
     // moved, so the marks that sync sets are among those checked.
     ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
     RETURN_IF_ERROR(txn.ForEachChunk([&](const ChunkId& id, const ChunkRecord& r) {
-      if (r.remote) marked.emplace_back(id, r.len);
+      if (r.tiers & (1u << tier_)) marked.emplace_back(id, r.len);
     }));
   }
   if (marked.empty()) return Status::Ok();
@@ -181,14 +183,15 @@ Status RemoteTier::RevalidateMarks() {
   batch.cv.wait(lock, [&] { return batch.left == 0; });
   if (!batch.gone.empty()) {
     ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
-    for (const ChunkId& id : batch.gone) RETURN_IF_ERROR(txn.ClearChunkRemote(id));
+    for (const ChunkId& id : batch.gone) RETURN_IF_ERROR(txn.ClearChunkRemote(id, tier_));
     RETURN_IF_ERROR(txn.Commit());
   }
   for (const ChunkId& id : batch.gone) {
-    cache_->UnmarkRemote(id);
+    cache_->UnmarkRemote(id, tier_);
     if (!cache_->OnDisk(id)) {
-      log_->error("chunk {} is gone from {} and from this node's local tier: the files here that "
-                  "name it cannot be read (ckptfs fsck lists them)", id.Hex(), backend_->Describe());
+      log_->error("chunk {} is gone from {} and from this node's local tier: unless another "
+                  "tier holds it, the files here that name it cannot be read (ckptfs fsck lists "
+                  "them)", id.Hex(), backend_->Describe());
     }
   }
   if (!batch.gone.empty()) {

@@ -91,16 +91,22 @@ std::string UnpublishDir(std::string_view path) { return Op('R', path); }
 }  // namespace remote_op
 
 RemoteTier::RemoteTier(Backend* backend, MetaStore* meta, ChunkCache* cache, Metrics* metrics,
-                       std::string origin, uint32_t threads)
+                       std::string origin, uint32_t threads, int tier)
     : backend_(backend),
       meta_(meta),
       cache_(cache),
       metrics_(metrics),
       origin_(std::move(origin)),
+      tier_(tier),
       log_(GetLogger("remote")),
       upload_pool_(std::make_unique<ThreadPool>(std::max<uint32_t>(threads, 1))) {}
 
 RemoteTier::~RemoteTier() { Stop(); }
+
+Status RemoteTier::last_error() const {
+  std::lock_guard lock(mu_);
+  return last_error_;
+}
 
 void RemoteTier::Start() {
   std::lock_guard lock(mu_);
@@ -128,13 +134,14 @@ void RemoteTier::Kick() {
 }
 
 void RemoteTier::Loop() {
-  int failures = 0, gc_failures = 0;
+  int failures = 0, gc_failures = 0, busy_waits = 0;
+  bool idle_due = true;  // idle work to do once the queue is empty
   for (;;) {
     uint64_t seq = 0;
     std::string op;
     {
       auto txn = meta_->Begin(false);
-      Status st = txn.ok() ? txn->ForEachRemoteOp(0, [&](uint64_t s, std::string_view o) {
+      Status st = txn.ok() ? txn->ForEachRemoteOp(tier_, 0, [&](uint64_t s, std::string_view o) {
         seq = s;
         op = o;
         return false;
@@ -147,6 +154,11 @@ void RemoteTier::Loop() {
     Status gc = RefreshGc(false);
     if (!gc.ok() && ++gc_failures % 30 == 3) log_->warn("following gc rounds: {}", gc.ToString());
     if (gc.ok()) gc_failures = 0;
+    if (seq == 0 && idle_due && idle_work_) {
+      Status idle = idle_work_();
+      if (!idle.ok()) log_->warn("applying the keep policy of {}: {}", backend_->Describe(), idle.ToString());
+      idle_due = !idle.ok();
+    }
     std::unique_lock lock(mu_);
     if (stop_) return;
     if (seq == 0) {
@@ -159,20 +171,28 @@ void RemoteTier::Loop() {
     lock.unlock();
     Status st = Process(op);
     if (!st.ok() && !Permanent(st)) {
-      // The backend is down or refusing: keep the op, back off (0.1 s doubling to 30 s).
+      // The backend is down or refusing: keep the op, back off (0.1 s doubling to 30 s). A file
+      // that waits for a gc round (kBusy) tries again every 0.2 s without backing off: it must
+      // go as soon as the round ends, before the next round's listing finds its fresh chunks
+      // (which no record names yet) and condemns them again.
       lock.lock();
       last_error_ = st;
       done_cv_.notify_all();
-      const auto wait = std::chrono::milliseconds(std::min(30'000, 100 << std::min(failures, 9)));
-      if (failures++ % 10 == 0) log_->warn("upload queue stalled: {}; retrying", st.ToString());
+      const bool waiting = st.code() == Code::kBusy;
+      const auto wait = waiting ? std::chrono::milliseconds(200)
+                                : std::chrono::milliseconds(
+                                      std::min(30'000, 100 << std::min(failures, 9)));
+      if ((waiting ? busy_waits++ % 50 : failures++ % 10) == 0) {
+        log_->warn("upload queue stalled: {}; retrying", st.ToString());
+      }
       work_cv_.wait_for(lock, wait, [&] { return stop_; });
       continue;
     }
     if (!st.ok()) log_->error("dropping an upload that cannot succeed: {}", st.ToString());
-    failures = 0;
+    failures = busy_waits = 0;
     Status del = [&]() -> Status {
       ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
-      RETURN_IF_ERROR(txn.DelRemoteOp(seq));
+      RETURN_IF_ERROR(txn.DelRemoteOp(tier_, seq));
       return txn.Commit();
     }();
     lock.lock();
@@ -182,6 +202,7 @@ void RemoteTier::Loop() {
     } else {
       done_upto_ = seq;
       last_error_ = Status::Ok();
+      idle_due = true;
     }
     done_cv_.notify_all();
   }
@@ -229,7 +250,7 @@ Status RemoteTier::PublishFile(uint64_t ino) {
     path = std::move(*p);
     ASSIGN_OR_RETURN(auto mm, txn.GetManifest(ino));
     if (mm) m = std::move(*mm);
-    ASSIGN_OR_RETURN(uint64_t published, txn.GetPublished(ino));
+    ASSIGN_OR_RETURN(uint64_t published, txn.GetPublished(tier_, ino));
     if (published >= rec.generation && rec.generation > 0) return Status::Ok();
     // Made by create(2) and not yet committed or closed: its commit or close publishes it (a
     // crash before then removes it, which an uploaded record would undo on the next sync).
@@ -268,7 +289,7 @@ Status RemoteTier::PublishFile(uint64_t ino) {
   }
   // Only now may the local copies go: a chunk evicted before its record was safely in the
   // bucket could be condemned and swept while this node holds no other copy.
-  for (const auto& [id, len] : held) cache_->MarkRemote(id, len);
+  for (const auto& [id, len] : held) cache_->MarkRemote(id, tier_);
   cache_->Evict();
   metrics_->files_published.Add(1);
   ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
@@ -279,13 +300,13 @@ Status RemoteTier::PublishFile(uint64_t ino) {
   if (!now.ok()) return Status::Ok();  // unlinked since
   if (*now != path) {
     // Linked or renamed elsewhere: publish again under the name it has now.
-    RETURN_IF_ERROR(txn.QueueRemoteOp(remote_op::PublishFile(ino)).status());
+    RETURN_IF_ERROR(txn.QueueRemoteOpFor(tier_, remote_op::PublishFile(ino)).status());
     RETURN_IF_ERROR(txn.Commit());
     Kick();
     return Status::Ok();
   }
-  ASSIGN_OR_RETURN(uint64_t published, txn.GetPublished(ino));
-  if (published < rec.generation) RETURN_IF_ERROR(txn.PutPublished(ino, rec.generation));
+  ASSIGN_OR_RETURN(uint64_t published, txn.GetPublished(tier_, ino));
+  if (published < rec.generation) RETURN_IF_ERROR(txn.PutPublished(tier_, ino, rec.generation));
   return txn.Commit();
 }
 
@@ -297,11 +318,11 @@ Status RemoteTier::UploadChunks(const Manifest& m,
     for (const Extent& e : m.extents()) {
       if (e.hole() || todo.count(e.id)) continue;
       ASSIGN_OR_RETURN(ChunkRecord r, txn.GetChunk(e.id));
-      if (!r.remote) {
+      if (!(r.tiers & (1u << tier_))) {
         todo.emplace(e.id, e.len);
       } else {
         // Evicted and then written again (the same tensor saved anew), it is back on disk as
-        // local-only: the backend holds it, so it may be evicted again once the record is up.
+        // local-only: this tier holds it, so it may be evicted again once the record is up.
         held->emplace_back(e.id, e.len);
       }
     }
@@ -355,7 +376,7 @@ Status RemoteTier::UploadChunks(const Manifest& m,
   // Record what the backend holds even when some chunks failed: they are not uploaded again.
   {
     ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
-    for (const auto& [id, len] : batch.held) RETURN_IF_ERROR(txn.MarkChunkRemote(id));
+    for (const auto& [id, len] : batch.held) RETURN_IF_ERROR(txn.MarkChunkRemote(id, tier_));
     RETURN_IF_ERROR(txn.Commit());
   }
   held->insert(held->end(), batch.held.begin(), batch.held.end());
@@ -370,7 +391,7 @@ Status RemoteTier::WaitPublished(uint64_t ino, uint64_t generation, double timeo
       ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
       auto rec = txn.GetInode(ino);
       if (!rec.ok()) return rec.status().code() == Code::kNotFound ? Status::Ok() : rec.status();
-      ASSIGN_OR_RETURN(uint64_t published, txn.GetPublished(ino));
+      ASSIGN_OR_RETURN(uint64_t published, txn.GetPublished(tier_, ino));
       if (published >= generation || rec->nlink == 0) return Status::Ok();
     }
     Kick();

@@ -66,8 +66,10 @@ std::string UnpublishDir(std::string_view path);
 class RemoteTier {
  public:
   // backend, meta, cache and metrics outlive the tier. `origin` names this node in FileRecords.
+  // `tier`: its place in the chain, nearest first (0..kMaxTiers-1): it works off that tier's
+  // queue and keeps that tier's marks.
   RemoteTier(Backend* backend, MetaStore* meta, ChunkCache* cache, Metrics* metrics,
-             std::string origin, uint32_t threads);
+             std::string origin, uint32_t threads, int tier);
   // Stops the worker (see Stop).
   ~RemoteTier();
 
@@ -78,6 +80,10 @@ class RemoteTier {
   // Called on the worker after a publish op for `ino` is done (published, or the file is gone).
   // Call before Start.
   void SetPublishedListener(std::function<void(uint64_t ino)> fn) { on_published_ = std::move(fn); }
+  // Run on the worker when the queue is empty after new work (and once at the start): the
+  // tier's keep= policy. An error is logged and the call repeated at the next idle moment.
+  // Call before Start.
+  void SetIdleWork(std::function<Status()> fn) { idle_work_ = std::move(fn); }
 
   // Starts the worker on the queue as it is in LMDB.
   void Start();
@@ -93,6 +99,9 @@ class RemoteTier {
   Status Drain(double timeout_s);
 
   Backend* backend() const { return backend_; }
+  int tier() const { return tier_; }
+  // The last error of the queue's work, and whether the worker is waiting to retry it.
+  Status last_error() const;
 
   // Moves whenever this node takes a gc round into account (a round begins or ends here). Marks
   // ("the backend holds this chunk") drawn from records read under an older value may name
@@ -123,10 +132,11 @@ class RemoteTier {
   ChunkCache* const cache_;
   Metrics* const metrics_;
   const std::string origin_;
+  const int tier_;
   Logger log_;
   std::unique_ptr<ThreadPool> upload_pool_;
 
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable work_cv_;  // the worker waits here for ops
   std::condition_variable done_cv_;  // waiters: an op finished
   bool kicked_ = false;              // guarded by mu_
@@ -138,6 +148,7 @@ class RemoteTier {
 
   double gc_window_s_ = 300;
   std::function<void(uint64_t ino)> on_published_;
+  std::function<Status()> idle_work_;
   std::atomic<uint64_t> gc_generation_{0};
   struct GcView {
     bool read = false;                          // gc/round was read at least once

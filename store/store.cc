@@ -53,6 +53,16 @@ int64_t NowNs() {
 
 Result<std::unique_ptr<Store>> Store::Open(const Config& cfg, PayloadScannerFactory scanners,
                                            std::unique_ptr<Backend> backend) {
+  std::vector<std::unique_ptr<Backend>> tiers;
+  if (backend) tiers.push_back(std::move(backend));
+  return Open(cfg, std::move(scanners), std::move(tiers));
+}
+
+Result<std::unique_ptr<Store>> Store::Open(const Config& cfg, PayloadScannerFactory scanners,
+                                           std::vector<std::unique_ptr<Backend>> tiers) {
+  if (tiers.size() > static_cast<size_t>(kMaxTiers)) {
+    return Invalid("at most " + std::to_string(kMaxTiers) + " remote tiers");
+  }
   const std::string& dir = cfg.cache_dir;
   RETURN_IF_ERROR(MakeDirs(dir));
   RETURN_IF_ERROR(MakeDirs(dir + "/staging"));
@@ -103,8 +113,8 @@ Result<std::unique_ptr<Store>> Store::Open(const Config& cfg, PayloadScannerFact
     s->closed_ = true;
     return st;
   }
-  if (backend) {
-    st = s->AttachRemote(std::move(backend));
+  if (!tiers.empty()) {
+    st = s->AttachRemote(std::move(tiers));
     if (!st.ok()) {
       s->closed_ = true;
       return st;
@@ -220,7 +230,7 @@ Status Store::Close() {
   seal_pool_.reset();
   // Uploads still queued stay in LMDB and resume at the next mount.
   StopSync();
-  if (remote_) remote_->Stop();
+  for (auto& r : remotes_) r->Stop();
   Status first;
   std::vector<std::pair<uint64_t, std::shared_ptr<OpenFile>>> open;
   {

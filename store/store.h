@@ -80,9 +80,13 @@ class Store final : private ChunkSink {
  public:
   // Opens the cache directory named in cfg (creating it), takes its lock (one daemon per cache
   // directory), and recovers from an unclean stop. cfg must be validated. `scanners` (optional)
-  // recognizes checkpoint formats in new files so chunks are cut at tensor boundaries. `backend`
-  // (optional) is the remote tier: committed files are written back to it, chunks missing
-  // locally are fetched from it (store/remote_tier.h).
+  // recognizes checkpoint formats in new files so chunks are cut at tensor boundaries. `tiers`
+  // (optional, nearest first, at most kMaxTiers) are the remote tiers: committed files are
+  // written back to each of them, chunks missing locally are fetched from the nearest that has
+  // them, and the farthest is the shared namespace other nodes are synced from
+  // (store/remote_tier.h).
+  static Result<std::unique_ptr<Store>> Open(const Config& cfg, PayloadScannerFactory scanners,
+                                             std::vector<std::unique_ptr<Backend>> tiers);
   static Result<std::unique_ptr<Store>> Open(const Config& cfg, PayloadScannerFactory scanners = {},
                                              std::unique_ptr<Backend> backend = nullptr);
   // Commits files still dirty and syncs everything (see Close).
@@ -184,11 +188,22 @@ class Store final : private ChunkSink {
   Status Fsync(uint64_t ino, uint64_t fh = 0);
 
   // --- the remote tier ---
-  // "local" (no backend, or bytes not committed yet), "uploading" (committed, the backend does
-  // not hold this version yet) or "remote" (the backend holds it): user.ckptfs.state.
+  // "local" (no backend, or bytes not committed yet), "uploading" (committed, a remote tier
+  // does not hold this version yet) or "remote" (every tier holds it): user.ckptfs.state.
   Result<std::string> RemoteState(uint64_t ino);
-  // Null without a backend.
-  RemoteTier* remote() { return remote_.get(); }
+  // Per tier, nearest first: {"tiers":[{"backend":URL,"state":S},...]} (user.ckptfs.tiers), S
+  // one of "local", "uploading", "remote", or "dropped" (past that tier's keep= policy).
+  Result<std::string> TierStates(uint64_t ino);
+ private:
+  // Each tier's state of file ino, nearest first (empty without remote tiers).
+  Result<std::vector<std::string>> StatesOf(uint64_t ino);
+
+ public:
+  // Remote tier `tier` (nearest first); null without one.
+  RemoteTier* remote(size_t tier = 0) {
+    return tier < remotes_.size() ? remotes_[tier].get() : nullptr;
+  }
+  size_t remote_tiers() const { return remotes_.size(); }
 
   // --- what other nodes publish (the namespace sync) ---
   // Told, from the sync thread, that parent/name now names ino (0: nothing), so that the kernel
@@ -243,11 +258,13 @@ class Store final : private ChunkSink {
   Result<CacheUsage> Cached(uint64_t ino);
 
   // fsck (store/store_fsck.cc): checks the chunks of file `ino`, or of every file under
-  // directory `ino`, on the local tier and the backend, and (from the root) the chunk reference
-  // counts and the backend's file records. `deep` reads and verifies every chunk (local files,
-  // and backend objects by GET) instead of checking presence; `repair` refetches a missing or
-  // corrupt local chunk from the backend and puts a missing or corrupt backend chunk back from
-  // a verified local copy. Works on a live mount; staged files are sealed first.
+  // directory `ino`, on the local tier and every remote tier, and (from the root) the chunk
+  // reference counts; and each tier's file records under the path. `deep` reads and verifies
+  // every chunk (local files, and tier objects by GET) instead of checking presence; `repair`
+  // refetches a missing or corrupt local chunk from the nearest tier with a good copy, puts a
+  // missing or corrupt tier chunk back from a verified local or other tier's copy, and
+  // publishes a bad or missing record again. Works on a live mount; staged files are sealed
+  // first.
   struct FsckOptions {
     bool deep = false;
     bool repair = false;
@@ -258,6 +275,7 @@ class Store final : private ChunkSink {
     uint64_t remote_missing = 0, remote_corrupt = 0, remote_repaired = 0;
     // The backend's files/ records under the path; bad ones queued for publishing again.
     uint64_t records = 0, records_bad = 0, records_republished = 0;
+    uint64_t records_missing = 0;  // files a tier holds by this node's account, without a record
     uint64_t refcount_errors = 0;           // chunk records whose count differs from the manifests'
     uint64_t unreferenced_chunk_files = 0;  // on disk, named by no chunk record (from the root)
     // Files with a chunk that no tier could supply after repair, by path (the first kMaxListed).
@@ -361,7 +379,17 @@ class Store final : private ChunkSink {
   Store(Config cfg, std::unique_ptr<IoEngine> engine, std::unique_ptr<ChunkCache> cache,
         std::unique_ptr<MetaStore> meta, int lock_fd);
   Status Recover(bool clean);
-  Status AttachRemote(std::unique_ptr<Backend> backend);
+  Status AttachRemote(std::vector<std::unique_ptr<Backend>> tiers);
+  // Drops from nearer tier `tier` the files of checkpoints past its keep= policy
+  // (store_policy.cc). Runs on that tier's worker when its queue is empty.
+  Status ApplyTierPolicy(int tier);
+  // fsck of tier `tier`'s records under `ino` (store_fsck.cc).
+  Status FsckRecords(int tier, uint64_t ino, const FsckOptions& options, FsckReport* r);
+  // The tier other nodes' files are synced from: the farthest. REQUIRES: remote tiers.
+  RemoteTier& sync_tier() { return *remotes_.back(); }
+  Backend& sync_backend() { return *backends_.back(); }
+  // Whether every remote tier holds generation `generation` of ino. REQUIRES: inside txn.
+  Result<bool> PublishedEverywhere(MetaStore::Txn& txn, uint64_t ino, uint64_t generation);
 
   // ChunkSink
   Status PutChunk(const ChunkId& id, const uint8_t* data, size_t len) override;
@@ -526,7 +554,7 @@ class Store final : private ChunkSink {
   // their next open drops the kernel's cached pages. Guarded by files_mu_.
   std::unordered_set<uint64_t> stale_pages_;
   std::atomic<bool> full_logged_{false};
-  std::unique_ptr<Backend> backend_;
+  std::vector<std::unique_ptr<Backend>> backends_;  // the remote tiers' backends, nearest first
   std::string node_id_;  // this node's name in published records
   ChangeListener on_change_;
   // The namespace sync: its thread, and what it has applied (sync thread only): for each
@@ -545,7 +573,7 @@ class Store final : private ChunkSink {
   std::string boot_id_;
   std::vector<uint64_t> resume_seals_;  // staged at the last stop; sealed once open
   std::unique_ptr<ThreadPool> seal_pool_;
-  std::unique_ptr<RemoteTier> remote_;
+  std::vector<std::unique_ptr<RemoteTier>> remotes_;  // one per backend, nearest first
   std::mutex unpublished_mu_;
   // ino -> each version held: its generation and the chunk ids it names (sorted, distinct).
   // Versions stay until one at least as new is published (a commit whose transaction failed

@@ -268,7 +268,7 @@ Status Store::WaitForRoom(size_t len) {
     if (u.local_only + unstored_bytes_.load() + len <= cfg_.cache_bytes) return Status::Ok();
     if (std::chrono::steady_clock::now() >= deadline) {
       return Status(Code::kNoSpace, "the local tier holds " + std::to_string(u.local_only >> 20) +
-                                        " MiB not yet uploaded to " + backend_->Describe() +
+                                        " MiB not yet uploaded to " + backends_[0]->Describe() +
                                         " (cache_size " + std::to_string(cfg_.cache_bytes >> 20) +
                                         " MiB)");
     }
@@ -276,13 +276,13 @@ Status Store::WaitForRoom(size_t len) {
       log_->info("writers wait: the local tier is full of chunks still to upload");
       logged = true;
     }
-    remote_->Kick();
+    KickRemote();
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
 }
 
 Status Store::AdmitWrite(size_t len) {
-  if (remote_ && cfg_.cache_bytes > 0) RETURN_IF_ERROR(WaitForRoom(len));
+  if (!remotes_.empty() && cfg_.cache_bytes > 0) RETURN_IF_ERROR(WaitForRoom(len));
   return CheckRoom(len);
 }
 
@@ -401,7 +401,7 @@ void Store::ReadAhead(OpenFile& f, const std::shared_ptr<const Manifest>& m, siz
   // reading ahead in vain, and a reader that jumps (torch.load going from record to record)
   // would otherwise wait for every chunk of each record in turn.
   const Extent& at = m->extents()[first];
-  const bool cold = remote_ && !at.hole() && !cache_->OnDisk(at.id);
+  const bool cold = !remotes_.empty() && !at.hole() && !cache_->OnDisk(at.id);
   if (!sequential && !cold) return;
   const size_t until = std::min(last + cfg_.readahead_chunks, m->extents().size() - 1);
   const size_t from = sequential ? std::max(f.prefetched_upto + 1, last + 1) : last + 1;
@@ -409,7 +409,7 @@ void Store::ReadAhead(OpenFile& f, const std::shared_ptr<const Manifest>& m, siz
   for (size_t i = from; i <= until; ++i) {
     const Extent& e = m->extents()[i];
     if (e.hole()) continue;
-    if (remote_ && !cache_->OnDisk(e.id)) {
+    if (!remotes_.empty() && !cache_->OnDisk(e.id)) {
       fetch.emplace_back(e.id, e.len);
       continue;
     }
@@ -458,10 +458,19 @@ Status Store::Fsync(uint64_t ino, uint64_t fh) {
   // A file committed earlier by close(2) is made durable here too.
   RETURN_IF_ERROR(cache_->Sync());
   RETURN_IF_ERROR(meta_->Sync());
-  // durability=remote: fsync returns once the backend holds the committed version.
-  if (remote_ && cfg_.durability == "remote") {
+  // durability=remote: fsync returns once the tiers named by durability_tier (default: every
+  // tier) hold the committed version.
+  if (!remotes_.empty() && cfg_.durability == "remote") {
     ASSIGN_OR_RETURN(InodeRecord rec, GetAttr(ino));
-    if (S_ISREG(rec.mode)) return remote_->WaitPublished(ino, rec.generation, cfg_.remote_timeout_s);
+    if (!S_ISREG(rec.mode)) return Status::Ok();
+    for (size_t t = 0; t < remotes_.size(); ++t) {
+      const auto& want = cfg_.durability_tiers;
+      if (!want.empty() && std::find(want.begin(), want.end(), static_cast<int>(t)) == want.end()) {
+        continue;
+      }
+      // One deadline for all: the tiers upload side by side.
+      RETURN_IF_ERROR(remotes_[t]->WaitPublished(ino, rec.generation, cfg_.remote_timeout_s));
+    }
   }
   return Status::Ok();
 }
@@ -537,7 +546,7 @@ Status Store::Commit(uint64_t ino, OpenFile& f, bool durable) {
   }
   ReleaseHolds(writer->held());
   Reclaim(freed);
-  if (st.ok() && remote_) remote_->Kick();
+  if (st.ok()) KickRemote();
   return st;
 }
 
@@ -556,7 +565,7 @@ Status Store::CommitManifestTxn(MetaStore::Txn& txn, uint64_t ino, const Manifes
   // Always (one lookup each): a mark whose in-memory flag was lost must not outlive the commit.
   RETURN_IF_ERROR(txn.ClearUnborn(ino));
   RETURN_IF_ERROR(txn.DelStaged(ino));
-  if (remote_) HoldUnpublished(ino, rec.generation, m);
+  if (!remotes_.empty()) HoldUnpublished(ino, rec.generation, m);
   return QueueRemote(txn, remote_op::PublishFile(ino));
 }
 

@@ -12,28 +12,12 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "common/utf8.h"
 #include "store/remote_tier.h"
 #include "store/store.h"
 
 namespace ckptfs {
 namespace {
-
-std::string Quote(std::string_view s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += static_cast<char>(c);
-    } else if (c < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-      out += buf;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out + "\"";
-}
 
 void Note(Store::FsckReport* r, std::string line) {
   if (r->problems.size() < Store::FsckReport::kMaxListed) r->problems.push_back(std::move(line));
@@ -43,7 +27,8 @@ void Note(Store::FsckReport* r, std::string line) {
 
 bool Store::FsckReport::Clean() const {
   return local_missing + local_corrupt == local_repaired &&
-         remote_missing + remote_corrupt == remote_repaired && records_bad == records_republished &&
+         remote_missing + remote_corrupt == remote_repaired &&
+         records_bad + records_missing == records_republished &&
          refcount_errors == 0 && damaged_files == 0;
 }
 
@@ -63,13 +48,14 @@ std::string Store::FsckReport::Json() const {
   num("remote_repaired", remote_repaired);
   num("records", records);
   num("records_bad", records_bad);
+  num("records_missing", records_missing);
   num("records_republished", records_republished);
   num("refcount_errors", refcount_errors);
   num("unreferenced_chunk_files", unreferenced_chunk_files);
   num("damaged_files", damaged_files);
   auto list = [&](const char* k, const std::vector<std::string>& v) {
     out += ",\"" + std::string(k) + "\":[";
-    for (size_t i = 0; i < v.size(); ++i) out += (i ? "," : "") + Quote(v[i]);
+    for (size_t i = 0; i < v.size(); ++i) out += (i ? "," : "") + JsonQuote(v[i]);
     out += "]";
   };
   list("damaged", damaged);
@@ -80,7 +66,6 @@ std::string Store::FsckReport::Json() const {
 Result<Store::FsckReport> Store::Fsck(uint64_t ino, const FsckOptions& options) {
   RETURN_IF_ERROR(SealAll());  // staged bytes are checked once they are chunks
   FsckReport r;
-  Backend* backend = remote_ ? remote_->backend() : nullptr;
   // The chunks under `ino`: their length, and their record as of this snapshot.
   std::map<ChunkId, std::pair<uint64_t, ChunkRecord>> chunks;
   {
@@ -144,7 +129,7 @@ Result<Store::FsckReport> Store::Fsck(uint64_t ino, const FsckOptions& options) 
     }
     const bool local_ok = local.ok();
     bool local_fixed = false;
-    if (!local_ok && !(local.code() == Code::kNotFound && rec.remote)) {
+    if (!local_ok && !(local.code() == Code::kNotFound && rec.remote())) {
       if (local.code() == Code::kCorrupt) {
         ++r.local_corrupt;
         Note(&r, "chunk " + id.Hex() + " on the local tier is corrupt (moved aside)");
@@ -152,8 +137,9 @@ Result<Store::FsckReport> Store::Fsck(uint64_t ino, const FsckOptions& options) 
         ++r.local_missing;
         Note(&r, "chunk " + id.Hex() + " is missing from the local tier: " + local.ToString());
       }
-      if (options.repair && backend) {
-        Status got = cache_->Warm(id, len);  // fetched, verified, kept on disk
+      if (options.repair && !remotes_.empty()) {
+        // From the nearest tier with a good copy: fetched, verified, kept on disk.
+        Status got = cache_->Warm(id, len);
         if (got.ok()) got = cache_->Verify(id, len);  // and there now, whatever Warm believed
         if (got.ok()) {
           ++r.local_repaired;
@@ -163,48 +149,51 @@ Result<Store::FsckReport> Store::Fsck(uint64_t ino, const FsckOptions& options) 
         }
       }
     }
-    // Backend: the chunks the store recorded as uploaded.
-    bool remote_ok = false;
-    if (backend && rec.remote) {
+    // Each tier: the chunks the store recorded as uploaded there.
+    bool remote_has = false;
+    for (size_t t = 0; t < remotes_.size(); ++t) {
+      if (!(rec.tiers & (1u << t))) continue;
+      Backend& backend = *backends_[t];
       const std::string key = ChunkCache::ObjectKey(id);
       Status there;
       if (options.deep) {
         // One byte more than the chunk: an object that is too long is caught too.
         auto buf = ChunkData::Allocate(len + 1);
-        auto n = backend->Get(key, 0, buf->bytes.get(), len + 1);
+        auto n = backend.Get(key, 0, buf->bytes.get(), len + 1);
         if (!n.ok()) {
           there = n.status();
         } else if (*n != len || ChunkId::Of(buf->bytes.get(), len) != id) {
           there = Corrupt("its bytes are not the chunk's");
         }
       } else {
-        auto head = backend->Head(key);
+        auto head = backend.Head(key);
         there = head.ok() && head->size != len ? Corrupt("it has " + std::to_string(head->size) +
                                                          " bytes, not " + std::to_string(len))
                                                : head.status();
       }
-      remote_ok = there.ok();
       if (!there.ok() && there.code() != Code::kNotFound && there.code() != Code::kCorrupt) {
-        return Status(there.code(), "checking chunk " + id.Hex() + " in " + backend->Describe() +
+        return Status(there.code(), "checking chunk " + id.Hex() + " in " + backend.Describe() +
                                         ": " + there.message());
       }
-      if (!there.ok()) {
-        ++(there.code() == Code::kCorrupt ? r.remote_corrupt : r.remote_missing);
-        Note(&r, "chunk " + id.Hex() + " in " + backend->Describe() + ": " + there.ToString());
-        if (options.repair) {
-          // Put back from a local copy, verified on the way (Get checks what it reads).
-          auto copy = cache_->Get(id, len);
-          Status put = copy.ok() ? backend->Put(key, (*copy)->bytes.get(), len) : copy.status();
-          if (put.ok()) {
-            ++r.remote_repaired;
-            remote_ok = true;
-          } else {
-            Note(&r, "chunk " + id.Hex() + " could not be put back: " + put.ToString());
-          }
-        }
+      if (there.ok()) {
+        remote_has = true;
+        continue;
+      }
+      ++(there.code() == Code::kCorrupt ? r.remote_corrupt : r.remote_missing);
+      Note(&r, "chunk " + id.Hex() + " in " + backend.Describe() + ": " + there.ToString());
+      if (!options.repair) continue;
+      // Put back from the local copy, or from another tier's (Get verifies what it reads, and
+      // passes over a tier whose copy is bad).
+      auto copy = cache_->Get(id, len);
+      Status put = copy.ok() ? backend.Put(key, (*copy)->bytes.get(), len) : copy.status();
+      if (put.ok()) {
+        ++r.remote_repaired;
+        remote_has = true;
+      } else {
+        Note(&r, "chunk " + id.Hex() + " could not be put back into " + backend.Describe() + ": " +
+                     put.ToString());
       }
     }
-    const bool remote_has = backend && rec.remote && remote_ok;
     if (!local_ok && !local_fixed && !remote_has) lost.insert(id);
   }
 
@@ -227,13 +216,27 @@ Result<Store::FsckReport> Store::Fsck(uint64_t ino, const FsckOptions& options) 
     }
   }
 
-  // The backend's records under the path: each must decode (it checks its own hash). A bad one
-  // is published again from this node's copy when repairing and the node has the file.
-  if (backend) {
-    std::string prefix = "files/", exact;
+  // Each tier's records under the path: each must decode (it checks its own hash). A bad one is
+  // published to that tier again from this node's copy when repairing and the node has the file.
+  for (size_t t = 0; t < remotes_.size(); ++t) {
+    RETURN_IF_ERROR(FsckRecords(static_cast<int>(t), ino, options, &r));
+  }
+  log_->info("fsck of inode {}{}{}: {} files, {} chunks, {}", ino, options.deep ? " (deep)" : "",
+             options.repair ? " (repair)" : "", r.files, r.chunks,
+             r.Clean() ? "clean" : "damage found");
+  return r;
+}
+
+Status Store::FsckRecords(int tier, uint64_t ino, const FsckOptions& options, FsckReport* r) {
+  Backend& backend = *backends_[tier];
+  std::string prefix = "files/", exact;
+  // The files under the path that this tier holds by this node's account: each needs its record.
+  std::map<std::string, uint64_t> expected;  // key -> ino
+  {
+    ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
+    std::string path;
     if (ino != kRootIno) {
-      ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
-      ASSIGN_OR_RETURN(std::string path, txn.PathOf(ino));
+      ASSIGN_OR_RETURN(path, txn.PathOf(ino));
       ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(ino));
       prefix += path;
       if (S_ISDIR(rec.mode)) {
@@ -242,54 +245,82 @@ Result<Store::FsckReport> Store::Fsck(uint64_t ino, const FsckOptions& options) 
         exact = prefix;
       }
     }
-    std::vector<std::string> keys;
-    RETURN_IF_ERROR(backend->List(prefix, "", [&](const ObjectInfo& o) {
-      if (exact.empty() || o.key == exact) keys.push_back(o.key);
-      return true;
+    RETURN_IF_ERROR(ForEachFile(txn, ino, true, [&](uint64_t file, const Manifest&) {
+      auto rec = txn.GetInode(file);
+      auto published = txn.GetPublished(tier, file);
+      auto where = txn.PathOf(file);
+      if (rec.ok() && published.ok() && where.ok() && rec->nlink > 0 && *published > 0 &&
+          *published != kDroppedFromTier && *published >= rec->generation) {
+        expected.emplace("files/" + *where, file);
+      }
     }));
-    for (const std::string& key : keys) {
-      auto bytes = backend->GetObject(key);
-      if (!bytes.ok() && bytes.status().code() == Code::kNotFound) continue;  // deleted meanwhile
-      // Only a record that was read and does not decode is bad: a failed read is no verdict.
-      if (!bytes.ok()) {
-        return Status(bytes.status().code(), "reading " + key + " from " + backend->Describe() +
-                                                 ": " + bytes.status().message());
-      }
-      ++r.records;
-      Status st = FileRecord::Decode(*bytes).status();
-      if (st.ok()) continue;
-      ++r.records_bad;
-      Note(&r, key + " in " + backend->Describe() + ": " + st.ToString());
-      if (!options.repair) continue;
-      Result<uint64_t> file = kRootIno;
-      for (size_t at = 6; file.ok() && at <= key.size();) {
-        size_t slash = key.find('/', at);
-        if (slash == std::string::npos) slash = key.size();
-        auto entry = Lookup(*file, std::string_view(key).substr(at, slash - at));
-        file = entry.ok() ? Result<uint64_t>(entry->ino) : Result<uint64_t>(entry.status());
-        at = slash + 1;
-      }
-      if (file.ok()) {
-        // The published mark goes, so that the publish does not skip a version it thinks the
-        // backend holds.
-        ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
-        RETURN_IF_ERROR(txn.DelPublished(*file));
-        ASSIGN_OR_RETURN(auto m, txn.GetManifest(*file));
-        ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(*file));
-        if (m) HoldUnpublished(*file, rec.generation, *m);
-        RETURN_IF_ERROR(txn.QueueRemoteOp(remote_op::PublishFile(*file)).status());
-        RETURN_IF_ERROR(txn.Commit());
-        remote_->Kick();
-        ++r.records_republished;
-      } else {
-        Note(&r, key + ": no local copy to publish again (" + file.status().ToString() + ")");
-      }
+  }
+  // Publishes file `file` to this tier again: its published mark goes first, so that the
+  // publish does not skip a version it thinks the tier holds.
+  auto republish = [&](uint64_t file) -> Status {
+    ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
+    RETURN_IF_ERROR(txn.PutPublished(tier, file, 0));
+    ASSIGN_OR_RETURN(auto m, txn.GetManifest(file));
+    ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(file));
+    if (m) HoldUnpublished(file, rec.generation, *m);
+    RETURN_IF_ERROR(txn.QueueRemoteOpFor(tier, remote_op::PublishFile(file)).status());
+    RETURN_IF_ERROR(txn.Commit());
+    remotes_[tier]->Kick();
+    ++r->records_republished;
+    return Status::Ok();
+  };
+  std::vector<std::string> keys;
+  RETURN_IF_ERROR(backend.List(prefix, "", [&](const ObjectInfo& o) {
+    if (exact.empty() || o.key == exact) keys.push_back(o.key);
+    return true;
+  }));
+  for (const std::string& key : keys) {
+    expected.erase(key);
+    auto bytes = backend.GetObject(key);
+    if (!bytes.ok() && bytes.status().code() == Code::kNotFound) continue;  // deleted meanwhile
+    // Only a record that was read and does not decode is bad: a failed read is no verdict.
+    if (!bytes.ok()) {
+      return Status(bytes.status().code(), "reading " + key + " from " + backend.Describe() +
+                                               ": " + bytes.status().message());
+    }
+    ++r->records;
+    Status st = FileRecord::Decode(*bytes).status();
+    if (st.ok()) continue;
+    ++r->records_bad;
+    Note(r, key + " in " + backend.Describe() + ": " + st.ToString());
+    if (!options.repair) continue;
+    Result<uint64_t> file = kRootIno;
+    for (size_t at = 6; file.ok() && at <= key.size();) {
+      size_t slash = key.find('/', at);
+      if (slash == std::string::npos) slash = key.size();
+      auto entry = Lookup(*file, std::string_view(key).substr(at, slash - at));
+      file = entry.ok() ? Result<uint64_t>(entry->ino) : Result<uint64_t>(entry.status());
+      at = slash + 1;
+    }
+    if (file.ok()) {
+      RETURN_IF_ERROR(republish(*file));
+    } else {
+      Note(r, key + ": no local copy to publish again (" + file.status().ToString() + ")");
     }
   }
-  log_->info("fsck of inode {}{}{}: {} files, {} chunks, {}", ino, options.deep ? " (deep)" : "",
-             options.repair ? " (repair)" : "", r.files, r.chunks,
-             r.Clean() ? "clean" : "damage found");
-  return r;
+  // Published here, and no record: deleted behind ckptfs's back (a file moved or removed since
+  // the snapshot above is checked again before it counts).
+  for (const auto& [key, file] : expected) {
+    {
+      ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
+      auto where = txn.PathOf(file);
+      auto published = txn.GetPublished(tier, file);
+      if (!where.ok() || "files/" + *where != key || !published.ok() || *published == 0 ||
+          *published == kDroppedFromTier) {
+        continue;
+      }
+    }
+    if (backend.Head(key).ok()) continue;  // put since the listing
+    ++r->records_missing;
+    Note(r, key + " is missing from " + backend.Describe());
+    if (options.repair) RETURN_IF_ERROR(republish(file));
+  }
+  return Status::Ok();
 }
 
 }  // namespace ckptfs

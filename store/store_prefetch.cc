@@ -320,7 +320,7 @@ Status Store::Prefetcher::ApplyPins(bool fetch) {
   std::lock_guard pl(pin_mu_);
   std::unordered_map<ChunkId, uint64_t, ChunkIdHash> keep;
   std::vector<uint64_t> incomplete;
-  const bool remote = store_->remote_ != nullptr;
+  const bool remote = !store_->remotes_.empty();
   {
     ASSIGN_OR_RETURN(auto txn, store_->meta_->Begin(false));
     for (auto it = pinned_.begin(); it != pinned_.end();) {
@@ -373,7 +373,7 @@ Status Store::Prefetcher::LoadPins() {
 Store::Prefetcher& Store::prefetcher() {
   std::call_once(prefetch_once_, [this] {
     // Without a backend nothing is ever fetched or evicted: no threads.
-    const unsigned threads = remote_ ? std::clamp<unsigned>(cfg_.upload_threads, 1, 8) : 0;
+    const unsigned threads = !remotes_.empty() ? std::clamp<unsigned>(cfg_.upload_threads, 1, 8) : 0;
     prefetch_ = std::make_shared<Prefetcher>(this, threads);
   });
   return *prefetch_;
@@ -382,13 +382,13 @@ Store::Prefetcher& Store::prefetcher() {
 Status Store::Prefetch(uint64_t ino, bool recursive) {
   ASSIGN_OR_RETURN(InodeRecord rec, GetAttr(ino));
   (void)rec;
-  if (!remote_) return Status::Ok();
+  if (remotes_.empty()) return Status::Ok();
   prefetcher().Add(ino, recursive);
   return Status::Ok();
 }
 
 void Store::FetchSoon(const std::vector<std::pair<ChunkId, uint64_t>>& chunks) {
-  if (remote_) prefetcher().ReaderWants(chunks);
+  if (!remotes_.empty()) prefetcher().ReaderWants(chunks);
 }
 
 void Store::CancelPrefetch(uint64_t ino) { prefetcher().Cancel(ino); }
@@ -435,7 +435,7 @@ Status Store::SetPin(uint64_t ino, bool pin) {
 Status Store::LoadPins() { return prefetcher().LoadPins(); }
 
 Status Store::WarmCheckpoint(uint64_t ino, uint64_t dir, bool recursive) {
-  if (!remote_) return Status::Ok();
+  if (remotes_.empty()) return Status::Ok();
   ASSIGN_OR_RETURN(auto m, CommittedManifest(ino));
   const auto& extents = m->extents();
   const bool all_local = std::all_of(extents.begin(), extents.end(), [&](const Extent& e) {

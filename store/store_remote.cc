@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/utf8.h"
 #include "store/remote_tier.h"
 #include "store/store.h"
 
@@ -41,37 +42,83 @@ Result<std::string> NodeId(const std::string& dir) {
 
 }  // namespace
 
-Status Store::AttachRemote(std::unique_ptr<Backend> backend) {
+Status Store::AttachRemote(std::vector<std::unique_ptr<Backend>> tiers) {
   ASSIGN_OR_RETURN(std::string node, NodeId(cfg_.cache_dir));
   node_id_ = node;
-  backend_ = std::move(backend);
+  backends_ = std::move(tiers);
+  const int n = static_cast<int>(backends_.size());
+  {
+    // Each tier's state (queue, published versions, chunk marks, gc epoch) belongs to the
+    // backend it was made for: a tier whose backend changed, or that left the chain, starts
+    // over (its files are published again below; chunk marks would name chunks it never held).
+    ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
+    for (int t = 0; t < kMaxTiers; ++t) {
+      ASSIGN_OR_RETURN(std::string was, txn.GetTierName(t));
+      const std::string now = t < n ? backends_[t]->Identity() : std::string();
+      if (was == now) continue;
+      // Tier 0 of a store from before the chain has no name yet: it is the backend it had.
+      if (!(t == 0 && was.empty())) {
+        if (!was.empty() || t >= n) {
+          log_->info("remote tier {} was {}, now {}: its state here starts over", t,
+                     was.empty() ? "none" : was, now.empty() ? "none" : now);
+        }
+        RETURN_IF_ERROR(txn.ResetTier(t));
+      }
+      if (t < n) RETURN_IF_ERROR(txn.PutTierName(t, now));
+    }
+    RETURN_IF_ERROR(txn.Commit());
+  }
+  meta_->SetRemoteTiers(n);
   cache_->SetKeepFetched([this](const ChunkId& id) {
     auto txn = meta_->Begin(false);
     if (!txn.ok()) return true;
     auto r = txn->GetChunk(id);
     return !r.ok() || r->refs > 0;
   });
-  cache_->AttachRemote(backend_.get(), cfg_.cache_bytes);
-  std::vector<std::pair<ChunkId, uint64_t>> remote;
+  std::vector<Backend*> chain;
+  for (auto& b : backends_) chain.push_back(b.get());
+  cache_->AttachRemote(chain, cfg_.cache_bytes);
+  std::vector<std::pair<ChunkId, uint8_t>> remote;
   {
     ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
     RETURN_IF_ERROR(txn.ForEachChunk([&](const ChunkId& id, const ChunkRecord& r) {
-      if (r.remote) remote.emplace_back(id, r.len);
+      if (r.remote()) remote.emplace_back(id, r.tiers);
     }));
   }
-  for (const auto& [id, len] : remote) cache_->MarkRemote(id, len);
-  remote_ = std::make_unique<RemoteTier>(backend_.get(), meta_.get(), cache_.get(), &metrics_,
-                                         node, cfg_.upload_threads);
-  remote_->SetGcWindow(cfg_.gc_window_s);
-  remote_->SetPublishedListener([this](uint64_t ino) { ReleaseUnpublished(ino); });
+  for (const auto& [id, bits] : remote) {
+    for (int t = 0; t < n; ++t) {
+      if (bits & (1u << t)) cache_->MarkRemote(id, t);
+    }
+  }
+  for (int t = 0; t < n; ++t) {
+    auto tier = std::make_unique<RemoteTier>(backends_[t].get(), meta_.get(), cache_.get(),
+                                             &metrics_, node, cfg_.upload_threads, t);
+    tier->SetGcWindow(cfg_.gc_window_s);
+    tier->SetPublishedListener([this](uint64_t ino) { ReleaseUnpublished(ino); });
+    if (t + 1 < n && static_cast<size_t>(t) < cfg_.tier_keep.size() && cfg_.tier_keep[t] > 0) {
+      tier->SetIdleWork([this, t] { return ApplyTierPolicy(t); });
+    }
+    remotes_.push_back(std::move(tier));
+  }
   RETURN_IF_ERROR(QueueUnpublished());
-  remote_->Start();
-  log_->info("writing back to {} as node {}", backend_->Describe(), node);
+  for (auto& r : remotes_) {
+    r->Start();
+    log_->info("writing back to {} (tier {}) as node {}", r->backend()->Describe(), r->tier() + 1,
+               node);
+  }
   return Status::Ok();
 }
 
+Result<bool> Store::PublishedEverywhere(MetaStore::Txn& txn, uint64_t ino, uint64_t generation) {
+  for (size_t t = 0; t < remotes_.size(); ++t) {
+    ASSIGN_OR_RETURN(uint64_t published, txn.GetPublished(static_cast<int>(t), ino));
+    if (published < generation || published == 0) return false;
+  }
+  return true;
+}
+
 void Store::StartSync() {
-  if (!remote_ || cfg_.sync_interval_s <= 0 || sync_thread_.joinable()) return;
+  if (remotes_.empty() || cfg_.sync_interval_s <= 0 || sync_thread_.joinable()) return;
   sync_thread_ = std::thread([this] { SyncLoop(); });
 }
 
@@ -93,15 +140,20 @@ Status Store::QueueUnpublished() {
   for (uint64_t ino : files) {
     auto rec = txn.GetInode(ino);
     if (!rec.ok() || !S_ISREG(rec->mode) || rec->nlink == 0) continue;
-    ASSIGN_OR_RETURN(uint64_t published, txn.GetPublished(ino));
-    if (published >= rec->generation) continue;
-    ASSIGN_OR_RETURN(auto m, txn.GetManifest(ino));
-    if (m) HoldUnpublished(ino, rec->generation, *m);
-    RETURN_IF_ERROR(txn.QueueRemoteOp(remote_op::PublishFile(ino)).status());
-    ++queued;
+    bool held = false;
+    for (size_t t = 0; t < remotes_.size(); ++t) {
+      const int tier = static_cast<int>(t);
+      ASSIGN_OR_RETURN(uint64_t published, txn.GetPublished(tier, ino));
+      if (published >= rec->generation) continue;
+      ASSIGN_OR_RETURN(auto m, txn.GetManifest(ino));
+      if (m && !held) HoldUnpublished(ino, rec->generation, *m);
+      held = true;
+      RETURN_IF_ERROR(txn.QueueRemoteOpFor(tier, remote_op::PublishFile(ino)).status());
+      ++queued;
+    }
   }
   RETURN_IF_ERROR(txn.Commit());
-  if (queued) log_->info("{} files committed locally are queued for upload", queued);
+  if (queued) log_->info("{} uploads of files committed locally are queued", queued);
   return Status::Ok();
 }
 
@@ -126,9 +178,14 @@ void Store::ReleaseUnpublished(uint64_t ino) {
     auto rec = txn->GetInode(ino);
     if (!rec.ok() && rec.status().code() != Code::kNotFound) return;
     gone = !rec.ok() || rec->nlink == 0;
-    auto p = txn->GetPublished(ino);
-    if (!p.ok()) return;
-    published = *p;
+    // Held until every tier has the version: a tier that lacks it may have its chunks swept by
+    // a round this node does not see.
+    published = UINT64_MAX;
+    for (size_t t = 0; t < remotes_.size(); ++t) {
+      auto p = txn->GetPublished(static_cast<int>(t), ino);
+      if (!p.ok()) return;
+      published = std::min(published, *p);
+    }
   }
   std::vector<ChunkId> ids;
   {
@@ -150,11 +207,11 @@ void Store::ReleaseUnpublished(uint64_t ino) {
 }
 
 void Store::KickRemote() {
-  if (remote_) remote_->Kick();
+  for (auto& r : remotes_) r->Kick();
 }
 
 Status Store::QueueRemote(MetaStore::Txn& txn, const std::string& op) {
-  if (!remote_) return Status::Ok();
+  if (remotes_.empty()) return Status::Ok();
   return txn.QueueRemoteOp(op).status();
 }
 
@@ -165,7 +222,7 @@ std::string Store::ChildPath(MetaStore::Txn& txn, uint64_t parent, std::string_v
 }
 
 Status Store::QueueTree(MetaStore::Txn& txn, uint64_t ino, const std::string& path, bool publish) {
-  if (!remote_ || path.empty()) return Status::Ok();
+  if (remotes_.empty() || path.empty()) return Status::Ok();
   ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(ino));
   if (S_ISREG(rec.mode)) {
     if (!publish) return txn.QueueRemoteOp(remote_op::Unpublish(path)).status();
@@ -191,15 +248,47 @@ Status Store::QueueTree(MetaStore::Txn& txn, uint64_t ino, const std::string& pa
 }
 
 Result<std::string> Store::RemoteState(uint64_t ino) {
-  if (auto f = FindFile(ino); f && f->dirty) return std::string("local");
+  ASSIGN_OR_RETURN(std::vector<std::string> states, StatesOf(ino));
+  if (states.empty()) return std::string("local");
+  for (const std::string& st : states) {
+    if (st != "remote" && st != "dropped") return st;
+  }
+  return std::string("remote");
+}
+
+Result<std::string> Store::TierStates(uint64_t ino) {
+  ASSIGN_OR_RETURN(std::vector<std::string> states, StatesOf(ino));
+  std::string out = "{\"tiers\":[";
+  for (size_t t = 0; t < states.size(); ++t) {
+    out += std::string(t ? "," : "") + "{\"backend\":" + JsonQuote(backends_[t]->Identity()) +
+           ",\"state\":\"" + states[t] + "\"}";
+  }
+  return out + "]}";
+}
+
+Result<std::vector<std::string>> Store::StatesOf(uint64_t ino) {
+  const bool dirty = [&] {
+    auto f = FindFile(ino);
+    return f && f->dirty;
+  }();
   ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
   ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(ino));
   if (!S_ISREG(rec.mode)) return Invalid("only files have a remote state");
-  if (!remote_) return std::string("local");
   ASSIGN_OR_RETURN(auto staged, txn.GetStaged(ino));
-  if (staged) return std::string("uploading");  // closed: published once cut into chunks
-  ASSIGN_OR_RETURN(uint64_t published, txn.GetPublished(ino));
-  return std::string(published >= rec.generation && published > 0 ? "remote" : "uploading");
+  std::vector<std::string> out;
+  for (size_t t = 0; t < remotes_.size(); ++t) {
+    if (dirty) {
+      out.emplace_back("local");  // bytes not committed yet
+    } else if (staged) {
+      out.emplace_back("uploading");  // closed: published once cut into chunks
+    } else {
+      ASSIGN_OR_RETURN(uint64_t published, txn.GetPublished(static_cast<int>(t), ino));
+      out.emplace_back(published == kDroppedFromTier ? "dropped"  // past the tier's keep=
+                       : published >= rec.generation && published > 0 ? "remote"
+                                                                      : "uploading");
+    }
+  }
+  return out;
 }
 
 void Store::SetChangeListener(ChangeListener fn) { on_change_ = std::move(fn); }
@@ -209,7 +298,7 @@ void Store::SyncLoop() {
   for (;;) {
     Status st = SyncFromRemote();
     if (!st.ok() && failures++ % 30 == 0) {
-      log_->warn("syncing from {}: {}", backend_->Describe(), st.ToString());
+      log_->warn("syncing from {}: {}", sync_backend().Describe(), st.ToString());
     }
     if (st.ok()) failures = 0;
     std::unique_lock lock(sync_mu_);
@@ -246,7 +335,7 @@ std::vector<std::string> Components(const std::string& path) {
 }  // namespace
 
 Status Store::InitialSync(double timeout_s, const SyncProgress& progress) {
-  if (!remote_) return Status::Ok();
+  if (remotes_.empty()) return Status::Ok();
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
   auto backoff = std::chrono::milliseconds(200);
@@ -254,16 +343,16 @@ Status Store::InitialSync(double timeout_s, const SyncProgress& progress) {
     bool listed = false;
     Status st = SyncFromRemote(progress, &listed);
     if (st.ok() || (listed && st.code() != Code::kIo)) {
-      if (!st.ok()) log_->error("first sync from {}: {}", backend_->Describe(), st.ToString());
-      log_->info("first sync from {} done (attempt {})", backend_->Describe(), attempt);
+      if (!st.ok()) log_->error("first sync from {}: {}", sync_backend().Describe(), st.ToString());
+      log_->info("first sync from {} done (attempt {})", sync_backend().Describe(), attempt);
       return Status::Ok();
     }
     if (std::chrono::steady_clock::now() + backoff >= deadline) {
-      return Status(st.code(), "the namespace in " + backend_->Describe() +
+      return Status(st.code(), "the namespace in " + sync_backend().Describe() +
                                    " could not be read within " + std::to_string(timeout_s) +
                                    " s: " + st.message());
     }
-    log_->warn("first sync from {} (attempt {}): {}; retrying", backend_->Describe(), attempt,
+    log_->warn("first sync from {} (attempt {}): {}; retrying", sync_backend().Describe(), attempt,
                st.ToString());
     std::this_thread::sleep_for(backoff);
     backoff = std::min(backoff * 2, std::chrono::milliseconds(5000));
@@ -271,11 +360,11 @@ Status Store::InitialSync(double timeout_s, const SyncProgress& progress) {
 }
 
 Status Store::SyncFromRemote(const SyncProgress& progress, bool* listed) {
-  if (!remote_) return Status::Ok();
+  if (remotes_.empty()) return Status::Ok();
   // One listing of each tree; what changed since the last pass is applied.
   std::map<std::string, std::string> seen;
   for (const char* tree : {"dirs/", "files/"}) {
-    RETURN_IF_ERROR(backend_->List(tree, "", [&](const ObjectInfo& o) {
+    RETURN_IF_ERROR(sync_backend().List(tree, "", [&](const ObjectInfo& o) {
       seen[o.key] = o.version.empty() ? std::to_string(o.size) : o.version;
       return true;
     }));
@@ -296,8 +385,8 @@ Status Store::SyncFromRemote(const SyncProgress& progress, bool* listed) {
       if (st.ok()) synced_[key] = version;
       continue;
     }
-    const uint64_t gc_generation = remote_->gc_generation();
-    auto bytes = backend_->GetObject(key);
+    const uint64_t gc_generation = sync_tier().gc_generation();
+    auto bytes = sync_backend().GetObject(key);
     if (!bytes.ok()) {
       if (bytes.status().code() != Code::kNotFound) note(bytes.status(), key);
       continue;
@@ -308,7 +397,7 @@ Status Store::SyncFromRemote(const SyncProgress& progress, bool* listed) {
       // reported once per version of the object.
       const std::string damaged = "damaged " + version;
       if (known == synced_.end() || known->second != damaged) {
-        log_->error("{} in {}: {}", key, backend_->Describe(), rec.status().ToString());
+        log_->error("{} in {}: {}", key, sync_backend().Describe(), rec.status().ToString());
       }
       synced_[key] = damaged;
       continue;
@@ -355,6 +444,9 @@ Status Store::ApplyRemoteRmdir(const std::string& path) {
     dir.mtime_ns = dir.ctime_ns = NowNs();
     RETURN_IF_ERROR(txn.PutInode(dir));
     RETURN_IF_ERROR(DropLink(txn, rec, nullptr));
+    for (int t = 0; t < sync_tier().tier(); ++t) {
+      RETURN_IF_ERROR(txn.QueueRemoteOpFor(t, remote_op::UnpublishDir(path)).status());
+    }
     RETURN_IF_ERROR(txn.Commit());
   }
   if (on_change_) on_change_(parent, parts.back(), 0);
@@ -412,6 +504,7 @@ Status Store::ApplyRemoteDir(const std::string& path) {
 
 Status Store::ApplyRemoteFile(const std::string& path, const FileRecord& r,
                               uint64_t gc_generation) {
+  const int sync = sync_tier().tier();
   std::vector<std::string> parts = Components(path);
   const std::string name = parts.back();
   parts.pop_back();
@@ -435,7 +528,7 @@ Status Store::ApplyRemoteFile(const std::string& path, const FileRecord& r,
       if (IsOpen(rec.ino)) return Status(Code::kBusy, path + " is open");
       ASSIGN_OR_RETURN(auto staged, txn.GetStaged(rec.ino));
       if (staged) return Status(Code::kBusy, path + " has staged bytes not yet sealed");
-      ASSIGN_OR_RETURN(uint64_t published, txn.GetPublished(rec.ino));
+      ASSIGN_OR_RETURN(uint64_t published, txn.GetPublished(sync, rec.ino));
       // Local changes still to publish win over an older remote version; they overwrite it.
       if (published < rec.generation && rec.mtime_ns >= r.mtime_ns) return Status::Ok();
       ASSIGN_OR_RETURN(auto old, txn.GetManifest(rec.ino));
@@ -461,9 +554,9 @@ Status Store::ApplyRemoteFile(const std::string& path, const FileRecord& r,
     // The record says the backend holds these chunks, unless a gc round began or ended here
     // since it was read (it may have been deleted and its chunks swept meanwhile). Checked in
     // this write transaction: a round taken into account after it clears what it marks.
-    marked = remote_->gc_generation() == gc_generation;
+    marked = sync_tier().gc_generation() == gc_generation;
     for (const Extent& x : r.manifest.extents()) {
-      if (marked && !x.hole()) RETURN_IF_ERROR(txn.MarkChunkRemote(x.id));
+      if (marked && !x.hole()) RETURN_IF_ERROR(txn.MarkChunkRemote(x.id, sync));
     }
     RETURN_IF_ERROR(txn.PutManifest(rec.ino, r.manifest));
     rec.mode = S_IFREG | (r.mode & 07777);
@@ -475,12 +568,14 @@ Status Store::ApplyRemoteFile(const std::string& path, const FileRecord& r,
     rec.ctime_ns = NowNs();
     ++rec.generation;
     RETURN_IF_ERROR(txn.PutInode(rec));
-    RETURN_IF_ERROR(txn.PutPublished(rec.ino, rec.generation));  // the backend holds it
+    // The tier it came from holds it; the node that published it publishes it to the others
+    // (every node of one namespace has the same chain), so this one does not.
+    for (int t = 0; t <= sync; ++t) RETURN_IF_ERROR(txn.PutPublished(t, rec.ino, rec.generation));
     RETURN_IF_ERROR(txn.Commit());
     ino = rec.ino;
   }
   for (const Extent& x : r.manifest.extents()) {
-    if (marked && !x.hole()) cache_->MarkRemote(x.id, x.len);
+    if (marked && !x.hole()) cache_->MarkRemote(x.id, sync);
   }
   Reclaim(freed);
   if (on_change_) {
@@ -491,6 +586,7 @@ Status Store::ApplyRemoteFile(const std::string& path, const FileRecord& r,
 }
 
 Status Store::ApplyRemoteDelete(const std::string& path) {
+  const int sync = sync_tier().tier();
   std::vector<std::string> parts = Components(path);
   std::vector<ChunkId> freed;
   uint64_t parent = kRootIno, ino = 0;
@@ -503,7 +599,7 @@ Status Store::ApplyRemoteDelete(const std::string& path) {
     if (!e.ok()) return Status::Ok();
     ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(e->ino));
     if (!S_ISREG(rec.mode)) return Status::Ok();
-    ASSIGN_OR_RETURN(uint64_t published, txn.GetPublished(rec.ino));
+    ASSIGN_OR_RETURN(uint64_t published, txn.GetPublished(sync, rec.ino));
     // Only a file that is what the backend had: local changes since are published again.
     if (published != rec.generation) return Status::Ok();
     ASSIGN_OR_RETURN(auto staged, txn.GetStaged(rec.ino));
@@ -514,9 +610,15 @@ Status Store::ApplyRemoteDelete(const std::string& path) {
     RETURN_IF_ERROR(txn.PutInode(dir));
     RETURN_IF_ERROR(txn.DelPublished(rec.ino));
     RETURN_IF_ERROR(DropLink(txn, rec, &freed));
+    // The nearer tiers may hold it from this node (its publish there may even land after the
+    // deletion reached the farthest tier): it goes from them too, after whatever is queued.
+    for (int t = 0; t < sync; ++t) {
+      RETURN_IF_ERROR(txn.QueueRemoteOpFor(t, remote_op::Unpublish(path)).status());
+    }
     RETURN_IF_ERROR(txn.Commit());
     ino = rec.ino;
   }
+  if (sync > 0) KickRemote();
   Reclaim(freed);
   if (on_change_) on_change_(parent, parts.back(), 0);
   (void)ino;

@@ -363,7 +363,7 @@ Status Store::Seal(uint64_t ino, OpenFile& f) {
   ReleaseHolds(writer.held());
   if (!done.ok()) return done;
   Reclaim(freed);
-  if (remote_) remote_->Kick();
+  KickRemote();
   return Status::Ok();
 }
 

@@ -53,8 +53,9 @@ int Fsck(const std::vector<std::string>& args) {
           "chunks on the local tier and in the backend, the backend's file records, and (from the\n"
           "mount's root) the chunk reference counts.\n"
           "  --deep    read and verify every chunk (local files; backend objects by GET)\n"
-          "  --repair  fetch a missing or corrupt local chunk from the backend, put a missing or\n"
-          "            corrupt backend chunk back from the local tier, publish a bad record again\n"
+          "  --repair  fetch a missing or corrupt local chunk from the nearest tier with a good\n"
+          "            copy, put a missing or corrupt tier chunk back from the local tier or\n"
+          "            another tier, publish a bad or missing record again\n"
           "  --json    print the daemon's report as JSON\n"
           "Exit status: 0 clean, 1 damage found and not repaired, 2 the check could not run.\n");
       return 0;
@@ -104,11 +105,12 @@ int Fsck(const std::vector<std::string>& args) {
   } lines[] = {
       {"local_missing", "chunks missing from the local tier"},
       {"local_corrupt", "corrupt chunks on the local tier"},
-      {"local_repaired", "local chunks repaired from the backend"},
-      {"remote_missing", "chunks missing from the backend"},
-      {"remote_corrupt", "corrupt chunks in the backend"},
-      {"remote_repaired", "backend chunks put back from the local tier"},
-      {"records_bad", "bad file records in the backend"},
+      {"local_repaired", "local chunks repaired from a remote tier"},
+      {"remote_missing", "chunks missing from a remote tier"},
+      {"remote_corrupt", "corrupt chunks in a remote tier"},
+      {"remote_repaired", "remote chunks put back from another copy"},
+      {"records_bad", "bad file records in a remote tier"},
+      {"records_missing", "file records missing from a remote tier"},
       {"records_republished", "file records queued to be published again"},
       {"refcount_errors", "chunk reference counts that differ from the manifests"},
       {"unreferenced_chunk_files", "chunk files no committed file names (being written, or left)"},

@@ -37,7 +37,7 @@ namespace {
 constexpr std::string_view kProgressPrefix = "progress: ";
 
 constexpr const char* kUsage = R"(usage:
-  ckptfs mount MOUNTPOINT [--cache-dir DIR] [--backend URL] [--s3-endpoint URL] [--foreground]
+  ckptfs mount MOUNTPOINT [--cache-dir DIR] [--backend URL]... [--s3-endpoint URL] [--foreground]
                [--log-level LEVEL] [-o OPT[,OPT...]]
   ckptfs umount MOUNTPOINT [--lazy]
   ckptfs stats [MOUNTPOINT|PATH|CACHE_DIR]
@@ -53,14 +53,17 @@ mount options (-o): ram_cache=SIZE, write_queue=SIZE, write_memory=SIZE, write_t
   readahead_chunks=N, read_threads=N, io_engine=uring|pread,
   writeback_cache[=0|1], passthrough[=0|1], max_threads=N, max_background=N, max_readahead=SIZE,
   attr_timeout=SECONDS, entry_timeout=SECONDS, chunk_min=SIZE, chunk_avg=SIZE, chunk_max=SIZE,
-  tensor_chunking[=0|1], tensor_piece=SIZE, durability=local|remote, cache_size=SIZE,
+  tensor_chunking[=0|1], tensor_piece=SIZE, durability=local|remote, durability_tier=N[+M..]|all,
+  keep=N[+N..], keep_every=K[+K..] (per nearer tier), cache_size=SIZE,
   upload_threads=N, remote_timeout=SECONDS, sync_interval=SECONDS, gc_window=SECONDS, mount_timeout=SECONDS,
   view_rules=FILE,
   views=hidden|visible;
   any other option goes to FUSE (e.g. ro, allow_other).
 --backend-faults SPEC (tests) injects backend faults, e.g. fail=0.1,seed=7,ops=put+get.
 --cache-faults SPEC (tests) fails chunk file I/O, e.g. ops=write,error=enospc,after=8M,count=10.
---backend: file:///PATH or s3://BUCKET[/PREFIX] (endpoint: --s3-endpoint or AWS_ENDPOINT_URL;
+--backend: file:///PATH or s3://BUCKET[/PREFIX]; given more than once, a chain of tiers, nearest
+  first: every file is written to each, reads take the nearest that has a chunk, and the last is
+  the namespace shared with other nodes (endpoint: --s3-endpoint or AWS_ENDPOINT_URL;
   credentials and region: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION
   or ~/.aws/credentials).
 prefetch: pulls PATH (a file or a directory tree) from the backend onto the local tier in the
@@ -100,6 +103,34 @@ Status ApplyOption(const std::string& opt, Config& cfg) {
       return (cfg.views_visible = val == "visible"), Status::Ok();
     }
     if (key == "durability") return (cfg.durability = val), Status::Ok();
+    if (key == "keep" || key == "keep_every") {
+      auto& list = key == "keep" ? cfg.tier_keep : cfg.tier_keep_every;
+      list.clear();
+      size_t start = 0;
+      while (start <= val.size()) {
+        const size_t plus = std::min(val.find('+', start), val.size());
+        const std::string n = val.substr(start, plus - start);
+        if (n.empty() || n.find_first_not_of("0123456789") != std::string::npos) {
+          return Invalid("bad count in option '" + opt + "'");
+        }
+        list.push_back(std::stoull(n));
+        start = plus + 1;
+      }
+      return Status::Ok();
+    }
+    if (key == "durability_tier") {
+      cfg.durability_tiers.clear();
+      if (val == "all") return Status::Ok();
+      size_t start = 0;
+      while (start <= val.size()) {
+        const size_t plus = std::min(val.find('+', start), val.size());
+        const int n = std::stoi(val.substr(start, plus - start));
+        if (n < 1) return Invalid("durability_tier counts tiers from 1");
+        cfg.durability_tiers.push_back(n - 1);
+        start = plus + 1;
+      }
+      return Status::Ok();
+    }
     if (key == "cache_size") return size(cfg.cache_bytes);
     if (key == "upload_threads") return (cfg.upload_threads = std::stoul(val)), Status::Ok();
     if (key == "remote_timeout") return (cfg.remote_timeout_s = std::stod(val)), Status::Ok();
@@ -132,7 +163,8 @@ Status ParseMountArgs(const std::vector<std::string>& args, Config& cfg) {
       ASSIGN_OR_RETURN(cfg.cache_dir, next());
       cfg.cache_dir = AbsolutePath(cfg.cache_dir);
     } else if (a == "--backend") {
-      ASSIGN_OR_RETURN(cfg.backend, next());
+      ASSIGN_OR_RETURN(std::string url, next());
+      cfg.backends.push_back(std::move(url));
     } else if (a == "--s3-endpoint") {
       ASSIGN_OR_RETURN(cfg.s3_endpoint, next());
     } else if (a == "--backend-faults") {  // tests; its own flag: a spec has commas
@@ -161,7 +193,7 @@ Status ParseMountArgs(const std::vector<std::string>& args, Config& cfg) {
   }
   // A chunk missing locally costs a round trip to the backend: read further ahead, on more
   // threads, unless told otherwise.
-  if (!cfg.backend.empty()) {
+  if (!cfg.backends.empty()) {
     auto given = [&](const char* key) {
       for (size_t i = 0; i + 1 < args.size(); ++i) {
         if (args[i] == "-o" && args[i + 1].find(key) != std::string::npos) return true;
@@ -220,20 +252,20 @@ void KeepFreedBuffers(const Config& cfg) {
 int RunDaemon(const Config& cfg, int notify_fd) {
   KeepFreedBuffers(cfg);
   Logger log = GetLogger("main");
-  std::unique_ptr<Backend> backend;
-  if (!cfg.backend.empty()) {
-    auto b = OpenBackend({cfg.backend, cfg.s3_endpoint, cfg.backend_faults});
+  std::vector<std::unique_ptr<Backend>> tiers;
+  for (const std::string& url : cfg.backends) {
+    auto b = OpenBackend({url, cfg.s3_endpoint, cfg.backend_faults});
     if (!b.ok()) {
-      const std::string msg = "backend " + cfg.backend + ": " + b.status().ToString();
+      const std::string msg = "backend " + url + ": " + b.status().ToString();
       log->error("{}", msg);
       Report(notify_fd, msg);
       if (notify_fd < 0) std::fprintf(stderr, "ckptfs: %s\n", msg.c_str());
       return 1;
     }
-    backend = std::move(*b);
+    tiers.push_back(std::move(*b));
   }
   auto store = Store::Open(cfg, [] { return NewPayloadScanner(PayloadScanOptions{}); },
-                           std::move(backend));
+                           std::move(tiers));
   if (!store.ok()) {
     log->error("cannot open the store: {}", store.status().ToString());
     Report(notify_fd, store.status().ToString());
@@ -248,7 +280,7 @@ int RunDaemon(const Config& cfg, int notify_fd) {
       const auto now = std::chrono::steady_clock::now();
       if (now - last < std::chrono::seconds(2)) return;
       last = now;
-      const std::string msg = "first sync from " + cfg.backend + ": " + std::to_string(done) +
+      const std::string msg = "first sync from " + cfg.backends.back() + ": " + std::to_string(done) +
                               " of " + std::to_string(total) + " entries";
       log->info("{}", msg);
       Progress(notify_fd, msg);

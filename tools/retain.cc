@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "store/retention.h"
 #include "tools/commands.h"
 #include "tools/mount_table.h"
 
@@ -29,25 +30,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Checkpoint {
-  std::string name;
-  std::optional<uint64_t> step;
-  int64_t mtime_ns = 0;
-  std::string keep;  // why it stays; empty: deleted
-};
-
 std::optional<uint64_t> Number(const std::string& s) {
   if (s.empty() || s.size() > 19 || !std::all_of(s.begin(), s.end(), ::isdigit)) return {};
   return std::stoull(s);
-}
-
-// The last run of digits in a name ("step_100" -> 100).
-std::optional<uint64_t> LastNumber(const std::string& name) {
-  size_t end = name.size();
-  while (end > 0 && !std::isdigit(static_cast<unsigned char>(name[end - 1]))) --end;
-  size_t begin = end;
-  while (begin > 0 && std::isdigit(static_cast<unsigned char>(name[begin - 1]))) --begin;
-  return Number(name.substr(begin, end - begin));
 }
 
 std::string ReadTrimmed(const fs::path& p) {
@@ -143,66 +128,32 @@ int Retain(const std::vector<std::string>& args) {
     return 2;
   }
 
-  // The checkpoints of ROOT, in the order of their steps (or times).
-  std::vector<Checkpoint> recognized, plain;
+  // The checkpoints of ROOT, oldest first, and why each stays (store/retention.h).
+  std::vector<CheckpointDir> dirs;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(root, ec)) {
     if (!e.is_directory(ec) || e.is_symlink(ec)) continue;
-    Checkpoint c;
-    c.name = e.path().filename();
+    CheckpointDir d;
+    d.name = e.path().filename();
     struct stat st;
     if (::stat(e.path().c_str(), &st) == 0) {
-      c.mtime_ns = int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec;
+      d.mtime_ns = int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec;
     }
-    if (c.name.rfind("iter_", 0) == 0) {
-      c.step = Number(c.name.substr(5));
-    } else if (c.name.rfind("global_step", 0) == 0) {
-      c.step = Number(c.name.substr(11));
-    } else if (fs::exists(e.path() / ".metadata", ec)) {
-      c.step = LastNumber(c.name);
-    }
-    (c.step || fs::exists(e.path() / ".metadata", ec) ? recognized : plain).push_back(c);
+    d.dcp_metadata = fs::exists(e.path() / ".metadata", ec);
+    dirs.push_back(std::move(d));
   }
   if (ec) {
     std::fprintf(stderr, "ckptfs retain: listing %s: %s\n", root.c_str(), ec.message().c_str());
     return 2;
   }
-  std::vector<Checkpoint> ckpts = recognized.empty() ? plain : recognized;
-  const bool by_step = !recognized.empty() &&
-                       std::all_of(ckpts.begin(), ckpts.end(), [](auto& c) { return c.step; });
-  std::sort(ckpts.begin(), ckpts.end(), [&](const Checkpoint& a, const Checkpoint& b) {
-    if (by_step) return *a.step < *b.step;
-    return a.mtime_ns != b.mtime_ns ? a.mtime_ns < b.mtime_ns : a.name < b.name;
-  });
+  Trackers trackers{ReadTrimmed(root / "latest_checkpointed_iteration.txt"),
+                    ReadTrimmed(root / "latest"), ReadTrimmed(root / "latest_universal")};
+  std::vector<RetentionDecision> ckpts =
+      DecideRetention(dirs, trackers, RetentionPolicy{*keep_last, keep_every.value_or(0)});
 
-  // What the trackers name.
-  std::set<std::string> tracked;
-  if (auto it = ReadTrimmed(root / "latest_checkpointed_iteration.txt"); !it.empty()) {
-    if (auto n = Number(it)) {
-      char name[32];
-      std::snprintf(name, sizeof(name), "iter_%07llu", static_cast<unsigned long long>(*n));
-      tracked.insert(name);
-    } else {
-      tracked.insert(it);  // "release"
-    }
-  }
-  for (const char* f : {"latest", "latest_universal"}) {
-    if (auto tag = ReadTrimmed(root / f); !tag.empty()) tracked.insert(tag);
-  }
-
-  for (size_t i = 0; i < ckpts.size(); ++i) {
-    Checkpoint& c = ckpts[i];
-    if (i + *keep_last >= ckpts.size()) {
-      c.keep = "newest " + std::to_string(*keep_last);
-    } else if (keep_every && c.step && *c.step % *keep_every == 0) {
-      c.keep = "every " + std::to_string(*keep_every);
-    } else if (tracked.count(c.name)) {
-      c.keep = "named by a tracker file";
-    }
-  }
   int rc = 0;
   uint64_t freed = 0, deleted = 0;
-  for (Checkpoint& c : ckpts) {
+  for (RetentionDecision& c : ckpts) {
     const fs::path p = root / c.name;
     if (c.keep.empty()) c.keep = MustStay(p);
     if (!c.keep.empty()) {

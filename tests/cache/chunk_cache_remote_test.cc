@@ -32,7 +32,7 @@ class RemoteCacheTest : public ::testing::Test {
     auto c = ChunkCache::Open(dir_.path(), engine_.get(), 1 << 20, &metrics_);
     ASSERT_TRUE(c.ok()) << c.status().ToString();
     cache_ = std::move(*c);
-    cache_->AttachRemote(backend, disk_limit);
+    cache_->AttachRemote({backend}, disk_limit);
   }
   void Upload(const Chunk& c) {
     ASSERT_TRUE(mem_.Put(ChunkCache::ObjectKey(c.id), c.bytes.data(), c.bytes.size()).ok());
@@ -171,7 +171,7 @@ TEST_F(RemoteCacheTest, EvictsOnlyWhatTheBackendHoldsLeastRecentFirstAndKeepsPin
   // Uploaded, in order 0..4; chunk 0 read again (most recent), chunk 1 pinned.
   for (const Chunk& c : cs) {
     Upload(c);
-    cache_->MarkRemote(c.id, c.bytes.size());
+    cache_->MarkRemote(c.id, 0);
   }
   EXPECT_TRUE(Reads(cs[0]));
   cache_->SetPinned({{cs[1].id, cs[1].bytes.size()}});

@@ -56,7 +56,7 @@ class SharedBackend : public Backend {
               const std::function<bool(const ObjectInfo&)>& fn) override {
     return m_->List(p, a, fn);
   }
-  std::string Describe() const override { return "mem://shared"; }
+  std::string Describe() const override { return m_->Describe(); }
 
  private:
   bool Fails() {
@@ -76,17 +76,23 @@ class NodesTest : public ::testing::Test {
  protected:
   using Bytes = std::vector<uint8_t>;
 
-  // A node on the shared backend; `tweak` adjusts its configuration.
-  std::unique_ptr<Store> OpenStore(const std::string& name, SharedBackend** backend = nullptr,
-                                   const std::function<void(Config&)>& tweak = {}) {
+  // The configuration of node `name` on `backends`, small chunks, no sync thread.
+  Config NodeConfig(const std::string& name, std::vector<std::string> backends) {
     Config cfg;
     cfg.mountpoint = "/unused";
     cfg.cache_dir = dir_.Sub(name);
     cfg.chunking.min_bytes = 16 << 10;
     cfg.chunking.avg_bytes = 64 << 10;
     cfg.chunking.max_bytes = 256 << 10;
-    cfg.backend = "mem://";
+    cfg.backends = std::move(backends);
     cfg.sync_interval_s = 0;  // the tests run the sync passes themselves
+    return cfg;
+  }
+
+  // A node on the shared backend; `tweak` adjusts its configuration.
+  std::unique_ptr<Store> OpenStore(const std::string& name, SharedBackend** backend = nullptr,
+                                   const std::function<void(Config&)>& tweak = {}) {
+    Config cfg = NodeConfig(name, {"mem://"});
     if (tweak) tweak(cfg);
     EXPECT_TRUE(cfg.Validate().ok());
     auto shared = std::make_unique<SharedBackend>(&mem_);

@@ -1,0 +1,51 @@
+// Retention: which checkpoints of a run directory stay. Shared by `ckptfs retain` (deletes
+// through the mount) and the remote tiers' keep= policies (drop files from a nearer tier).
+//
+// The checkpoints of a directory ROOT are its subdirectories of the layouts ckptfs recognizes:
+// Megatron-LM's iter_NNNNNNN, DeepSpeed's global_stepN, and directories holding a DCP .metadata
+// (their step: the last number in the name). Where ROOT has none of these, every subdirectory is
+// one, ordered by modification time. Pure functions: the callers list the directories.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ckptfs {
+
+struct CheckpointDir {
+  std::string name;
+  bool dcp_metadata = false;  // holds a .metadata file
+  int64_t mtime_ns = 0;
+};
+
+struct RetentionPolicy {
+  uint64_t keep_last = 0;   // the newest N stay
+  uint64_t keep_every = 0;  // and every K-th step (0: none)
+};
+
+struct RetentionDecision {
+  std::string name;
+  std::optional<uint64_t> step;
+  std::string keep;  // why it stays; empty: it may go
+};
+
+// Whether `name` (with or without a DCP .metadata in it) is a checkpoint of a layout ckptfs
+// recognizes, rather than a plain directory.
+bool IsRecognizedCheckpoint(const CheckpointDir& d);
+
+// The trimmed contents of ROOT's tracker files ("" when absent).
+struct Trackers {
+  std::string megatron;   // latest_checkpointed_iteration.txt: an iteration or "release"
+  std::string deepspeed;  // latest: a tag
+  std::string universal;  // latest_universal: a tag
+};
+
+// The checkpoints among `dirs`, oldest first, each with the reason it stays (the newest
+// keep_last, every keep_every-th step, the one a tracker names) or none.
+std::vector<RetentionDecision> DecideRetention(const std::vector<CheckpointDir>& dirs,
+                                               const Trackers& trackers,
+                                               const RetentionPolicy& policy);
+
+}  // namespace ckptfs

@@ -1,0 +1,129 @@
+// Store: the keep= policies of the nearer remote tiers (-o keep=N[+N...], keep_every=K[+K...]).
+// A file of a checkpoint past its tier's policy is dropped from that tier only: its record there
+// is deleted (a gc round of that tier then frees its chunks) and it is marked so that it is not
+// published there again. It stays readable through the farther tiers; the farthest tier keeps
+// everything (`ckptfs retain` deletes from the namespace itself).
+//
+// The checkpoints are found the way `ckptfs retain` finds them (store/retention.h): every
+// directory with subdirectories of a recognized layout (iter_*, global_step*, DCP step
+// directories) is a run; where the namespace has none, the top-level directories are the
+// checkpoints, by modification time.
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "store/remote_tier.h"
+#include "store/retention.h"
+#include "store/store.h"
+
+namespace ckptfs {
+namespace {
+
+constexpr int kMaxRunDepth = 16;
+
+struct Child {
+  std::string name;
+  uint64_t ino;
+};
+
+// The directory children of `dir`, as CheckpointDirs beside their inodes.
+Status ChildDirs(MetaStore::Txn& txn, uint64_t dir, std::vector<CheckpointDir>* dirs,
+                 std::vector<Child>* inos) {
+  std::vector<Child> found;
+  RETURN_IF_ERROR(txn.ListDir(dir, 0, [&](std::string_view name, const DirEntry& e) {
+    if (S_ISDIR(e.mode)) found.push_back({std::string(name), e.ino});
+    return true;
+  }));
+  for (const Child& c : found) {
+    ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(c.ino));
+    CheckpointDir d{c.name, txn.GetEntry(c.ino, ".metadata").ok(), rec.mtime_ns};
+    dirs->push_back(std::move(d));
+    inos->push_back(c);
+  }
+  return Status::Ok();
+}
+
+// Adds to *out the checkpoint directories under `dir` that `policy` does not keep.
+Status FindDropped(MetaStore::Txn& txn, uint64_t dir, const RetentionPolicy& policy, int depth,
+                   bool* found_run, std::vector<uint64_t>* out) {
+  std::vector<CheckpointDir> dirs;
+  std::vector<Child> inos;
+  RETURN_IF_ERROR(ChildDirs(txn, dir, &dirs, &inos));
+  bool run = false;
+  for (const CheckpointDir& d : dirs) run = run || IsRecognizedCheckpoint(d);
+  if (run) {
+    *found_run = true;
+    for (const RetentionDecision& d : DecideRetention(dirs, Trackers{}, policy)) {
+      if (!d.keep.empty()) continue;
+      for (const Child& c : inos) {
+        if (c.name == d.name) out->push_back(c.ino);
+      }
+    }
+  }
+  if (depth >= kMaxRunDepth) return Status::Ok();
+  for (size_t i = 0; i < dirs.size(); ++i) {
+    if (run && IsRecognizedCheckpoint(dirs[i])) continue;  // a checkpoint holds no runs
+    RETURN_IF_ERROR(FindDropped(txn, inos[i].ino, policy, depth + 1, found_run, out));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status Store::ApplyTierPolicy(int tier) {
+  const size_t t = static_cast<size_t>(tier);
+  RetentionPolicy policy;
+  policy.keep_last = t < cfg_.tier_keep.size() ? cfg_.tier_keep[t] : 0;
+  policy.keep_every = t < cfg_.tier_keep_every.size() ? cfg_.tier_keep_every[t] : 0;
+  if (policy.keep_last == 0) return Status::Ok();  // keeps everything
+  // The files to drop, with their paths, from one snapshot.
+  std::vector<std::pair<uint64_t, std::string>> drop;
+  {
+    ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
+    std::vector<uint64_t> dirs;
+    bool found_run = false;
+    RETURN_IF_ERROR(FindDropped(txn, kRootIno, policy, 0, &found_run, &dirs));
+    if (!found_run) {
+      // No recognized layout anywhere: the top-level directories, oldest first by time.
+      std::vector<CheckpointDir> top;
+      std::vector<Child> inos;
+      RETURN_IF_ERROR(ChildDirs(txn, kRootIno, &top, &inos));
+      for (const RetentionDecision& d : DecideRetention(top, Trackers{}, policy)) {
+        if (!d.keep.empty()) continue;
+        for (const Child& c : inos) {
+          if (c.name == d.name) dirs.push_back(c.ino);
+        }
+      }
+    }
+    for (uint64_t dir : dirs) {
+      RETURN_IF_ERROR(ForEachFile(txn, dir, true, [&](uint64_t ino, const Manifest&) {
+        auto published = txn.GetPublished(tier, ino);
+        if (!published.ok() || *published == 0 || *published == kDroppedFromTier) return;
+        if (auto path = txn.PathOf(ino); path.ok()) drop.emplace_back(ino, *path);
+      }));
+    }
+  }
+  Backend* backend = backends_[t].get();
+  size_t dropped = 0;
+  for (const auto& [ino, path] : drop) {
+    RETURN_IF_ERROR(backend->Delete("files/" + path));
+    ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
+    auto now = txn.PathOf(ino);
+    // Moved since (a rename publishes it again under its new name): not this path's to mark.
+    if (!now.ok() || *now != path) continue;
+    RETURN_IF_ERROR(txn.PutPublished(tier, ino, kDroppedFromTier));
+    RETURN_IF_ERROR(txn.Commit());
+    ++dropped;
+    metrics_.tier_files_dropped.Add(1);
+  }
+  if (dropped) {
+    log_->info("dropped {} files of checkpoints past keep={} from {} (tier {}); they stay in the "
+               "farther tiers", dropped, policy.keep_last, backend->Describe(), tier + 1);
+  }
+  return Status::Ok();
+}
+
+}  // namespace ckptfs

@@ -1,0 +1,325 @@
+// A chain of two remote tiers (a near one, e.g. a parallel-filesystem directory, and a far one,
+// e.g. the object store), each an in-memory backend shared by the simulated nodes: every
+// committed file reaches both; a read takes the nearest tier that has a chunk; a tier that is
+// down holds back neither the other nor a durability wait that does not name it; a tier whose
+// backend changed starts over; fsck repairs one tier from the other; the near tier's keep=
+// policy drops old checkpoints from it alone, and its gc then frees their chunks there.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <future>
+#include <string>
+#include <vector>
+
+#include "backends/mem_backend.h"
+#include "store/gc.h"
+#include "store/remote_tier.h"
+#include "store/store.h"
+#include "tests/store/shared_backend.h"
+#include "tests/test_util.h"
+
+namespace ckptfs {
+namespace {
+
+using Bytes = std::vector<uint8_t>;
+using Shared = test::SharedBackend;
+
+class TiersTest : public test::NodesTest {
+ protected:
+  // A node on the chain [near, far]; *near_out / *far_out get its two backends.
+  std::unique_ptr<Store> OpenChain(const std::string& name, MemBackend* near, MemBackend* far,
+                                   Shared** near_out = nullptr, Shared** far_out = nullptr,
+                                   const std::function<void(Config&)>& tweak = {}) {
+    Config cfg = NodeConfig(name, {near->Describe(), far->Describe()});
+    if (tweak) tweak(cfg);
+    EXPECT_TRUE(cfg.Validate().ok());
+    std::vector<std::unique_ptr<Backend>> tiers;
+    auto n = std::make_unique<Shared>(near), f = std::make_unique<Shared>(far);
+    if (near_out) *near_out = n.get();
+    if (far_out) *far_out = f.get();
+    tiers.push_back(std::move(n));
+    tiers.push_back(std::move(f));
+    auto s = Store::Open(cfg, {}, std::move(tiers));
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    return s.ok() ? std::move(*s) : nullptr;
+  }
+
+  static size_t Count(MemBackend& m, const std::string& prefix) {
+    size_t n = 0;
+    EXPECT_TRUE(m.List(prefix, "", [&](const ObjectInfo&) { return ++n, true; }).ok());
+    return n;
+  }
+
+  static void DeleteAll(MemBackend& m, const std::string& prefix) {
+    for (const std::string& k : m.Keys()) {
+      if (k.rfind(prefix, 0) == 0) {
+        ASSERT_TRUE(m.Delete(k).ok());
+      }
+    }
+  }
+
+  // Deletes every chunk file of node `name`'s local tier.
+  void RemoveChunkFiles(const std::string& name) {
+    std::vector<std::filesystem::path> files;
+    for (const auto& e : std::filesystem::recursive_directory_iterator(dir_.Sub(name) + "/chunks")) {
+      if (e.is_regular_file()) files.push_back(e.path());
+    }
+    ASSERT_FALSE(files.empty());
+    for (const auto& f : files) std::filesystem::remove(f);
+  }
+
+  static void Drain(Store& s) {
+    for (size_t t = 0; t < s.remote_tiers(); ++t) ASSERT_TRUE(s.remote(t)->Drain(30).ok());
+  }
+
+  uint64_t WriteCheckpoint(Store& s, const Bytes& data) {
+    auto d = s.MakeNode(kRootIno, "ck", S_IFDIR | 0755, 0, Caller{});
+    EXPECT_TRUE(d.ok());
+    return Write(s, d->ino, "rank0.pt", data);
+  }
+
+  MemBackend near_{"near"}, far_{"far"};
+};
+
+TEST_F(TiersTest, EveryCommittedFileReachesEveryTier) {
+  auto a = OpenChain("a", &near_, &far_);
+  const uint64_t ino = WriteCheckpoint(*a, test::RandomBytes(1 << 20, 1));
+  Drain(*a);
+  for (MemBackend* m : {&near_, &far_}) {
+    EXPECT_GE(Count(*m, "chunks/"), 4u) << m->Describe();
+    EXPECT_EQ(Count(*m, "files/ck/rank0.pt"), 1u) << m->Describe();
+    EXPECT_EQ(Count(*m, "dirs/ck"), 1u) << m->Describe();
+  }
+  EXPECT_EQ(*a->RemoteState(ino), "remote");
+  EXPECT_EQ(*a->TierStates(ino),
+            "{\"tiers\":[{\"backend\":\"mem://near\",\"state\":\"remote\"},"
+            "{\"backend\":\"mem://far\",\"state\":\"remote\"}]}");
+}
+
+TEST_F(TiersTest, AReadTakesTheNearestTierThatHasTheChunk) {
+  auto a = OpenChain("a", &near_, &far_);
+  const Bytes data = test::RandomBytes(1 << 20, 2);
+  WriteCheckpoint(*a, data);
+  Drain(*a);
+
+  // Node b has nothing locally: while the near tier has the chunks, it serves them all.
+  auto b = OpenChain("b", &near_, &far_);
+  ASSERT_TRUE(b->SyncFromRemote().ok());
+  auto on_b = b->Lookup(b->Lookup(kRootIno, "ck")->ino, "rank0.pt");
+  ASSERT_TRUE(on_b.ok());
+  const uint64_t near_gets = near_.stats().gets, far_gets = far_.stats().gets;
+  EXPECT_EQ(Read(*b, on_b->ino), data);
+  EXPECT_GT(near_.stats().gets, near_gets);
+  EXPECT_EQ(far_.stats().gets, far_gets);
+  EXPECT_EQ(b->metrics().remote_fetch_fallthrough.Get(), 0u);
+
+  // Node c finds the near tier without them (dropped there, or lost): the far one serves them.
+  DeleteAll(near_, "chunks/");
+  auto c = OpenChain("c", &near_, &far_);
+  ASSERT_TRUE(c->SyncFromRemote().ok());
+  auto on_c = c->Lookup(c->Lookup(kRootIno, "ck")->ino, "rank0.pt");
+  ASSERT_TRUE(on_c.ok());
+  EXPECT_EQ(Read(*c, on_c->ino), data);
+  EXPECT_GE(c->metrics().remote_fetch_fallthrough.Get(), 4u);
+  EXPECT_GT(far_.stats().gets, far_gets);
+}
+
+TEST_F(TiersTest, ATierThatIsDownHoldsBackNeitherTheOtherNorADurabilityWaitThatSkipsIt) {
+  Shared* near = nullptr;
+  auto a = OpenChain("a", &near_, &far_, &near, nullptr, [](Config& c) {
+    c.durability = "remote";
+    c.durability_tiers = {1};  // the far tier only
+    c.remote_timeout_s = 20;
+  });
+  near->fail_rate = 1.0;  // every request to the near tier fails
+  const uint64_t ino = WriteCheckpoint(*a, test::RandomBytes(512 << 10, 3));
+  ASSERT_TRUE(a->Fsync(ino).ok());  // returns once the far tier holds it
+  EXPECT_EQ(Count(far_, "files/ck/rank0.pt"), 1u);
+  EXPECT_EQ(Count(near_, "files/"), 0u);
+  EXPECT_EQ(*a->RemoteState(ino), "uploading");
+  EXPECT_EQ(*a->TierStates(ino),
+            "{\"tiers\":[{\"backend\":\"mem://near\",\"state\":\"uploading\"},"
+            "{\"backend\":\"mem://far\",\"state\":\"remote\"}]}");
+  EXPECT_FALSE(a->remote(0)->last_error().ok());
+
+  near->fail_rate = 0;  // back: the near tier catches up
+  Drain(*a);
+  EXPECT_EQ(Count(near_, "files/ck/rank0.pt"), 1u);
+  EXPECT_EQ(*a->RemoteState(ino), "remote");
+}
+
+TEST_F(TiersTest, ADurabilityWaitForADownTierFailsWithItsError) {
+  Shared* near = nullptr;
+  auto a = OpenChain("a", &near_, &far_, &near, nullptr, [](Config& c) {
+    c.durability = "remote";  // every tier
+    c.remote_timeout_s = 1;
+  });
+  near->fail_rate = 1.0;
+  const uint64_t ino = WriteCheckpoint(*a, test::RandomBytes(256 << 10, 4));
+  Status st = a->Fsync(ino);
+  EXPECT_EQ(st.code(), Code::kIo) << st.ToString();
+  EXPECT_NE(st.message().find("mem://near"), std::string::npos) << st.ToString();
+  EXPECT_NE(st.message().find("injected fault"), std::string::npos) << st.ToString();
+}
+
+TEST_F(TiersTest, ATierWhoseBackendChangedStartsOver) {
+  {
+    auto a = OpenChain("a", &near_, &far_);
+    WriteCheckpoint(*a, test::RandomBytes(512 << 10, 5));
+    Drain(*a);
+    ASSERT_TRUE(a->Close().ok());
+  }
+  // The near tier is now another directory: nothing this node knew of the old one holds there.
+  MemBackend other("other");
+  auto a = OpenChain("a", &other, &far_);
+  Drain(*a);
+  EXPECT_EQ(Count(other, "files/ck/rank0.pt"), 1u);
+  EXPECT_EQ(Count(other, "chunks/"), Count(near_, "chunks/"));
+  auto ino = a->Lookup(a->Lookup(kRootIno, "ck")->ino, "rank0.pt");
+  ASSERT_TRUE(ino.ok());
+  EXPECT_EQ(*a->RemoteState(ino->ino), "remote");
+}
+
+TEST_F(TiersTest, FsckRepairsOneTierAndTheLocalTierFromTheOther) {
+  // No RAM tier: its copies would serve the repairs.
+  auto a = OpenChain("a", &near_, &far_, nullptr, nullptr, [](Config& c) { c.ram_cache_bytes = 0; });
+  const Bytes data = test::RandomBytes(1 << 20, 6);
+  const uint64_t ino = WriteCheckpoint(*a, data);
+  Drain(*a);
+  const size_t chunks = Count(near_, "chunks/");
+  ASSERT_GE(chunks, 4u);
+  // The near tier loses its chunks and its record; the node loses its local chunk files: only
+  // the far tier has the bytes.
+  DeleteAll(near_, "chunks/");
+  DeleteAll(near_, "files/");
+  RemoveChunkFiles("a");
+
+  auto found = a->Fsck(kRootIno, Store::FsckOptions{});
+  ASSERT_TRUE(found.ok()) << found.status().ToString();
+  EXPECT_EQ(found->remote_missing, chunks);
+  EXPECT_EQ(found->records_missing, 1u);
+  EXPECT_EQ(found->damaged_files, 0u);  // the far tier holds every chunk
+  EXPECT_FALSE(found->Clean());
+
+  auto fixed = a->Fsck(kRootIno, Store::FsckOptions{.deep = false, .repair = true});
+  ASSERT_TRUE(fixed.ok()) << fixed.status().ToString();
+  EXPECT_EQ(fixed->remote_repaired, chunks);
+  EXPECT_EQ(fixed->records_republished, 1u);
+  EXPECT_TRUE(fixed->Clean()) << fixed->Json();
+  Drain(*a);
+  EXPECT_EQ(Count(near_, "chunks/"), chunks);
+  EXPECT_EQ(Count(near_, "files/ck/rank0.pt"), 1u);
+
+  auto deep = a->Fsck(kRootIno, Store::FsckOptions{.deep = true, .repair = false});
+  ASSERT_TRUE(deep.ok()) << deep.status().ToString();
+  EXPECT_TRUE(deep->Clean()) << deep->Json();
+  EXPECT_EQ(Read(*a, ino), data);
+}
+
+TEST_F(TiersTest, FsckNamesTheFilesNoTierCanSupply) {
+  auto a = OpenChain("a", &near_, &far_, nullptr, nullptr, [](Config& c) { c.ram_cache_bytes = 0; });
+  WriteCheckpoint(*a, test::RandomBytes(512 << 10, 7));
+  Drain(*a);
+  DeleteAll(near_, "chunks/");
+  DeleteAll(far_, "chunks/");
+  RemoveChunkFiles("a");
+  auto r = a->Fsck(kRootIno, Store::FsckOptions{.deep = false, .repair = true});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_FALSE(r->Clean());
+  EXPECT_EQ(r->damaged_files, 1u);
+  ASSERT_EQ(r->damaged.size(), 1u);
+  EXPECT_EQ(r->damaged[0], "/ck/rank0.pt");
+}
+
+TEST_F(TiersTest, TheNearTiersKeepPolicyDropsOldCheckpointsFromItAlone) {
+  auto a = OpenChain("a", &near_, &far_, nullptr, nullptr, [](Config& c) {
+    c.tier_keep = {2};  // the near tier keeps the newest two steps
+  });
+  auto run = a->MakeNode(kRootIno, "run", S_IFDIR | 0755, 0, Caller{});
+  ASSERT_TRUE(run.ok());
+  std::vector<std::pair<uint64_t, Bytes>> steps;
+  for (int step = 1; step <= 4; ++step) {
+    auto d = a->MakeNode(run->ino, "global_step" + std::to_string(step * 10), S_IFDIR | 0755, 0,
+                         Caller{});
+    ASSERT_TRUE(d.ok());
+    Bytes data = test::RandomBytes(256 << 10, 100 + step);
+    steps.emplace_back(Write(*a, d->ino, "mp_rank_00_model_states.pt", data), data);
+    Drain(*a);
+  }
+  // Steps 30 and 40 stay on the near tier; every step stays on the far one.
+  for (int step = 1; step <= 4; ++step) {
+    const std::string key = "files/run/global_step" + std::to_string(step * 10) +
+                            "/mp_rank_00_model_states.pt";
+    EXPECT_EQ(Count(near_, key), step >= 3 ? 1u : 0u) << key;
+    EXPECT_EQ(Count(far_, key), 1u) << key;
+  }
+  EXPECT_EQ(a->metrics().tier_files_dropped.Get(), 2u);
+  EXPECT_EQ(*a->TierStates(steps[0].first),
+            "{\"tiers\":[{\"backend\":\"mem://near\",\"state\":\"dropped\"},"
+            "{\"backend\":\"mem://far\",\"state\":\"remote\"}]}");
+  EXPECT_EQ(*a->RemoteState(steps[0].first), "remote");
+
+  // A gc round on the near tier frees the dropped steps' chunks there; the node follows it.
+  const size_t before = Count(near_, "chunks/");
+  GcOptions o;
+  o.dry_run = false;
+  o.grace_s = 1.5;
+  o.deadline_s = 30;
+  o.spill_dir = dir_.Sub("spill");
+  std::filesystem::create_directories(o.spill_dir);
+  auto r = CollectGarbage(near_, o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_GE(r->deleted, 2u);
+  EXPECT_EQ(Count(near_, "chunks/"), before - r->deleted);
+  // Every step reads back on a fresh node: the old ones through the far tier.
+  auto b = OpenChain("b", &near_, &far_, nullptr, nullptr, [](Config& c) { c.tier_keep = {2}; });
+  ASSERT_TRUE(b->SyncFromRemote().ok());
+  auto brun = b->Lookup(kRootIno, "run");
+  ASSERT_TRUE(brun.ok());
+  for (int step = 1; step <= 4; ++step) {
+    auto d = b->Lookup(brun->ino, "global_step" + std::to_string(step * 10));
+    ASSERT_TRUE(d.ok());
+    auto f = b->Lookup(d->ino, "mp_rank_00_model_states.pt");
+    ASSERT_TRUE(f.ok());
+    EXPECT_EQ(Read(*b, f->ino), steps[step - 1].second) << step;
+  }
+  EXPECT_GE(b->metrics().remote_fetch_fallthrough.Get(), 2u);
+}
+
+TEST_F(TiersTest, ADeletionFromAnotherNodeReachesANearTierThePublishLandedOnLate) {
+  // Node a's publish to the near tier is held (at its first chunk HEAD, so its record lands
+  // later) until node b has deleted the file (through the farthest tier, where a's record
+  // already is; b's deletion from the near tier finds nothing there) and a has synced that
+  // deletion.
+  Shared* a_near = nullptr;
+  std::promise<void> reached, release;
+  auto released = release.get_future().share();
+  bool once = true;
+  auto a = OpenChain("a", &near_, &far_, &a_near);
+  a_near->on_head = [&](const std::string& key) {
+    if (key.rfind("chunks/", 0) != 0 || !once) return;
+    once = false;
+    reached.set_value();
+    released.wait();
+  };
+  WriteCheckpoint(*a, test::RandomBytes(256 << 10, 8));
+  reached.get_future().wait();
+  ASSERT_TRUE(a->remote(1)->Drain(30).ok());
+  ASSERT_TRUE(a->SyncFromRemote().ok());  // a's sync sees its own record in the farthest tier
+  auto b = OpenChain("b", &near_, &far_);
+  ASSERT_TRUE(b->SyncFromRemote().ok());
+  auto ck = b->Lookup(kRootIno, "ck");
+  ASSERT_TRUE(ck.ok());
+  ASSERT_TRUE(b->Unlink(ck->ino, "rank0.pt").ok());
+  Drain(*b);
+  EXPECT_EQ(Count(far_, "files/"), 0u);
+  ASSERT_TRUE(a->SyncFromRemote().ok());
+  EXPECT_FALSE(a->Lookup(a->Lookup(kRootIno, "ck")->ino, "rank0.pt").ok());
+  release.set_value();
+  Drain(*a);
+  EXPECT_EQ(Count(near_, "files/"), 0u);  // a's late record went with the deletion
+}
+
+}  // namespace
+}  // namespace ckptfs
