@@ -92,6 +92,32 @@ def storm(n, job):
     return [max(e[k] for e in ends) for k in range(len(ends[0]))]
 
 
+def start_rgw(work):
+    """Starts radosgw under work/rgw (bluestore on a sparse file: memstore would hold every byte
+    twice in RAM, and a full store makes PUTs hang rather than fail); returns (its directory,
+    the AWS_* environment to reach it), and puts that environment into os.environ."""
+    rgw = os.path.join(work, "rgw")
+    out = sh("bash", os.path.join(ROOT, "scripts/rgw.sh"), "start", rgw, capture_output=True,
+             text=True, env={**os.environ, "RGW_STORE": os.environ.get("RGW_STORE", "bluestore")}
+             ).stdout
+    env = {}
+    for line in out.splitlines():
+        if line.startswith("export "):
+            for kv in line[len("export "):].split():
+                k, v = kv.split("=", 1)
+                env[k] = v
+    os.environ.update(env)
+    return rgw, env
+
+
+def teardown(ckptfs, mounts, rgw):
+    """Unmounts every mount, then stops radosgw."""
+    for m in mounts:
+        subprocess.run([ckptfs, "umount", m], stdout=subprocess.DEVNULL)
+    subprocess.run(["bash", os.path.join(ROOT, "scripts/rgw.sh"), "stop", rgw],
+                   stdout=subprocess.DEVNULL)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--gib", type=float, default=2.0)
@@ -106,19 +132,7 @@ def main():
     work = args.dir
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
-    rgw = os.path.join(work, "rgw")
-    env = {}
-    # bluestore on a sparse file: memstore would hold every byte twice in RAM, and a full store
-    # makes PUTs hang rather than fail.
-    out = sh("bash", os.path.join(ROOT, "scripts/rgw.sh"), "start", rgw, capture_output=True,
-             text=True, env={**os.environ, "RGW_STORE": os.environ.get("RGW_STORE", "bluestore")}
-             ).stdout
-    for line in out.splitlines():
-        if line.startswith("export "):
-            for kv in line[len("export "):].split():
-                k, v = kv.split("=", 1)
-                env[k] = v
-    os.environ.update(env)
+    rgw, env = start_rgw(work)
     mounts = []
     try:
         s3 = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name="us-east-1")
@@ -262,10 +276,7 @@ def main():
         print(f"upload     ckptfs/boto3   = {(mib / upload) / (mib / boto_up):.2f}   "
               f"(ckptfs {mib / upload:.0f} MiB/s, boto3 {mib / boto_up:.0f} MiB/s)")
     finally:
-        for m in mounts:
-            subprocess.run([args.bin, "umount", m], stdout=subprocess.DEVNULL)
-        subprocess.run(["bash", os.path.join(ROOT, "scripts/rgw.sh"), "stop", rgw],
-                       stdout=subprocess.DEVNULL)
+        teardown(args.bin, mounts, rgw)
     return 0
 
 

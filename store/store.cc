@@ -150,7 +150,8 @@ Store::Store(Config cfg, std::unique_ptr<IoEngine> engine, std::unique_ptr<Chunk
       read_pool_(std::make_unique<ThreadPool>(cfg_.read_threads)),
       write_pool_(std::make_unique<ThreadPool>(cfg_.write_threads)),
       boot_id_(CurrentBootId()),
-      seal_pool_(std::make_unique<ThreadPool>(cfg_.write_threads)) {}
+      seal_pool_(std::make_unique<ThreadPool>(cfg_.write_threads)),
+      retain_pool_(std::make_unique<ThreadPool>(1)) {}
 
 Store::~Store() {
   Status st = Close();
@@ -226,6 +227,7 @@ Status Store::Close() {
   closed_ = true;
   StopPrefetch();  // no chunk lands behind the final sync below
   // Seals not begun stay staged (resumed at the next mount); a running one finishes first.
+  retain_pool_.reset();  // a retention pass deletes through the namespace: it ends first
   seals_stopped_ = true;
   seal_pool_.reset();
   // Uploads still queued stay in LMDB and resume at the next mount.

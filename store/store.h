@@ -32,6 +32,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -48,6 +49,7 @@
 #include "common/thread_pool.h"
 #include "store/file_writer.h"
 #include "store/meta_store.h"
+#include "store/retention.h"
 
 namespace ckptfs {
 
@@ -236,6 +238,9 @@ class Store final : private ChunkSink {
   // The work runs on a few threads of its own (made on first use); a chunk being fetched holds
   // one buffer, nothing is kept in the RAM tier. Thread-safe.
   static constexpr std::string_view kPinXattr = "user.ckptfs.pin";
+  // On a run directory: "keep_last=N[,keep_every=K]", applied after each checkpoint commits.
+  static constexpr std::string_view kRetainXattr = "user.ckptfs.retain";
+  static Result<RetentionPolicy> ParseRetainXattr(std::string_view value);
   // Pulls every chunk of file `ino`, or of every file under directory `ino` (all levels when
   // `recursive`, else its own files), onto the local disk tier in the background. Returns at
   // once; a request for an `ino` already pending is not queued twice. Without a backend every
@@ -380,6 +385,14 @@ class Store final : private ChunkSink {
         std::unique_ptr<MetaStore> meta, int lock_fd);
   Status Recover(bool clean);
   Status AttachRemote(std::vector<std::unique_ptr<Backend>> tiers);
+  // user.ckptfs.retain (store_retain.cc): a committed file that completes a checkpoint (a
+  // tracker file, a DCP .metadata) queues the retention pass of its run directory when that
+  // directory carries the attribute.
+  void NoteCommitted(uint64_t ino);
+  Status ApplyRetainXattr(uint64_t root);
+  Result<std::string> ReadSmallFile(uint64_t ino);  // a tracker file's bytes (at most 4 KiB)
+  Result<bool> Pinned(uint64_t ino);                // kPinXattr on ino or anything under it
+  Status RemoveTree(uint64_t parent, const std::string& name);
   // Drops from nearer tier `tier` the files of checkpoints past its keep= policy
   // (store_policy.cc). Runs on that tier's worker when its queue is empty.
   Status ApplyTierPolicy(int tier);
@@ -573,6 +586,11 @@ class Store final : private ChunkSink {
   std::string boot_id_;
   std::vector<uint64_t> resume_seals_;  // staged at the last stop; sealed once open
   std::unique_ptr<ThreadPool> seal_pool_;
+  // Retention passes of user.ckptfs.retain (one thread, declared after what it uses); the run
+  // directories queued.
+  std::mutex retain_mu_;
+  std::set<uint64_t> retain_pending_;  // guarded by retain_mu_
+  std::unique_ptr<ThreadPool> retain_pool_;
   std::vector<std::unique_ptr<RemoteTier>> remotes_;  // one per backend, nearest first
   std::mutex unpublished_mu_;
   // ino -> each version held: its generation and the chunk ids it names (sorted, distinct).

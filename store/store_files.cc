@@ -546,7 +546,10 @@ Status Store::Commit(uint64_t ino, OpenFile& f, bool durable) {
   }
   ReleaseHolds(writer->held());
   Reclaim(freed);
-  if (st.ok()) KickRemote();
+  if (st.ok()) {
+    KickRemote();
+    NoteCommitted(ino);
+  }
   return st;
 }
 

@@ -397,6 +397,7 @@ Status Store::SetXattr(uint64_t ino, std::string_view name, std::string_view val
   if (name.empty() || name.size() > kMaxName) return Status(Code::kRange, "xattr name length");
   if (value.size() > kMaxXattrValue) return Status(Code::kTooBig, "xattr value too large");
   if (name.substr(0, 7) == "system.") return Status(Code::kUnsupported, std::string(name));
+  if (name == kRetainXattr) RETURN_IF_ERROR(ParseRetainXattr(value).status());
   std::lock_guard lock(ns_mu_);
   ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
   ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(ino));

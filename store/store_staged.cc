@@ -364,6 +364,7 @@ Status Store::Seal(uint64_t ino, OpenFile& f) {
   if (!done.ok()) return done;
   Reclaim(freed);
   KickRemote();
+  NoteCommitted(ino);
   return Status::Ok();
 }
 

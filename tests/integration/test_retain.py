@@ -129,3 +129,56 @@ def test_a_deletion_reaches_the_other_nodes(make_mount, workdir):
     assert wait_for(lambda: dirs(b / "run"), lambda d: d == ["iter_0000003"], 60) == \
         ["iter_0000003"]
     assert torch.load(seen)["iteration"] == 3
+
+
+@pytest.mark.timeout(180)
+def test_the_retain_attribute_applies_the_policy_after_each_checkpoint(mnt):
+    root = mnt / "run"
+    root.mkdir()
+    with pytest.raises(OSError) as bad:
+        os.setxattr(root, "user.ckptfs.retain", b"keep_last=zero")
+    assert bad.value.errno == 22  # EINVAL: nothing stored
+    with pytest.raises(OSError):
+        os.getxattr(root, "user.ckptfs.retain")
+    os.setxattr(root, "user.ckptfs.retain", b"keep_last=2,keep_every=4")
+    assert os.getxattr(root, "user.ckptfs.retain") == b"keep_last=2,keep_every=4"
+
+    # DeepSpeed: each step ends with its `latest` tag; every tag's commit runs the policy.
+    deepspeed_step(root, 1)
+    deepspeed_step(root, 2)
+    os.setxattr(root / "global_step2", "user.ckptfs.pin", b"1")
+    for step in range(3, 8):
+        deepspeed_step(root, step)
+        want = {f"global_step{s}" for s in range(1, step + 1)
+                if s >= step - 1 or s % 4 == 0 or s == 2}
+        assert wait_for(lambda: set(dirs(root)), lambda d: d == want, 30) == want, step
+    # An open file keeps its step until a later pass.
+    f = open(root / "global_step7" / "mp_rank_00_model_states.pt", "rb")
+    try:
+        deepspeed_step(root, 8)
+        deepspeed_step(root, 9)
+        want = {"global_step2", "global_step4", "global_step7", "global_step8", "global_step9"}
+        assert wait_for(lambda: set(dirs(root)), lambda d: d == want, 30) == want
+    finally:
+        f.close()
+    deepspeed_step(root, 10)
+    want = {"global_step2", "global_step4", "global_step8", "global_step9", "global_step10"}
+    assert wait_for(lambda: set(dirs(root)), lambda d: d == want, 30) == want
+
+    # DCP: a step counts once its .metadata (written last) commits.
+    dcp = mnt / "dcp"
+    dcp.mkdir()
+    os.setxattr(dcp, "user.ckptfs.retain", b"keep_last=1")
+    for step in (10, 20, 30):
+        d = dcp / f"step_{step}"
+        d.mkdir()
+        write_file(d / "__0_0.distcp", os.urandom(4096))
+        write_file(d / ".metadata", b"meta")
+    assert wait_for(lambda: dirs(dcp), lambda d: d == ["step_30"], 30) == ["step_30"]
+    # Without the attribute nothing is deleted.
+    os.removexattr(dcp, "user.ckptfs.retain")
+    for step in (40, 50):
+        (dcp / f"step_{step}").mkdir()
+        write_file(dcp / f"step_{step}" / ".metadata", b"meta")
+    time.sleep(1)
+    assert dirs(dcp) == ["step_30", "step_40", "step_50"]

@@ -1,0 +1,206 @@
+// Store: user.ckptfs.retain on a run directory ("keep_last=N[,keep_every=K]"): the policy of
+// `ckptfs retain`, applied by the daemon each time a checkpoint under it completes here. A
+// checkpoint counts as complete when its tracker file (latest_checkpointed_iteration.txt,
+// latest, latest_universal) in the run directory is committed, or a DCP .metadata (written
+// last) in one of its step directories. The deletions go through the namespace like a user's
+// (published to every tier, seen by every node). Never deleted: what the policy keeps, the
+// checkpoint a tracker names, a pinned one (user.ckptfs.pin on it or in it), one with an open
+// file.
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+
+#include <string>
+#include <vector>
+
+#include "store/retention.h"
+#include "store/store.h"
+
+namespace ckptfs {
+namespace {
+
+constexpr std::string_view kTrackers[] = {"latest_checkpointed_iteration.txt", "latest",
+                                          "latest_universal"};
+constexpr size_t kMaxTracker = 4096;
+
+bool IsTracker(std::string_view name) {
+  for (std::string_view t : kTrackers) {
+    if (name == t) return true;
+  }
+  return false;
+}
+
+std::string Trim(std::string s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
+  size_t i = 0;
+  while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i;
+  return s.substr(i);
+}
+
+}  // namespace
+
+Result<RetentionPolicy> Store::ParseRetainXattr(std::string_view value) {
+  RetentionPolicy p;
+  bool have_last = false;
+  size_t start = 0;
+  const std::string v(value);
+  while (start < v.size()) {
+    size_t end = v.find_first_of(", ", start);
+    if (end == std::string::npos) end = v.size();
+    const std::string item = v.substr(start, end - start);
+    start = end + 1;
+    if (item.empty()) continue;
+    const size_t eq = item.find('=');
+    const std::string key = item.substr(0, eq);
+    const std::string num = eq == std::string::npos ? "" : item.substr(eq + 1);
+    if (num.empty() || num.size() > 18 || num.find_first_not_of("0123456789") != std::string::npos) {
+      return Invalid("user.ckptfs.retain: '" + item + "' is not KEY=COUNT");
+    }
+    if (key == "keep_last") {
+      p.keep_last = std::stoull(num);
+      have_last = true;
+    } else if (key == "keep_every") {
+      p.keep_every = std::stoull(num);
+    } else {
+      return Invalid("user.ckptfs.retain: unknown key '" + key + "' (keep_last, keep_every)");
+    }
+  }
+  if (!have_last || p.keep_last == 0) {
+    return Invalid("user.ckptfs.retain needs keep_last=N with N >= 1");
+  }
+  return p;
+}
+
+void Store::NoteCommitted(uint64_t ino) {
+  uint64_t root = 0;
+  {
+    auto txn = meta_->Begin(false);
+    if (!txn.ok()) return;
+    auto p = txn->GetParent(ino);
+    if (!p.ok()) return;
+    if (IsTracker(p->second)) {
+      root = p->first;
+    } else if (p->second == ".metadata") {
+      auto up = txn->GetParent(p->first);
+      if (!up.ok()) return;
+      root = up->first;
+    } else {
+      return;
+    }
+    if (!txn->GetXattr(root, kRetainXattr).ok()) return;
+  }
+  {
+    std::lock_guard lock(retain_mu_);
+    if (!retain_pending_.insert(root).second) return;  // a pass for it is queued already
+  }
+  retain_pool_->Submit([this, root] {
+    {
+      std::lock_guard lock(retain_mu_);
+      retain_pending_.erase(root);
+    }
+    Status st = ApplyRetainXattr(root);
+    if (!st.ok()) log_->warn("applying user.ckptfs.retain of inode {}: {}", root, st.ToString());
+  });
+}
+
+Result<std::string> Store::ReadSmallFile(uint64_t ino) {
+  RETURN_IF_ERROR(EnsureSealed(ino));
+  ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
+  ASSIGN_OR_RETURN(auto m, txn.GetManifest(ino));
+  std::string out;
+  if (!m) return out;
+  if (m->size() > kMaxTracker) return Invalid("a tracker file of " + std::to_string(m->size()) + " bytes");
+  for (const Extent& e : m->extents()) {
+    if (e.hole()) {
+      out.append(e.len, '\0');
+      continue;
+    }
+    ASSIGN_OR_RETURN(ChunkRef c, GetChunk(e.id, e.len));
+    out.append(reinterpret_cast<const char*>(c->bytes.get()), c->size);
+  }
+  return out;
+}
+
+Result<bool> Store::Pinned(uint64_t ino) {
+  ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
+  if (txn.GetXattr(ino, kPinXattr).ok()) return true;
+  bool pinned = false;
+  RETURN_IF_ERROR(txn.WalkTree(ino, true, [&](const DirEntry& e) -> Status {
+    if (txn.GetXattr(e.ino, kPinXattr).ok()) pinned = true;
+    return Status::Ok();
+  }));
+  return pinned;
+}
+
+Status Store::RemoveTree(uint64_t parent, const std::string& name) {
+  ASSIGN_OR_RETURN(InodeRecord rec, Lookup(parent, name));
+  if (S_ISDIR(rec.mode)) {
+    std::vector<std::string> children;
+    {
+      ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
+      RETURN_IF_ERROR(txn.ListDir(rec.ino, 0, [&](std::string_view n, const DirEntry&) {
+        children.emplace_back(n);
+        return true;
+      }));
+    }
+    for (const std::string& c : children) RETURN_IF_ERROR(RemoveTree(rec.ino, c));
+    RETURN_IF_ERROR(Rmdir(parent, name));
+  } else {
+    RETURN_IF_ERROR(Unlink(parent, name));
+  }
+  if (on_change_) on_change_(parent, name, 0);  // the kernel forgets the entry
+  return Status::Ok();
+}
+
+Status Store::ApplyRetainXattr(uint64_t root) {
+  std::string value;
+  std::vector<CheckpointDir> dirs;
+  std::vector<std::pair<std::string, uint64_t>> inos;
+  uint64_t trackers[3] = {};
+  {
+    ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
+    auto v = txn.GetXattr(root, kRetainXattr);
+    if (!v.ok()) return v.status().code() == Code::kNoData ? Status::Ok() : v.status();
+    value = *v;
+    RETURN_IF_ERROR(txn.ListDir(root, 0, [&](std::string_view name, const DirEntry& e) {
+      if (S_ISDIR(e.mode)) inos.emplace_back(std::string(name), e.ino);
+      return true;
+    }));
+    for (const auto& [name, ino] : inos) {
+      ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(ino));
+      dirs.push_back(CheckpointDir{name, txn.GetEntry(ino, ".metadata").ok(), rec.mtime_ns});
+    }
+    for (int i = 0; i < 3; ++i) {
+      auto e = txn.GetEntry(root, kTrackers[i]);
+      if (e.ok() && S_ISREG(e->mode)) trackers[i] = e->ino;
+    }
+  }
+  ASSIGN_OR_RETURN(RetentionPolicy policy, ParseRetainXattr(value));
+  std::string named[3];
+  for (int i = 0; i < 3; ++i) {
+    if (!trackers[i]) continue;
+    // A tracker that cannot be read keeps everything this pass: what it names is unknown.
+    ASSIGN_OR_RETURN(std::string text, ReadSmallFile(trackers[i]));
+    named[i] = Trim(std::move(text));
+  }
+  size_t deleted = 0;
+  for (const RetentionDecision& d :
+       DecideRetention(dirs, Trackers{named[0], named[1], named[2]}, policy)) {
+    if (!d.keep.empty()) continue;
+    uint64_t ino = 0;
+    for (const auto& [name, i] : inos) {
+      if (name == d.name) ino = i;
+    }
+    ASSIGN_OR_RETURN(bool busy, Busy(ino));
+    if (busy) continue;  // a file in it is open: the next pass
+    ASSIGN_OR_RETURN(bool pinned, Pinned(ino));
+    if (pinned) continue;
+    RETURN_IF_ERROR(RemoveTree(root, d.name));
+    ++deleted;
+  }
+  if (deleted) {
+    log_->info("user.ckptfs.retain ({}) of inode {}: deleted {} checkpoints", value, root, deleted);
+  }
+  return Status::Ok();
+}
+
+}  // namespace ckptfs
