@@ -6,6 +6,7 @@
 #include <cstring>
 #include <deque>
 #include <initializer_list>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -399,22 +400,74 @@ Status MetaStore::Txn::PutTierName(int tier, std::string_view name) {
   return Put(store_->meta_, TierKey(kTierNameKey, tier), name);
 }
 
-Status MetaStore::Txn::ResetTier(int tier) {
-  if (tier < 0 || tier >= kMaxTiers) return Invalid("no remote tier " + std::to_string(tier));
-  for (MDB_dbi dbi : {store_->remote_ops_[tier], store_->published_[tier]}) {
-    const int rc = mdb_drop(txn_, dbi, 0);
-    if (rc) return LmdbError(rc, "emptying the tables of remote tier " + std::to_string(tier));
+Status MetaStore::Txn::RemapTiers(const std::vector<int>& from) {
+  if (from.size() > static_cast<size_t>(kMaxTiers)) return Invalid("too many remote tiers");
+  struct Saved {
+    std::vector<std::pair<std::string, std::string>> ops, published;
+    std::optional<std::string> epoch, name;
+  };
+  std::vector<Saved> old(kMaxTiers);
+  for (int o = 0; o < kMaxTiers; ++o) {
+    auto keep = [&](std::vector<std::pair<std::string, std::string>>* out) {
+      return [out](std::string_view k, std::string_view v) {
+        out->emplace_back(std::string(k), std::string(v));
+        return true;
+      };
+    };
+    RETURN_IF_ERROR(Scan(store_->remote_ops_[o], {}, {}, keep(&old[o].ops)));
+    RETURN_IF_ERROR(Scan(store_->published_[o], {}, {}, keep(&old[o].published)));
+    ASSIGN_OR_RETURN(auto e, Get(store_->meta_, TierKey(kGcEpochKey, o)));
+    if (e) old[o].epoch = std::string(*e);
+    ASSIGN_OR_RETURN(auto n, Get(store_->meta_, TierKey(kTierNameKey, o)));
+    if (n) old[o].name = std::string(*n);
   }
-  std::vector<std::pair<ChunkId, ChunkRecord>> marked;
+  for (int t = 0; t < kMaxTiers; ++t) {
+    for (MDB_dbi dbi : {store_->remote_ops_[t], store_->published_[t]}) {
+      const int rc = mdb_drop(txn_, dbi, 0);
+      if (rc) return LmdbError(rc, "emptying the tables of remote tier " + std::to_string(t));
+    }
+    RETURN_IF_ERROR(Del(store_->meta_, TierKey(kGcEpochKey, t), true));
+    RETURN_IF_ERROR(Del(store_->meta_, TierKey(kTierNameKey, t), true));
+    const int o = t < static_cast<int>(from.size()) ? from[t] : -1;
+    if (o < 0 || o >= kMaxTiers) continue;
+    for (const auto& [k, v] : old[o].ops) RETURN_IF_ERROR(Put(store_->remote_ops_[t], k, v));
+    for (const auto& [k, v] : old[o].published) RETURN_IF_ERROR(Put(store_->published_[t], k, v));
+    if (old[o].epoch) RETURN_IF_ERROR(Put(store_->meta_, TierKey(kGcEpochKey, t), *old[o].epoch));
+    if (old[o].name) RETURN_IF_ERROR(Put(store_->meta_, TierKey(kTierNameKey, t), *old[o].name));
+  }
+  // Chunk marks: new bit T is old bit from[T].
+  std::vector<std::pair<ChunkId, ChunkRecord>> changed;
   RETURN_IF_ERROR(ForEachChunk([&](const ChunkId& id, const ChunkRecord& r) {
-    if (r.tiers & (1u << tier)) marked.emplace_back(id, r);
+    uint8_t bits = 0;
+    for (size_t t = 0; t < from.size(); ++t) {
+      if (from[t] >= 0 && (r.tiers & (1u << from[t]))) bits = static_cast<uint8_t>(bits | (1u << t));
+    }
+    if (bits != r.tiers) {
+      ChunkRecord n = r;
+      n.tiers = bits;
+      changed.emplace_back(id, n);
+    }
   }));
-  for (auto& [id, r] : marked) {
-    r.tiers = static_cast<uint8_t>(r.tiers & ~(1u << tier));
-    RETURN_IF_ERROR(PutChunkRecord(id, r));
-  }
-  RETURN_IF_ERROR(Del(store_->meta_, TierKey(kGcEpochKey, tier), true));
-  return Del(store_->meta_, TierKey(kTierNameKey, tier), true);
+  for (const auto& [id, r] : changed) RETURN_IF_ERROR(PutChunkRecord(id, r));
+  return Status::Ok();
+}
+
+Result<bool> MetaStore::Txn::TierHasState(int tier) {
+  bool any = false;
+  auto found = [&](std::string_view, std::string_view) { return !(any = true); };
+  RETURN_IF_ERROR(Scan(store_->published_[tier], {}, {}, found));
+  if (!any) RETURN_IF_ERROR(Scan(store_->remote_ops_[tier], {}, {}, found));
+  return any;
+}
+
+Status MetaStore::Txn::ForgetDropped(int tier) {
+  std::vector<std::string> keys;
+  RETURN_IF_ERROR(Scan(store_->published_[tier], {}, {}, [&](std::string_view k, std::string_view v) {
+    if (v.size() == 8 && GetU64(v.data()) == kDroppedFromTier) keys.emplace_back(k);
+    return true;
+  }));
+  for (const std::string& k : keys) RETURN_IF_ERROR(Del(store_->published_[tier], k, true));
+  return Status::Ok();
 }
 
 Status MetaStore::Txn::DelEntry(uint64_t parent, std::string_view name) {

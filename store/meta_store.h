@@ -35,6 +35,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "common/chunk_id.h"
 #include "common/status.h"
@@ -182,14 +183,17 @@ class MetaStore {
     // account (0: none).
     Result<uint64_t> GetGcEpoch(int tier);
     Status PutGcEpoch(int tier, uint64_t epoch);
-    // Which backend remote tier `tier` was ("": none recorded). A tier whose backend changed
-    // between two mounts has its state dropped (ResetTier): its marks would name chunks the new
-    // backend never held.
+    // Which backend remote tier `tier` is (Backend::Identity; "": none recorded). A tier's state
+    // follows its backend when the chain changes (RemapTiers).
     Result<std::string> GetTierName(int tier);
     Status PutTierName(int tier, std::string_view name);
-    // Forgets everything about remote tier `tier`: its queue, published versions, chunk marks,
-    // gc epoch and name.
-    Status ResetTier(int tier);
+    // Moves the remote tiers' state (queue, published versions, chunk marks, gc epoch, name) so
+    // that tier T gets what tier from[T] had (-1: nothing); tiers past from.size() are emptied.
+    Status RemapTiers(const std::vector<int>& from);
+    // Whether remote tier `tier` has published versions or queued ops.
+    Result<bool> TierHasState(int tier);
+    // Drops tier's "dropped by keep=" marks (it became the farthest tier: it must hold all).
+    Status ForgetDropped(int tier);
 
     Result<ChunkRecord> GetChunk(const ChunkId& id);  // refs 0 when unknown
     // Adds `delta` references to chunk `id` of `len` bytes and returns the new count; the record

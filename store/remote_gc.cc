@@ -205,8 +205,9 @@ Status RemoteTier::CheckGc(const Manifest& m) const {
   if (!gc_.active) return Status::Ok();
   for (const Extent& e : m.extents()) {
     if (!e.hole() && std::binary_search(gc_.condemned.begin(), gc_.condemned.end(), e.id)) {
-      return Status(Code::kBusy, "gc round " + std::to_string(gc_.epoch) + " condemned chunk " +
-                                     e.id.Hex() + " of this file: it waits for the round to end");
+      return Status(Code::kBusy, std::string(kGcWait) + std::to_string(gc_.epoch) +
+                                     " condemned chunk " + e.id.Hex() +
+                                     " of this file: it waits for the round to end");
     }
   }
   return Status::Ok();

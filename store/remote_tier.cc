@@ -164,7 +164,9 @@ void RemoteTier::Loop() {
     if (seq == 0) {
       ++queue_empty_at_;
       done_cv_.notify_all();
-      work_cv_.wait_for(lock, std::chrono::seconds(1), [&] { return kicked_ || stop_; });
+      // gc/round must be read at least every half window, idle or not.
+      const auto idle = std::chrono::duration<double>(std::min(1.0, gc_window_s_ / 2));
+      work_cv_.wait_for(lock, idle, [&] { return kicked_ || stop_; });
       kicked_ = false;
       continue;
     }
@@ -178,7 +180,7 @@ void RemoteTier::Loop() {
       lock.lock();
       last_error_ = st;
       done_cv_.notify_all();
-      const bool waiting = st.code() == Code::kBusy;
+      const bool waiting = IsGcWait(st);
       const auto wait = waiting ? std::chrono::milliseconds(200)
                                 : std::chrono::milliseconds(
                                       std::min(30'000, 100 << std::min(failures, 9)));
@@ -283,8 +285,9 @@ Status RemoteTier::PublishFile(uint64_t ino) {
       return IoError("following gc rounds: " + gc.ToString());
     }
     if (gc_.epoch != epoch) {
-      return Status(Code::kBusy, "publishing took longer than gc_window while gc round " +
-                                     std::to_string(gc_.epoch) + " began: publishing it again");
+      return Status(Code::kBusy, std::string(kGcWait) + std::to_string(gc_.epoch) +
+                                     " began while this publish took longer than gc_window: "
+                                     "publishing it again");
     }
   }
   // Only now may the local copies go: a chunk evicted before its record was safely in the

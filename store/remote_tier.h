@@ -65,6 +65,13 @@ std::string UnpublishDir(std::string_view path);
 
 class RemoteTier {
  public:
+  // How the errors of a publish that waits for a gc round begin (kBusy; retried soon, no
+  // backoff). Other kBusy errors (an S3 409) back off like any failure.
+  static constexpr std::string_view kGcWait = "waiting for gc round ";
+  static bool IsGcWait(const Status& st) {
+    return st.code() == Code::kBusy && st.message().rfind(kGcWait, 0) == 0;
+  }
+
   // backend, meta, cache and metrics outlive the tier. `origin` names this node in FileRecords.
   // `tier`: its place in the chain, nearest first (0..kMaxTiers-1): it works off that tier's
   // queue and keeps that tier's marks.

@@ -401,8 +401,6 @@ class Store final : private ChunkSink {
   // The tier other nodes' files are synced from: the farthest. REQUIRES: remote tiers.
   RemoteTier& sync_tier() { return *remotes_.back(); }
   Backend& sync_backend() { return *backends_.back(); }
-  // Whether every remote tier holds generation `generation` of ino. REQUIRES: inside txn.
-  Result<bool> PublishedEverywhere(MetaStore::Txn& txn, uint64_t ino, uint64_t generation);
 
   // ChunkSink
   Status PutChunk(const ChunkId& id, const uint8_t* data, size_t len) override;

@@ -463,13 +463,17 @@ Status Store::Fsync(uint64_t ino, uint64_t fh) {
   if (!remotes_.empty() && cfg_.durability == "remote") {
     ASSIGN_OR_RETURN(InodeRecord rec, GetAttr(ino));
     if (!S_ISREG(rec.mode)) return Status::Ok();
+    // One deadline for all: the tiers upload side by side.
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::duration<double>(cfg_.remote_timeout_s);
     for (size_t t = 0; t < remotes_.size(); ++t) {
       const auto& want = cfg_.durability_tiers;
       if (!want.empty() && std::find(want.begin(), want.end(), static_cast<int>(t)) == want.end()) {
         continue;
       }
-      // One deadline for all: the tiers upload side by side.
-      RETURN_IF_ERROR(remotes_[t]->WaitPublished(ino, rec.generation, cfg_.remote_timeout_s));
+      const double left = std::max(
+          0.0, std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count());
+      RETURN_IF_ERROR(remotes_[t]->WaitPublished(ino, rec.generation, left));
     }
   }
   return Status::Ok();

@@ -304,8 +304,19 @@ Status Store::FsckRecords(int tier, uint64_t ino, const FsckOptions& options, Fs
     }
   }
   // Published here, and no record: deleted behind ckptfs's back (a file moved or removed since
-  // the snapshot above is checked again before it counts).
+  // the snapshot above is checked again before it counts). Only on a nearer tier, and only for a
+  // file this node published (its record in the farthest tier says so): the farthest tier's
+  // listing is the namespace (a record gone there is a deletion another node made), and another
+  // node's file may not have reached a nearer tier yet, or left it by its keep= policy.
+  const int sync = sync_tier().tier();
   for (const auto& [key, file] : expected) {
+    if (tier >= sync) break;
+    {
+      auto there = sync_backend().GetObject(key);
+      if (!there.ok()) continue;
+      auto rec = FileRecord::Decode(*there);
+      if (!rec.ok() || rec->origin != node_id_) continue;
+    }
     {
       ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
       auto where = txn.PathOf(file);

@@ -102,6 +102,12 @@ Status Store::ApplyTierPolicy(int tier) {
       RETURN_IF_ERROR(ForEachFile(txn, dir, true, [&](uint64_t ino, const Manifest&) {
         auto published = txn.GetPublished(tier, ino);
         if (!published.ok() || *published == 0 || *published == kDroppedFromTier) return;
+        // Only once every farther tier holds this version: a far tier that is down must not
+        // leave the local tier as the file's only copy.
+        for (size_t far = t + 1; far < remotes_.size(); ++far) {
+          auto there = txn.GetPublished(static_cast<int>(far), ino);
+          if (!there.ok() || *there == 0 || *there < *published) return;
+        }
         if (auto path = txn.PathOf(ino); path.ok()) drop.emplace_back(ino, *path);
       }));
     }

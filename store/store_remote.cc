@@ -49,23 +49,53 @@ Status Store::AttachRemote(std::vector<std::unique_ptr<Backend>> tiers) {
   const int n = static_cast<int>(backends_.size());
   {
     // Each tier's state (queue, published versions, chunk marks, gc epoch) belongs to the
-    // backend it was made for: a tier whose backend changed, or that left the chain, starts
-    // over (its files are published again below; chunk marks would name chunks it never held).
+    // backend it was made for, found by name wherever it stands in the chain now; a backend new
+    // to the chain starts empty (its files are published below), and a tier that left it is
+    // forgotten (its marks would name chunks no tier of the chain holds).
     ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
-    for (int t = 0; t < kMaxTiers; ++t) {
-      ASSIGN_OR_RETURN(std::string was, txn.GetTierName(t));
-      const std::string now = t < n ? backends_[t]->Identity() : std::string();
-      if (was == now) continue;
-      // Tier 0 of a store from before the chain has no name yet: it is the backend it had.
-      if (!(t == 0 && was.empty())) {
-        if (!was.empty() || t >= n) {
-          log_->info("remote tier {} was {}, now {}: its state here starts over", t,
-                     was.empty() ? "none" : was, now.empty() ? "none" : now);
-        }
-        RETURN_IF_ERROR(txn.ResetTier(t));
-      }
-      if (t < n) RETURN_IF_ERROR(txn.PutTierName(t, now));
+    std::vector<std::string> was(kMaxTiers);
+    bool named = false;
+    for (int o = 0; o < kMaxTiers; ++o) {
+      ASSIGN_OR_RETURN(was[o], txn.GetTierName(o));
+      named = named || !was[o].empty();
     }
+    std::vector<int> from(n, -1);
+    if (!named) {
+      // A new store, or one from before the chain: its one backend's state is unnamed.
+      ASSIGN_OR_RETURN(bool state, txn.TierHasState(0));
+      if (state && n > 1) {
+        return Invalid("this cache directory holds the upload state of one backend recorded "
+                       "before chains of tiers; mount it once with that backend alone, then "
+                       "with the chain");
+      }
+      if (n == 1) from[0] = 0;
+    } else {
+      for (int t = 0; t < n; ++t) {
+        for (int o = 0; o < kMaxTiers; ++o) {
+          if (!was[o].empty() && was[o] == backends_[t]->Identity()) from[t] = o;
+        }
+      }
+    }
+    bool same = true;
+    for (int o = 0; o < kMaxTiers; ++o) {
+      const bool kept = o < n && from[o] == o;
+      same = same && (kept || was[o].empty());
+    }
+    if (!same) {
+      for (int o = 0; o < kMaxTiers; ++o) {
+        if (was[o].empty()) continue;
+        int now = -1;
+        for (int t = 0; t < n; ++t) now = from[t] == o ? t : now;
+        if (now != o) {
+          log_->info("remote tier {} ({}) is {} now: its state here moves with it", o + 1, was[o],
+                     now < 0 ? std::string("out of the chain") : "tier " + std::to_string(now + 1));
+        }
+      }
+      RETURN_IF_ERROR(txn.RemapTiers(from));
+      // The farthest tier keeps everything: what a nearer tier's policy dropped goes there too.
+      RETURN_IF_ERROR(txn.ForgetDropped(n - 1));
+    }
+    for (int t = 0; t < n; ++t) RETURN_IF_ERROR(txn.PutTierName(t, backends_[t]->Identity()));
     RETURN_IF_ERROR(txn.Commit());
   }
   meta_->SetRemoteTiers(n);
@@ -107,14 +137,6 @@ Status Store::AttachRemote(std::vector<std::unique_ptr<Backend>> tiers) {
                node);
   }
   return Status::Ok();
-}
-
-Result<bool> Store::PublishedEverywhere(MetaStore::Txn& txn, uint64_t ino, uint64_t generation) {
-  for (size_t t = 0; t < remotes_.size(); ++t) {
-    ASSIGN_OR_RETURN(uint64_t published, txn.GetPublished(static_cast<int>(t), ino));
-    if (published < generation || published == 0) return false;
-  }
-  return true;
 }
 
 void Store::StartSync() {
@@ -449,6 +471,7 @@ Status Store::ApplyRemoteRmdir(const std::string& path) {
     }
     RETURN_IF_ERROR(txn.Commit());
   }
+  if (sync_tier().tier() > 0) KickRemote();
   if (on_change_) on_change_(parent, parts.back(), 0);
   return Status::Ok();
 }

@@ -181,6 +181,68 @@ TEST_F(TiersTest, ATierWhoseBackendChangedStartsOver) {
   EXPECT_EQ(*a->RemoteState(ino->ino), "remote");
 }
 
+TEST_F(TiersTest, ANearTierAddedInFrontLeavesTheFarTiersStateWithIt) {
+  auto open_far_only = [&] {
+    Config cfg = NodeConfig("a", {far_.Describe()});
+    auto s = Store::Open(cfg, {}, std::make_unique<Shared>(&far_));
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    return s.ok() ? std::move(*s) : nullptr;
+  };
+  {
+    auto a = open_far_only();
+    WriteCheckpoint(*a, test::RandomBytes(512 << 10, 9));
+    Drain(*a);
+    ASSERT_TRUE(a->Close().ok());
+  }
+  const uint64_t far_puts = far_.stats().puts;
+  auto a = OpenChain("a", &near_, &far_);
+  Drain(*a);
+  EXPECT_EQ(far_.stats().puts, far_puts);  // nothing uploaded to the far tier again
+  EXPECT_EQ(Count(near_, "files/ck/rank0.pt"), 1u);
+  auto ino = a->Lookup(a->Lookup(kRootIno, "ck")->ino, "rank0.pt");
+  ASSERT_TRUE(ino.ok());
+  EXPECT_EQ(*a->RemoteState(ino->ino), "remote");
+}
+
+TEST_F(TiersTest, AStoreFromBeforeTheChainTakesAChainOnlyOnceItsBackendIsNamed) {
+  {
+    Config cfg = NodeConfig("a", {far_.Describe()});
+    auto a = Store::Open(cfg, {}, std::make_unique<Shared>(&far_));
+    ASSERT_TRUE(a.ok());
+    WriteCheckpoint(**a, test::RandomBytes(256 << 10, 10));
+    Drain(**a);
+    ASSERT_TRUE((*a)->Close().ok());
+  }
+  {
+    // As a store written before tiers were named: its one backend's state carries no name.
+    auto meta = MetaStore::Open(dir_.Sub("a") + "/meta", 1ull << 30);
+    ASSERT_TRUE(meta.ok());
+    auto txn = (*meta)->Begin(true);
+    ASSERT_TRUE(txn.ok());
+    ASSERT_TRUE(txn->PutTierName(0, "").ok());
+    ASSERT_TRUE(txn->Commit().ok());
+  }
+  Config cfg = NodeConfig("a", {near_.Describe(), far_.Describe()});
+  std::vector<std::unique_ptr<Backend>> tiers;
+  tiers.push_back(std::make_unique<Shared>(&near_));
+  tiers.push_back(std::make_unique<Shared>(&far_));
+  auto refused = Store::Open(cfg, {}, std::move(tiers));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("mount it once with that backend alone"),
+            std::string::npos) << refused.status().ToString();
+  {
+    Config one = NodeConfig("a", {far_.Describe()});
+    auto a = Store::Open(one, {}, std::make_unique<Shared>(&far_));
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    ASSERT_TRUE((*a)->Close().ok());
+  }
+  const uint64_t far_puts = far_.stats().puts;
+  auto a = OpenChain("a", &near_, &far_);
+  Drain(*a);
+  EXPECT_EQ(far_.stats().puts, far_puts);
+  EXPECT_EQ(Count(near_, "files/ck/rank0.pt"), 1u);
+}
+
 TEST_F(TiersTest, FsckRepairsOneTierAndTheLocalTierFromTheOther) {
   // No RAM tier: its copies would serve the repairs.
   auto a = OpenChain("a", &near_, &far_, nullptr, nullptr, [](Config& c) { c.ram_cache_bytes = 0; });
