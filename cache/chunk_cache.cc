@@ -483,14 +483,18 @@ Result<ChunkRef> ChunkCache::Fetch(const ChunkId& id, size_t len) {
   constexpr int kFetchAttempts = 5;
   auto data = ChunkData::Allocate(len);
   for (int attempt = 1;; ++attempt) {
-    Status first;        // the first error other than "not here"
-    bool again = false;  // some tier may answer another try
+    Status first;         // the first error other than "not here"
+    bool again = false;   // some tier may answer another try
+    uint8_t missing = 0;  // bit T: tier T answered "not here"
     for (size_t tier = 0; tier < tiers_.size(); ++tier) {
       Backend* backend = tiers_[tier];
       auto n = backend->Get(ObjectKey(id), 0, data->bytes.get(), len);
       Status st;
       if (!n.ok()) {
-        if (n.status().code() == Code::kNotFound) continue;
+        if (n.status().code() == Code::kNotFound) {
+          missing = static_cast<uint8_t>(missing | (1u << tier));
+          continue;
+        }
         st = n.status();
       } else {
         metrics_->remote_fetches.Add(1);
@@ -507,7 +511,9 @@ Result<ChunkRef> ChunkCache::Fetch(const ChunkId& id, size_t len) {
             MarkRemote(id, static_cast<int>(tier));
             Evict();
           }
-          return ChunkRef(std::move(data));
+          ChunkRef ref(std::move(data));
+          if (missing && fetched_from_far_) fetched_from_far_(id, missing, ref);
+          return ref;
         }
         metrics_->remote_verify_failures.Add(1);
         st = Corrupt("chunk " + id.Hex() + " from " + backend->Describe() +

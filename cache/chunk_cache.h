@@ -74,6 +74,12 @@ class ChunkCache {
   // bounds the disk tier to `disk_limit` bytes of chunk files (0: no bound). Call once, before
   // any other call.
   void AttachRemote(std::vector<Backend*> tiers, uint64_t disk_limit);
+  // Told after a chunk was fetched from tier K > 0 while nearer tiers answered "not here" (bit T
+  // of `missing`: tier T did), with the verified bytes: the store may put it back where it
+  // belongs. Runs on the fetching thread: it must not block. Call once, before any other call.
+  using FetchedFromFar =
+      std::function<void(const ChunkId& id, uint8_t missing, const ChunkRef& data)>;
+  void SetFetchedFromFar(FetchedFromFar fn) { fetched_from_far_ = std::move(fn); }
   // Whether a chunk fetched from the backend is kept on disk (the store: "is it referenced?").
   // Unset: always. Call once, before any other call.
   void SetKeepFetched(std::function<bool(const ChunkId&)> keep);
@@ -167,6 +173,7 @@ class ChunkCache {
   std::vector<Backend*> tiers_;  // set once by AttachRemote
   bool remote_ = false;          // !tiers_.empty()
   std::function<bool(const ChunkId&)> keep_;  // set once by SetKeepFetched
+  FetchedFromFar fetched_from_far_;           // set once by SetFetchedFromFar
   uint64_t disk_limit_ = 0;
   struct DiskEntry {
     uint64_t size = 0;

@@ -22,6 +22,7 @@ std::vector<std::pair<std::string, uint64_t>> Metrics::Snapshot() const {
       {"remote_fetch_bytes", remote_fetch_bytes.Get()},
       {"remote_fetch_fallthrough", remote_fetch_fallthrough.Get()},
       {"tier_files_dropped", tier_files_dropped.Get()},
+      {"tier_chunks_restored", tier_chunks_restored.Get()},
       {"remote_verify_failures", remote_verify_failures.Get()},
       {"chunks_uploaded", chunks_uploaded.Get()},
       {"chunk_upload_bytes", chunk_upload_bytes.Get()},

@@ -39,6 +39,7 @@ struct Metrics {
   Counter remote_fetch_bytes;
   Counter remote_fetch_fallthrough;  // of those, served by a farther tier than the first
   Counter tier_files_dropped;  // files dropped from a nearer tier by its keep= policy
+  Counter tier_chunks_restored;  // chunks a read put back into a nearer tier that had lost them
   Counter remote_verify_failures;  // fetched chunks whose bytes did not match their name
   Counter chunks_uploaded;         // chunks put to the backend
   Counter chunk_upload_bytes;

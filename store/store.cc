@@ -230,6 +230,16 @@ Status Store::Close() {
   retain_pool_.reset();  // a retention pass deletes through the namespace: it ends first
   seals_stopped_ = true;
   seal_pool_.reset();
+  {
+    // Restores queued and not begun are dropped (a later read asks again); the one running ends
+    // first. Reset outside the lock: a task takes it as it ends.
+    std::unique_ptr<ThreadPool> restores;
+    {
+      std::lock_guard lock(restore_mu_);
+      restores = std::move(restore_pool_);
+    }
+    restores.reset();
+  }
   // Uploads still queued stay in LMDB and resume at the next mount.
   StopSync();
   for (auto& r : remotes_) r->Stop();

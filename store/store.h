@@ -398,6 +398,8 @@ class Store final : private ChunkSink {
   Status ApplyTierPolicy(int tier);
   // fsck of tier `tier`'s records under `ino` (store_fsck.cc).
   Status FsckRecords(int tier, uint64_t ino, const FsckOptions& options, FsckReport* r);
+  // A read fetched chunk `id` from a farther tier while the nearer tiers in `missing` had none.
+  void RestoreNearer(const ChunkId& id, uint8_t missing, const ChunkRef& data);
   // The tier other nodes' files are synced from: the farthest. REQUIRES: remote tiers.
   RemoteTier& sync_tier() { return *remotes_.back(); }
   Backend& sync_backend() { return *backends_.back(); }
@@ -590,6 +592,12 @@ class Store final : private ChunkSink {
   std::set<uint64_t> retain_pending_;  // guarded by retain_mu_
   std::unique_ptr<ThreadPool> retain_pool_;
   std::vector<std::unique_ptr<RemoteTier>> remotes_;  // one per backend, nearest first
+  // Chunks a read found missing from a nearer tier that this node counted as holding them, put
+  // back there (store_remote.cc RestoreNearer): one thread, at most kMaxRestoreBytes queued.
+  static constexpr uint64_t kMaxRestoreBytes = 64ull << 20;
+  std::mutex restore_mu_;
+  uint64_t restore_bytes_ = 0;              // guarded by restore_mu_
+  std::unique_ptr<ThreadPool> restore_pool_;  // guarded by restore_mu_ (reset at Close)
   std::mutex unpublished_mu_;
   // ino -> each version held: its generation and the chunk ids it names (sorted, distinct).
   // Versions stay until one at least as new is published (a commit whose transaction failed

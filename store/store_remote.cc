@@ -105,6 +105,12 @@ Status Store::AttachRemote(std::vector<std::unique_ptr<Backend>> tiers) {
     auto r = txn->GetChunk(id);
     return !r.ok() || r->refs > 0;
   });
+  if (n > 1) {
+    restore_pool_ = std::make_unique<ThreadPool>(1);
+    cache_->SetFetchedFromFar([this](const ChunkId& id, uint8_t missing, const ChunkRef& data) {
+      RestoreNearer(id, missing, data);
+    });
+  }
   std::vector<Backend*> chain;
   for (auto& b : backends_) chain.push_back(b.get());
   cache_->AttachRemote(chain, cfg_.cache_bytes);
@@ -226,6 +232,39 @@ void Store::ReleaseUnpublished(uint64_t ino) {
     if (versions.empty()) unpublished_.erase(it);
   }
   cache_->Unhold(ids);
+}
+
+void Store::RestoreNearer(const ChunkId& id, uint8_t missing, const ChunkRef& data) {
+  uint8_t lost = 0;
+  {
+    // Only tiers this node counts as holding the chunk (a file it knows is there names it): one
+    // past its keep= policy, or never given the file, is not this read's to fill.
+    auto txn = meta_->Begin(false);
+    if (!txn.ok()) return;
+    auto rec = txn->GetChunk(id);
+    if (!rec.ok()) return;
+    lost = static_cast<uint8_t>(missing & rec->tiers);
+  }
+  if (!lost) return;
+  std::lock_guard lock(restore_mu_);
+  if (!restore_pool_ || restore_bytes_ + data->size > kMaxRestoreBytes) return;
+  restore_bytes_ += data->size;
+  restore_pool_->Submit([this, id, lost, data] {
+    for (size_t t = 0; t < backends_.size(); ++t) {
+      if (!(lost & (1u << t))) continue;
+      Status st = backends_[t]->Put(ChunkCache::ObjectKey(id), data->bytes.get(), data->size);
+      if (st.ok()) {
+        metrics_.tier_chunks_restored.Add(1);
+        log_->info("chunk {} was missing from {}: put back from a farther tier", id.Hex(),
+                   backends_[t]->Describe());
+      } else {
+        log_->warn("putting chunk {} back into {}: {}", id.Hex(), backends_[t]->Describe(),
+                   st.ToString());
+      }
+    }
+    std::lock_guard done(restore_mu_);
+    restore_bytes_ -= data->size;
+  });
 }
 
 void Store::KickRemote() {

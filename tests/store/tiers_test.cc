@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <future>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backends/mem_backend.h"
@@ -123,6 +124,36 @@ TEST_F(TiersTest, AReadTakesTheNearestTierThatHasTheChunk) {
   EXPECT_EQ(Read(*c, on_c->ino), data);
   EXPECT_GE(c->metrics().remote_fetch_fallthrough.Get(), 4u);
   EXPECT_GT(far_.stats().gets, far_gets);
+}
+
+TEST_F(TiersTest, AReadPutsBackWhatANearTierLost) {
+  auto a = OpenChain("a", &near_, &far_, nullptr, nullptr, [](Config& c) { c.ram_cache_bytes = 0; });
+  const Bytes data = test::RandomBytes(1 << 20, 11);
+  const uint64_t ino = WriteCheckpoint(*a, data);
+  Drain(*a);
+  const size_t chunks = Count(near_, "chunks/");
+  ASSERT_GE(chunks, 4u);
+  // The near tier loses the chunks (a purge on the parallel filesystem); so does the node.
+  DeleteAll(near_, "chunks/");
+  RemoveChunkFiles("a");
+  EXPECT_EQ(Read(*a, ino), data);  // served by the far tier
+  for (int i = 0; i < 100 && Count(near_, "chunks/") < chunks; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(Count(near_, "chunks/"), chunks);  // and put back where this node knows they belong
+  EXPECT_EQ(a->metrics().tier_chunks_restored.Get(), chunks);
+
+  // A node that never counted the near tier as holding them (they came to it from the far
+  // tier's namespace) leaves the near tier alone.
+  DeleteAll(near_, "chunks/");
+  auto b = OpenChain("b", &near_, &far_);
+  ASSERT_TRUE(b->SyncFromRemote().ok());
+  auto on_b = b->Lookup(b->Lookup(kRootIno, "ck")->ino, "rank0.pt");
+  ASSERT_TRUE(on_b.ok());
+  EXPECT_EQ(Read(*b, on_b->ino), data);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(b->metrics().tier_chunks_restored.Get(), 0u);
+  EXPECT_EQ(Count(near_, "chunks/"), 0u);
 }
 
 TEST_F(TiersTest, ATierThatIsDownHoldsBackNeitherTheOtherNorADurabilityWaitThatSkipsIt) {
