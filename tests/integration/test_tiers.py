@@ -2,7 +2,8 @@
 # nearest, radosgw farthest. Three mounts with 10% injected faults on both tiers save the ranks of
 # a run's steps; every file reaches both tiers; `ckptfs retain` keeps the last two steps and a gc
 # round on each tier then leaves each tier's chunk bytes within 5% of the unique bytes that
-# remain; cold mounts read every remaining file back, also once the near tier lost its chunks.
+# remain, and no local tier holds more; cold mounts read every remaining file back, also once the
+# near tier lost its chunks.
 # fsck on two tiers finds each injected damage and repairs it from the other copies.
 # Runs in /usr/bin/python3.
 import json
@@ -89,6 +90,8 @@ def test_three_mounts_on_two_tiers_retention_gc_and_cold_reads(make_mount, new_r
         assert unique <= after <= 1.05 * unique, (tier.kind, after, unique)
     for m in mounts:
         assert "injected fault" in m.log()
+        # The local tiers dropped the chunks of the deleted steps too.
+        assert wait_for(m.chunk_bytes_on_disk, lambda n: n <= unique, 60) <= unique, m.mnt
 
     # A cold mount reads everything from the near tier: radosgw serves no chunk.
     far_gets = len(far.requests("GET", "chunks/"))
