@@ -67,7 +67,12 @@ def test_three_mounts_on_two_tiers_retention_gc_and_cold_reads(make_mount, new_r
         got = wait_for(lambda: set(tier.objects("files/")), lambda k: k == want, 120)
         assert got == want, tier.kind
 
-    # Retention through one mount; every tier loses the old steps' records.
+    # Retention through one mount, once that mount has synced every rank (it deletes what its
+    # namespace holds); every tier loses the old steps' records.
+    names = sorted(n for n in expect)
+    assert wait_for(lambda: sorted(str(p.relative_to(mounts[2].mnt)) for p in
+                                   (mounts[2].mnt / "run").glob("*/*")), lambda l: l == names,
+                    120) == names
     p = run([CKPTFS_BIN, "retain", mounts[2] / "run", "--keep-last", "2"], check=False)
     assert p.returncode == 0, p.stdout + p.stderr
     expect = {n: d for n, d in expect.items() if "step3" in n or "step4" in n}
