@@ -227,7 +227,17 @@ Status Store::Close() {
   closed_ = true;
   StopPrefetch();  // no chunk lands behind the final sync below
   // Seals not begun stay staged (resumed at the next mount); a running one finishes first.
-  retain_pool_.reset();  // a retention pass deletes through the namespace: it ends first
+  {
+    // A retention pass deletes through the namespace: the one running ends first, the queued
+    // ones are dropped, and commits from here on (the files still open) queue none. Reset
+    // outside the lock: a task takes it as it begins.
+    std::unique_ptr<ThreadPool> retains;
+    {
+      std::lock_guard lock(retain_mu_);
+      retains = std::move(retain_pool_);
+    }
+    retains.reset();
+  }
   seals_stopped_ = true;
   seal_pool_.reset();
   {

@@ -88,13 +88,12 @@ void Store::NoteCommitted(uint64_t ino) {
     }
     if (!txn->GetXattr(root, kRetainXattr).ok()) return;
   }
-  {
-    std::lock_guard lock(retain_mu_);
-    if (!retain_pending_.insert(root).second) return;  // a pass for it is queued already
-  }
+  std::lock_guard lock(retain_mu_);
+  if (!retain_pool_) return;  // closing
+  if (!retain_pending_.insert(root).second) return;  // a pass for it is queued already
   retain_pool_->Submit([this, root] {
     {
-      std::lock_guard lock(retain_mu_);
+      std::lock_guard begun(retain_mu_);
       retain_pending_.erase(root);
     }
     Status st = ApplyRetainXattr(root);

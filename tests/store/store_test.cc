@@ -34,6 +34,26 @@ TEST_F(StoreTest, UnlinkedOpenFileIsReclaimedAtTheNextStart) {
   EXPECT_TRUE(ReadFile(keep.ino) == kept);
 }
 
+TEST_F(StoreTest, ATrackerCommittedAtCloseUnderARetainAttributeStopsCleanly) {
+  // The daemon stops while `latest` is open and written in a run directory that carries
+  // user.ckptfs.retain: Close commits it after the retention thread is gone.
+  auto run = store_->MakeNode(kRootIno, "run", S_IFDIR | 0755, 0, Caller{});
+  ASSERT_TRUE(run.ok());
+  ASSERT_TRUE(store_->SetXattr(run->ino, "user.ckptfs.retain", "keep_last=1", 0).ok());
+  EXPECT_EQ(store_->SetXattr(run->ino, "user.ckptfs.retain", "keep_last=0", 0).code(),
+            Code::kInvalid);
+  for (const char* step : {"global_step1", "global_step2"}) {
+    ASSERT_TRUE(store_->MakeNode(run->ino, step, S_IFDIR | 0755, 0, Caller{}).ok());
+  }
+  InodeRecord latest = File(run->ino, "latest");
+  ASSERT_TRUE(store_->Open(latest.ino, true).ok());
+  const std::string tag = "global_step2";
+  ASSERT_TRUE(store_->Write(latest.ino, 0, reinterpret_cast<const uint8_t*>(tag.data()), tag.size()).ok());
+  Reopen();  // Close commits `latest` with the file still open
+  EXPECT_TRUE(store_->Lookup(run->ino, "latest").ok());
+  EXPECT_TRUE(store_->Lookup(run->ino, "global_step2").ok());
+}
+
 TEST_F(StoreTest, UncleanStopRemovesUnreferencedChunks) {
   InodeRecord f = File(kRootIno, "f");
   const Bytes data = test::RandomBytes(500000, 8);
