@@ -224,7 +224,9 @@ def test_gc_rounds_on_both_tiers_while_two_mounts_save_and_delete_lose_nothing(m
             c.join()
     assert all(p.returncode == 0 for p in rounds), [p.stdout + p.stderr for p in rounds]
     for tier in (near, far):
-        assert "deleted" in gc(tier, "--grace", "2")
+        # Some round on the tier deleted garbage while the mounts saved.
+        assert any(p.args[3] == tier.url and "deleted" in p.stdout for p in rounds), tier.kind
+        gc(tier, "--grace", "2")
         dry = gc(tier, "--dry-run")
         assert field(dry, "unreferenced") == 0, dry  # each tier holds what its records name
         assert field(dry, "records") == len(expect), dry
