@@ -229,11 +229,12 @@ Status Store::Close() {
   // Seals not begun stay staged (resumed at the next mount); a running one finishes first.
   {
     // A retention pass deletes through the namespace: the one running ends first, the queued
-    // ones are dropped, and commits from here on (the files still open) queue none. Reset
-    // outside the lock: a task takes it as it begins.
+    // ones are dropped (stopping_), and commits from here on (the files still open) queue none.
+    // Reset outside the lock: a task takes it.
     std::unique_ptr<ThreadPool> retains;
     {
       std::lock_guard lock(retain_mu_);
+      stopping_ = true;
       retains = std::move(retain_pool_);
     }
     retains.reset();

@@ -591,6 +591,9 @@ class Store final : private ChunkSink {
   std::mutex retain_mu_;
   std::set<uint64_t> retain_pending_;  // guarded by retain_mu_
   std::unique_ptr<ThreadPool> retain_pool_;  // guarded by retain_mu_ (reset at Close)
+  // Set at Close: queued retention passes and restores end at once (a pool runs its queue
+  // before it joins), and no retention pass tells the kernel anything more.
+  std::atomic<bool> stopping_{false};
   std::vector<std::unique_ptr<RemoteTier>> remotes_;  // one per backend, nearest first
   // Chunks a read found missing from a nearer tier that this node counted as holding them, put
   // back there (store_remote.cc RestoreNearer): one thread, at most kMaxRestoreBytes queued.

@@ -93,7 +93,7 @@ Status Store::AttachRemote(std::vector<std::unique_ptr<Backend>> tiers) {
       }
       RETURN_IF_ERROR(txn.RemapTiers(from));
       // The farthest tier keeps everything: what a nearer tier's policy dropped goes there too.
-      RETURN_IF_ERROR(txn.ForgetDropped(n - 1));
+      if (n > 0) RETURN_IF_ERROR(txn.ForgetDropped(n - 1));
     }
     for (int t = 0; t < n; ++t) RETURN_IF_ERROR(txn.PutTierName(t, backends_[t]->Identity()));
     RETURN_IF_ERROR(txn.Commit());
@@ -251,7 +251,7 @@ void Store::RestoreNearer(const ChunkId& id, uint8_t missing, const ChunkRef& da
   restore_bytes_ += data->size;
   restore_pool_->Submit([this, id, lost, data] {
     for (size_t t = 0; t < backends_.size(); ++t) {
-      if (!(lost & (1u << t))) continue;
+      if (!(lost & (1u << t)) || stopping_.load()) continue;  // closing: a later read asks again
       Status st = backends_[t]->Put(ChunkCache::ObjectKey(id), data->bytes.get(), data->size);
       if (st.ok()) {
         metrics_.tier_chunks_restored.Add(1);
@@ -352,7 +352,10 @@ Result<std::vector<std::string>> Store::StatesOf(uint64_t ino) {
   return out;
 }
 
-void Store::SetChangeListener(ChangeListener fn) { on_change_ = std::move(fn); }
+void Store::SetChangeListener(ChangeListener fn) {
+  std::lock_guard lock(retain_mu_);  // a retention pass (resumed seals) may read it already
+  on_change_ = std::move(fn);
+}
 
 void Store::SyncLoop() {
   int failures = 0;

@@ -2,7 +2,8 @@
 // `ckptfs retain`, applied by the daemon each time a checkpoint under it completes here. A
 // checkpoint counts as complete when its tracker file (latest_checkpointed_iteration.txt,
 // latest, latest_universal) in the run directory is committed, or a DCP .metadata (written
-// last) in one of its step directories. The deletions go through the namespace like a user's
+// last) in one of its step directories. Only directories of a recognized layout (iter_*,
+// global_step*, DCP steps) are ever deleted by it. The deletions go through the namespace like a user's
 // (published to every tier, seen by every node). Never deleted: what the policy keeps, the
 // checkpoint a tracker names, a pinned one (user.ckptfs.pin on it or in it), one with an open
 // file.
@@ -96,6 +97,7 @@ void Store::NoteCommitted(uint64_t ino) {
       std::lock_guard begun(retain_mu_);
       retain_pending_.erase(root);
     }
+    if (stopping_.load()) return;  // closing: queued passes are dropped
     Status st = ApplyRetainXattr(root);
     if (!st.ok()) log_->warn("applying user.ckptfs.retain of inode {}: {}", root, st.ToString());
   });
@@ -146,7 +148,13 @@ Status Store::RemoveTree(uint64_t parent, const std::string& name) {
   } else {
     RETURN_IF_ERROR(Unlink(parent, name));
   }
-  if (on_change_) on_change_(parent, name, 0);  // the kernel forgets the entry
+  // The kernel forgets the entry; not once closing (the FUSE session is gone).
+  ChangeListener tell;
+  {
+    std::lock_guard lock(retain_mu_);
+    if (!stopping_.load()) tell = on_change_;
+  }
+  if (tell) tell(parent, name, 0);
   return Status::Ok();
 }
 
@@ -174,6 +182,15 @@ Status Store::ApplyRetainXattr(uint64_t root) {
     }
   }
   ASSIGN_OR_RETURN(RetentionPolicy policy, ParseRetainXattr(value));
+  // Unattended, only checkpoints of a recognized layout go: a run directory without any
+  // (custom tags, or logs and configs beside them) is left to `ckptfs retain`, asked by a user.
+  bool recognized = false;
+  for (const CheckpointDir& d : dirs) recognized = recognized || IsRecognizedCheckpoint(d);
+  if (!recognized) return Status::Ok();
+  std::vector<CheckpointDir> checkpoints;
+  for (const CheckpointDir& d : dirs) {
+    if (IsRecognizedCheckpoint(d)) checkpoints.push_back(d);
+  }
   std::string named[3];
   for (int i = 0; i < 3; ++i) {
     if (!trackers[i]) continue;
@@ -183,7 +200,7 @@ Status Store::ApplyRetainXattr(uint64_t root) {
   }
   size_t deleted = 0;
   for (const RetentionDecision& d :
-       DecideRetention(dirs, Trackers{named[0], named[1], named[2]}, policy)) {
+       DecideRetention(checkpoints, Trackers{named[0], named[1], named[2]}, policy)) {
     if (!d.keep.empty()) continue;
     uint64_t ino = 0;
     for (const auto& [name, i] : inos) {

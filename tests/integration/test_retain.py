@@ -175,6 +175,16 @@ def test_the_retain_attribute_applies_the_policy_after_each_checkpoint(mnt):
         write_file(d / "__0_0.distcp", os.urandom(4096))
         write_file(d / ".metadata", b"meta")
     assert wait_for(lambda: dirs(dcp), lambda d: d == ["step_30"], 30) == ["step_30"]
+    # Only recognized checkpoints go unattended: custom tags, logs and configs stay.
+    custom = mnt / "custom"
+    custom.mkdir()
+    os.setxattr(custom, "user.ckptfs.retain", b"keep_last=1")
+    for tag in ("epoch1", "epoch2", "tensorboard"):
+        (custom / tag).mkdir()
+        write_file(custom / tag / "f.bin", os.urandom(1024))
+        (custom / "latest").write_text(tag)
+    time.sleep(1)
+    assert dirs(custom) == ["epoch1", "epoch2", "tensorboard"]
     # Without the attribute nothing is deleted.
     os.removexattr(dcp, "user.ckptfs.retain")
     for step in (40, 50):
