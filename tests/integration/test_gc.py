@@ -31,6 +31,35 @@ def field(out, name):
     return int(line.split()[1])
 
 
+def save_and_delete(mounts, seed, max_steps, expect, wait_s):
+    """Each mount saves two ranks a step, for 30 s or max_steps steps, and deletes its steps but
+    the last two through the mount; `expect` gets {path: bytes} of what remains, and every mount
+    has uploaded its files (within wait_s). Steps reuse blocks across steps and mounts: garbage
+    chunks are often saved again, the case in which a node finds a condemned chunk in a tier and
+    skips its upload."""
+    rng = random.Random(seed)
+    blocks = [os.urandom(384 * 1024) for _ in range(8)]
+    deadline = time.monotonic() + 30
+    step = 0
+    while time.monotonic() < deadline and step < max_steps:
+        for tag, m in mounts.items():
+            os.mkdir(m / f"{tag}-{step}")
+            for rank in range(2):
+                name = f"{tag}-{step}/rank-{rank}.bin"
+                data = b"".join(rng.choice(blocks) for _ in range(rng.randint(1, 4)))
+                data += os.urandom(rng.randint(0, 200 * 1024))
+                write_file(m / name, data)
+                expect[name] = data
+            if step >= 2:  # keep the last two steps
+                shutil.rmtree(m / f"{tag}-{step - 2}")
+                for rank in range(2):
+                    del expect[f"{tag}-{step - 2}/rank-{rank}.bin"]
+        step += 1
+        time.sleep(0.5)  # a job's compute between two checkpoints; rounds overlap the saves
+    for tag, m in mounts.items():
+        wait_state([m / n for n in expect if n.startswith(tag)], timeout=wait_s)
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("kind", ["file", "s3"])
 def test_gc_dry_run_counts_what_no_record_references(make_mount, new_remote, kind):
@@ -89,10 +118,6 @@ def test_gc_rounds_while_two_mounts_save_and_delete_lose_nothing(make_mount, new
     faults = "fail=0.1,ops=put+get+head,seed="
     mounts = {tag: mount_on(make_mount, remote, tag, options=options, faults=faults + seed)
               for tag, seed in (("a", "3"), ("b", "5"))}
-    # Steps reuse blocks across steps and mounts: garbage chunks are often saved again, the case
-    # in which a node finds a condemned chunk in the bucket and skips its upload.
-    rng = random.Random(1)
-    blocks = [os.urandom(384 * 1024) for _ in range(8)]
     stop = threading.Event()
     rounds = []
 
@@ -104,25 +129,7 @@ def test_gc_rounds_while_two_mounts_save_and_delete_lose_nothing(make_mount, new
     collector.start()
     expect = {}
     try:
-        deadline = time.monotonic() + 30
-        step = 0
-        while time.monotonic() < deadline and step < 24:
-            for tag, m in mounts.items():
-                os.mkdir(m / f"{tag}-{step}")
-                for rank in range(2):
-                    name = f"{tag}-{step}/rank-{rank}.bin"
-                    data = b"".join(rng.choice(blocks) for _ in range(rng.randint(1, 4)))
-                    data += os.urandom(rng.randint(0, 200 * 1024))
-                    write_file(m / name, data)
-                    expect[name] = data
-                if step >= 2:  # keep the last two steps
-                    shutil.rmtree(m / f"{tag}-{step - 2}")
-                    for rank in range(2):
-                        del expect[f"{tag}-{step - 2}/rank-{rank}.bin"]
-            step += 1
-            time.sleep(0.5)  # a job's compute between two checkpoints; rounds overlap the saves
-        for tag, m in mounts.items():
-            wait_state([m / n for n in expect if n.startswith(tag)], timeout=240)
+        save_and_delete(mounts, 1, 24, expect, wait_s=240)
         want = {"files/" + n for n in expect}
         assert wait_for(lambda: set(remote.objects("files/")), lambda k: k == want, 120) == want
     finally:

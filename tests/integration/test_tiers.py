@@ -9,16 +9,14 @@
 # Runs in /usr/bin/python3.
 import json
 import os
-import random
 import shutil
 import threading
-import time
 
 import pytest
 
 from conftest import CKPTFS_BIN, read_file, run, wait_for, write_file
 from test_fsck import flip_byte, fsck
-from test_gc import field
+from test_gc import field, save_and_delete
 from test_remote import REMOTE_CHUNKS, new_remote, wait_state  # noqa: F401
 
 MiB = 1 << 20
@@ -177,10 +175,6 @@ def test_gc_rounds_on_both_tiers_while_two_mounts_save_and_delete_lose_nothing(m
     mounts = {tag: mount_chain(make_mount, near, far, tag, options=options,
                                faults=f"fail=0.1,ops=put+get+head,seed={seed}")
               for tag, seed in (("a", 3), ("b", 5))}
-    # Blocks shared across steps and mounts: garbage chunks are often saved again, the case in
-    # which a node finds a condemned chunk in a tier and skips its upload.
-    rng = random.Random(2)
-    blocks = [os.urandom(384 * 1024) for _ in range(8)]
     stop = threading.Event()
     rounds = []
 
@@ -195,25 +189,7 @@ def test_gc_rounds_on_both_tiers_while_two_mounts_save_and_delete_lose_nothing(m
         c.start()
     expect = {}
     try:
-        deadline = time.monotonic() + 30
-        step = 0
-        while time.monotonic() < deadline and step < 16:
-            for tag, m in mounts.items():
-                os.mkdir(m / f"{tag}-{step}")
-                for rank in range(2):
-                    name = f"{tag}-{step}/rank-{rank}.bin"
-                    data = b"".join(rng.choice(blocks) for _ in range(rng.randint(1, 4)))
-                    data += os.urandom(rng.randint(0, 200 * 1024))
-                    write_file(m / name, data)
-                    expect[name] = data
-                if step >= 2:  # keep the last two steps
-                    shutil.rmtree(m / f"{tag}-{step - 2}")
-                    for rank in range(2):
-                        del expect[f"{tag}-{step - 2}/rank-{rank}.bin"]
-            step += 1
-            time.sleep(0.5)
-        for tag, m in mounts.items():
-            wait_state([m / n for n in expect if n.startswith(tag)], timeout=300)
+        save_and_delete(mounts, 2, 16, expect, wait_s=300)
         want = {"files/" + n for n in expect}
         for tier in (near, far):
             got = wait_for(lambda: set(tier.objects("files/")), lambda k: k == want, 180)
