@@ -158,7 +158,7 @@ bool ChunkCache::Contains(const ChunkId& id) const {
 bool ChunkCache::OnDisk(const ChunkId& id) const {
   {
     std::lock_guard lock(mu_);
-    if (remote_) return disk_.count(id) > 0;
+    if (!tiers_.empty()) return disk_.count(id) > 0;
   }
   return Contains(id);
 }
@@ -167,11 +167,11 @@ Status ChunkCache::Warm(const ChunkId& id, size_t len) {
   std::shared_ptr<Inflight> flight;
   {
     std::unique_lock lock(mu_);
-    if (remote_ && disk_.count(id)) {
+    if (!tiers_.empty() && disk_.count(id)) {
       DiskTouch(id);  // asked for: the most recent, the last to be evicted
       return Status::Ok();
     }
-    if (!remote_) {
+    if (tiers_.empty()) {
       lock.unlock();
       if (Contains(id)) return Status::Ok();
       return NotFound("chunk " + id.Hex() + " is not on the local tier (no backend)");
@@ -271,7 +271,6 @@ void ChunkCache::AttachRemote(std::vector<Backend*> tiers, uint64_t disk_limit) 
   if (!st.ok()) log_->error("listing the local tier: {}", st.ToString());
   std::lock_guard lock(mu_);
   tiers_ = std::move(tiers);
-  remote_ = !tiers_.empty();
   disk_limit_ = disk_limit;
   for (const auto& [id, size] : found) DiskAdd(id, size);
 }
@@ -420,7 +419,7 @@ Result<ChunkRef> ChunkCache::Get(const ChunkId& id, size_t len) {
   Result<ChunkRef> r = Load(id, len);
   // A corrupt local copy was moved aside by Load: the backend's copy replaces it.
   if (!r.ok() && (r.status().code() == Code::kNotFound || r.status().code() == Code::kCorrupt) &&
-      remote_) {
+      !tiers_.empty()) {
     r = Fetch(id, len);
   }
   std::lock_guard lock(mu_);

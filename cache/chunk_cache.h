@@ -171,7 +171,6 @@ class ChunkCache {
 
   // The disk tier's chunks in recency order (most recent first), with what eviction needs.
   std::vector<Backend*> tiers_;  // set once by AttachRemote
-  bool remote_ = false;          // !tiers_.empty()
   std::function<bool(const ChunkId&)> keep_;  // set once by SetKeepFetched
   FetchedFromFar fetched_from_far_;           // set once by SetFetchedFromFar
   uint64_t disk_limit_ = 0;

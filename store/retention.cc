@@ -62,7 +62,7 @@ std::vector<RetentionDecision> DecideRetention(const std::vector<CheckpointDir>&
 
   std::vector<RetentionDecision> out;
   for (size_t i = 0; i < ckpts.size(); ++i) {
-    RetentionDecision c{ckpts[i]->name, StepOf(*ckpts[i]), ""};
+    RetentionDecision c{ckpts[i]->name, ckpts[i]->ino, StepOf(*ckpts[i]), ""};
     if (i + policy.keep_last >= ckpts.size()) {
       c.keep = "newest " + std::to_string(policy.keep_last);
     } else if (policy.keep_every && c.step && *c.step % policy.keep_every == 0) {

@@ -18,6 +18,7 @@ struct CheckpointDir {
   std::string name;
   bool dcp_metadata = false;  // holds a .metadata file
   int64_t mtime_ns = 0;
+  uint64_t ino = 0;  // the caller's handle for it, carried into its decision
 };
 
 struct RetentionPolicy {
@@ -27,6 +28,7 @@ struct RetentionPolicy {
 
 struct RetentionDecision {
   std::string name;
+  uint64_t ino = 0;  // CheckpointDir::ino
   std::optional<uint64_t> step;
   std::string keep;  // why it stays; empty: it may go
 };

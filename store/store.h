@@ -393,6 +393,12 @@ class Store final : private ChunkSink {
   Result<std::string> ReadSmallFile(uint64_t ino);  // a tracker file's bytes (at most 4 KiB)
   Result<bool> Pinned(uint64_t ino);                // kPinXattr on ino or anything under it
   Status RemoveTree(uint64_t parent, const std::string& name);
+  // The subdirectories of `dir` as retention sees them (store_policy.cc).
+  static Result<std::vector<CheckpointDir>> CheckpointDirsOf(MetaStore::Txn& txn, uint64_t dir);
+  // Adds to *out the checkpoint directories under `dir` (a run, or runs below it, up to a
+  // depth) that `policy` does not keep; *found_run: some run was found.
+  static Status FindDropped(MetaStore::Txn& txn, uint64_t dir, const RetentionPolicy& policy,
+                            int depth, bool* found_run, std::vector<uint64_t>* out);
   // Drops from nearer tier `tier` the files of checkpoints past its keep= policy
   // (store_policy.cc). Runs on that tier's worker when its queue is empty.
   Status ApplyTierPolicy(int tier);

@@ -24,54 +24,41 @@ namespace {
 
 constexpr int kMaxRunDepth = 16;
 
-struct Child {
-  std::string name;
-  uint64_t ino;
-};
+}  // namespace
 
-// The directory children of `dir`, as CheckpointDirs beside their inodes.
-Status ChildDirs(MetaStore::Txn& txn, uint64_t dir, std::vector<CheckpointDir>* dirs,
-                 std::vector<Child>* inos) {
-  std::vector<Child> found;
+Result<std::vector<CheckpointDir>> Store::CheckpointDirsOf(MetaStore::Txn& txn, uint64_t dir) {
+  std::vector<CheckpointDir> out;
   RETURN_IF_ERROR(txn.ListDir(dir, 0, [&](std::string_view name, const DirEntry& e) {
-    if (S_ISDIR(e.mode)) found.push_back({std::string(name), e.ino});
+    if (S_ISDIR(e.mode)) out.push_back(CheckpointDir{std::string(name), false, 0, e.ino});
     return true;
   }));
-  for (const Child& c : found) {
-    ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(c.ino));
-    CheckpointDir d{c.name, txn.GetEntry(c.ino, ".metadata").ok(), rec.mtime_ns};
-    dirs->push_back(std::move(d));
-    inos->push_back(c);
+  for (CheckpointDir& d : out) {
+    ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(d.ino));
+    d.mtime_ns = rec.mtime_ns;
+    d.dcp_metadata = txn.GetEntry(d.ino, ".metadata").ok();
   }
-  return Status::Ok();
+  return out;
 }
 
 // Adds to *out the checkpoint directories under `dir` that `policy` does not keep.
-Status FindDropped(MetaStore::Txn& txn, uint64_t dir, const RetentionPolicy& policy, int depth,
+Status Store::FindDropped(MetaStore::Txn& txn, uint64_t dir, const RetentionPolicy& policy, int depth,
                    bool* found_run, std::vector<uint64_t>* out) {
-  std::vector<CheckpointDir> dirs;
-  std::vector<Child> inos;
-  RETURN_IF_ERROR(ChildDirs(txn, dir, &dirs, &inos));
+  ASSIGN_OR_RETURN(std::vector<CheckpointDir> dirs, CheckpointDirsOf(txn, dir));
   bool run = false;
   for (const CheckpointDir& d : dirs) run = run || IsRecognizedCheckpoint(d);
   if (run) {
     *found_run = true;
     for (const RetentionDecision& d : DecideRetention(dirs, Trackers{}, policy)) {
-      if (!d.keep.empty()) continue;
-      for (const Child& c : inos) {
-        if (c.name == d.name) out->push_back(c.ino);
-      }
+      if (d.keep.empty()) out->push_back(d.ino);
     }
   }
   if (depth >= kMaxRunDepth) return Status::Ok();
   for (size_t i = 0; i < dirs.size(); ++i) {
     if (run && IsRecognizedCheckpoint(dirs[i])) continue;  // a checkpoint holds no runs
-    RETURN_IF_ERROR(FindDropped(txn, inos[i].ino, policy, depth + 1, found_run, out));
+    RETURN_IF_ERROR(FindDropped(txn, dirs[i].ino, policy, depth + 1, found_run, out));
   }
   return Status::Ok();
 }
-
-}  // namespace
 
 Status Store::ApplyTierPolicy(int tier) {
   const size_t t = static_cast<size_t>(tier);
@@ -88,14 +75,9 @@ Status Store::ApplyTierPolicy(int tier) {
     RETURN_IF_ERROR(FindDropped(txn, kRootIno, policy, 0, &found_run, &dirs));
     if (!found_run) {
       // No recognized layout anywhere: the top-level directories, oldest first by time.
-      std::vector<CheckpointDir> top;
-      std::vector<Child> inos;
-      RETURN_IF_ERROR(ChildDirs(txn, kRootIno, &top, &inos));
+      ASSIGN_OR_RETURN(std::vector<CheckpointDir> top, CheckpointDirsOf(txn, kRootIno));
       for (const RetentionDecision& d : DecideRetention(top, Trackers{}, policy)) {
-        if (!d.keep.empty()) continue;
-        for (const Child& c : inos) {
-          if (c.name == d.name) dirs.push_back(c.ino);
-        }
+        if (d.keep.empty()) dirs.push_back(d.ino);
       }
     }
     for (uint64_t dir : dirs) {

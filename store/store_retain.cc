@@ -161,21 +161,13 @@ Status Store::RemoveTree(uint64_t parent, const std::string& name) {
 Status Store::ApplyRetainXattr(uint64_t root) {
   std::string value;
   std::vector<CheckpointDir> dirs;
-  std::vector<std::pair<std::string, uint64_t>> inos;
   uint64_t trackers[3] = {};
   {
     ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
     auto v = txn.GetXattr(root, kRetainXattr);
     if (!v.ok()) return v.status().code() == Code::kNoData ? Status::Ok() : v.status();
     value = *v;
-    RETURN_IF_ERROR(txn.ListDir(root, 0, [&](std::string_view name, const DirEntry& e) {
-      if (S_ISDIR(e.mode)) inos.emplace_back(std::string(name), e.ino);
-      return true;
-    }));
-    for (const auto& [name, ino] : inos) {
-      ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(ino));
-      dirs.push_back(CheckpointDir{name, txn.GetEntry(ino, ".metadata").ok(), rec.mtime_ns});
-    }
+    ASSIGN_OR_RETURN(dirs, CheckpointDirsOf(txn, root));
     for (int i = 0; i < 3; ++i) {
       auto e = txn.GetEntry(root, kTrackers[i]);
       if (e.ok() && S_ISREG(e->mode)) trackers[i] = e->ino;
@@ -184,9 +176,6 @@ Status Store::ApplyRetainXattr(uint64_t root) {
   ASSIGN_OR_RETURN(RetentionPolicy policy, ParseRetainXattr(value));
   // Unattended, only checkpoints of a recognized layout go: a run directory without any
   // (custom tags, or logs and configs beside them) is left to `ckptfs retain`, asked by a user.
-  bool recognized = false;
-  for (const CheckpointDir& d : dirs) recognized = recognized || IsRecognizedCheckpoint(d);
-  if (!recognized) return Status::Ok();
   std::vector<CheckpointDir> checkpoints;
   for (const CheckpointDir& d : dirs) {
     if (IsRecognizedCheckpoint(d)) checkpoints.push_back(d);
@@ -202,13 +191,9 @@ Status Store::ApplyRetainXattr(uint64_t root) {
   for (const RetentionDecision& d :
        DecideRetention(checkpoints, Trackers{named[0], named[1], named[2]}, policy)) {
     if (!d.keep.empty()) continue;
-    uint64_t ino = 0;
-    for (const auto& [name, i] : inos) {
-      if (name == d.name) ino = i;
-    }
-    ASSIGN_OR_RETURN(bool busy, Busy(ino));
+    ASSIGN_OR_RETURN(bool busy, Busy(d.ino));
     if (busy) continue;  // a file in it is open: the next pass
-    ASSIGN_OR_RETURN(bool pinned, Pinned(ino));
+    ASSIGN_OR_RETURN(bool pinned, Pinned(d.ino));
     if (pinned) continue;
     RETURN_IF_ERROR(RemoveTree(root, d.name));
     ++deleted;

@@ -72,6 +72,22 @@ The cache directory defaults to /var/cache/ckptfs/<mountpoint> (root) or ~/.cach
 )";
 
 
+// N[+N...]: one count per tier (keep=, keep_every=, durability_tier=).
+Result<std::vector<uint64_t>> Counts(const std::string& val, const std::string& opt) {
+  std::vector<uint64_t> out;
+  size_t start = 0;
+  while (start <= val.size()) {
+    const size_t plus = std::min(val.find('+', start), val.size());
+    const std::string n = val.substr(start, plus - start);
+    if (n.empty() || n.size() > 18 || n.find_first_not_of("0123456789") != std::string::npos) {
+      return Invalid("bad count in option '" + opt + "'");
+    }
+    out.push_back(std::stoull(n));
+    start = plus + 1;
+  }
+  return out;
+}
+
 // Applies one -o option to cfg; options ckptfs does not know go to FUSE.
 Status ApplyOption(const std::string& opt, Config& cfg) {
   auto eq = opt.find('=');
@@ -104,30 +120,16 @@ Status ApplyOption(const std::string& opt, Config& cfg) {
     }
     if (key == "durability") return (cfg.durability = val), Status::Ok();
     if (key == "keep" || key == "keep_every") {
-      auto& list = key == "keep" ? cfg.tier_keep : cfg.tier_keep_every;
-      list.clear();
-      size_t start = 0;
-      while (start <= val.size()) {
-        const size_t plus = std::min(val.find('+', start), val.size());
-        const std::string n = val.substr(start, plus - start);
-        if (n.empty() || n.find_first_not_of("0123456789") != std::string::npos) {
-          return Invalid("bad count in option '" + opt + "'");
-        }
-        list.push_back(std::stoull(n));
-        start = plus + 1;
-      }
+      ASSIGN_OR_RETURN((key == "keep" ? cfg.tier_keep : cfg.tier_keep_every), Counts(val, opt));
       return Status::Ok();
     }
     if (key == "durability_tier") {
       cfg.durability_tiers.clear();
       if (val == "all") return Status::Ok();
-      size_t start = 0;
-      while (start <= val.size()) {
-        const size_t plus = std::min(val.find('+', start), val.size());
-        const int n = std::stoi(val.substr(start, plus - start));
-        if (n < 1) return Invalid("durability_tier counts tiers from 1");
-        cfg.durability_tiers.push_back(n - 1);
-        start = plus + 1;
+      ASSIGN_OR_RETURN(std::vector<uint64_t> tiers, Counts(val, opt));
+      for (uint64_t n : tiers) {
+        if (n < 1 || n > kMaxTiers) return Invalid("durability_tier counts tiers from 1");
+        cfg.durability_tiers.push_back(static_cast<int>(n - 1));
       }
       return Status::Ok();
     }
