@@ -48,10 +48,21 @@ void Init(void* userdata, fuse_conn_info* conn) {
   } else {
     conn->want &= ~FUSE_CAP_WRITEBACK_CACHE;
   }
+  // The kernel leaves clearing set-id bits to the daemon (fs/privs.h) instead of asking for
+  // security.capability before every write.
+#if defined(FUSE_CAP_HANDLE_KILLPRIV_V2)
+  const bool killpriv = conn->capable & FUSE_CAP_HANDLE_KILLPRIV_V2;
+  if (killpriv) conn->want |= FUSE_CAP_HANDLE_KILLPRIV_V2;
+#else
+  const bool killpriv = false;  // libfuse before 3.10
+#endif
   const char* passthrough = PassthroughMode(*ctx, conn);
-  ctx->log->info("mounted: max_write {} KiB, readahead {} KiB, writeback cache {}, passthrough {}",
-                 conn->max_write >> 10, conn->max_readahead >> 10,
-                 (conn->want & FUSE_CAP_WRITEBACK_CACHE) ? "on" : "off", passthrough);
+  ctx->log->info(
+      "mounted: max_write {} KiB, readahead {} KiB, writeback cache {}, set-id bits cleared by {}, "
+      "passthrough {}",
+      conn->max_write >> 10, conn->max_readahead >> 10,
+      (conn->want & FUSE_CAP_WRITEBACK_CACHE) ? "on" : "off", killpriv ? "ckptfs" : "the kernel",
+      passthrough);
 }
 
 // The kernel caps a FUSE mount's readahead at its backing device's read_ahead_kb (128 KiB when

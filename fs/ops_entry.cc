@@ -5,6 +5,7 @@
 #include <cerrno>
 
 #include "fs/fs_ops.h"
+#include "fs/privs.h"
 
 namespace ckptfs::fs {
 namespace {
@@ -67,6 +68,21 @@ void GetAttr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
   fuse_reply_attr(req, &st, Ctx(req).cfg.attr_timeout_s);
 }
 
+// The mode a SETATTR leaves once set-id bits it must clear are gone (fs/privs.h), or nullopt
+// when it clears none: a chown; one that changes nothing (the kernel's word that a write, an
+// fallocate or chown(-1, -1) clears them); a truncation by a caller without CAP_FSETID.
+Result<std::optional<uint32_t>> SetidToClear(fuse_req_t req, fuse_ino_t ino, int to_set) {
+  const bool chown = (to_set & (FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID)) || to_set == 0;
+  if (!chown && !(to_set & FUSE_SET_ATTR_KILL_SUID)) return std::optional<uint32_t>();
+  ASSIGN_OR_RETURN(InodeRecord rec, Ctx(req).store->GetAttr(ino));
+  if (!(rec.mode & (S_ISUID | S_ISGID))) return std::optional<uint32_t>();
+  const CallerPrivs who = PrivsOf(fuse_req_ctx(req)->pid);
+  const uint32_t clear = chown ? SetidClearedByChown(rec.mode, rec.gid, who)
+                               : SetidClearedByWrite(rec.mode, rec.gid, who);
+  if (!clear) return std::optional<uint32_t>();
+  return std::optional<uint32_t>(rec.mode & 07777 & ~clear);
+}
+
 void SetAttr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, fuse_file_info* fi) {
   if (RefuseView(req, ino)) return;
   SetAttrRequest r;
@@ -84,6 +100,11 @@ void SetAttr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, fuse
     r.mtime_ns = SetAttrRequest::kNow;
   } else if (to_set & FUSE_SET_ATTR_MTIME) {
     r.mtime_ns = ns(attr->st_mtim);
+  }
+  if (!r.mode) {
+    auto cleared = SetidToClear(req, ino, to_set);
+    if (!cleared.ok()) return ReplyError(req, cleared.status(), "setattr", ino);
+    if (*cleared) r.mode = *cleared;
   }
   auto rec = Ctx(req).store->SetAttr(ino, r, fi ? fi->fh : 0);
   if (!rec.ok()) return ReplyError(req, rec.status(), "setattr", ino);

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "fs/fs_ops.h"
+#include "fs/privs.h"
 
 namespace ckptfs::fs {
 namespace {
@@ -46,6 +47,23 @@ bool SetPassthrough(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi, int pass
 // Where this mount serves files in passthrough mode, the out-parameter the store fills.
 int* PassthroughOut(fuse_req_t req, int* fd) { return Ctx(req).passthrough ? fd : nullptr; }
 
+// An O_TRUNC open truncates: by a caller without CAP_FSETID it clears set-id bits, as a
+// truncate(2) does (the kernel's FUSE_OPEN_KILL_SUIDGID does not reach this handler).
+Status ClearSetidOnTruncation(fuse_req_t req, fuse_ino_t ino) {
+  Context& ctx = Ctx(req);
+  ASSIGN_OR_RETURN(InodeRecord rec, ctx.store->GetAttr(ino));
+  if (!(rec.mode & (S_ISUID | S_ISGID))) return Status::Ok();
+  const uint32_t clear =
+      SetidClearedByWrite(rec.mode, rec.gid, PrivsOf(fuse_req_ctx(req)->pid));
+  if (!clear) return Status::Ok();
+  SetAttrRequest r;
+  r.mode = rec.mode & 07777 & ~clear;
+  RETURN_IF_ERROR(ctx.store->SetAttr(ino, r).status());
+  // The kernel keeps the mode it cached; attributes only (offset -1): safe inside a request.
+  fuse_lowlevel_notify_inval_inode(ctx.session, ino, -1, 0);
+  return Status::Ok();
+}
+
 void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   if (IsViewIno(ino)) {
     if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC)) {
@@ -66,6 +84,10 @@ void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   int pt_fd = -1;
   Context& ctx = Ctx(req);
   const bool reader = (fi->flags & O_ACCMODE) == O_RDONLY;
+  if (!reader && (fi->flags & O_TRUNC)) {
+    Status cleared = ClearSetidOnTruncation(req, ino);
+    if (!cleared.ok()) return ReplyError(req, cleared, "open", ino);
+  }
   Status st = ctx.store->Open(ino, (fi->flags & O_TRUNC) != 0, &fh, &keep, !reader,
                               PassthroughOut(req, &pt_fd));
   if (!st.ok()) return ReplyError(req, st, "open", ino);

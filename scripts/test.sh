@@ -39,7 +39,7 @@ if [[ -f build-hip/gpu/libckptfs_gpu.so ]]; then
 fi
 echo "== real-mount integration tests"
 (cd build && ctest --output-on-failure -R '^integration$')
-echo "== the POSIX, durability and torch tests again without passthrough (the daemon's write path)"
+echo "== the POSIX, set-id, durability and torch tests again without passthrough (the daemon's write path)"
 CKPTFS_BIN="$PWD/build/tools/ckptfs" CKPTFS_TEST_MOUNT_OPTIONS=passthrough=0 \
   /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/integration/test_posix.py \
-  tests/integration/test_durability.py tests/integration/test_torch.py
+  tests/integration/test_privs.py tests/integration/test_durability.py tests/integration/test_torch.py
