@@ -7,6 +7,7 @@
 
 #include "fs/backing.h"
 #include "fs/fuse_version.h"
+#include "fs/privs.h"
 
 #include "common/config.h"
 #include "common/log.h"
@@ -28,6 +29,7 @@ struct Context {
   // the options must all allow it), and the backing files registered for it.
   std::atomic<bool> passthrough{false};
   BackingFiles backing;
+  CapsRemovals caps_removed;  // fs/privs.h
 };
 
 inline Context& Ctx(fuse_req_t req) { return *static_cast<Context*>(fuse_req_userdata(req)); }

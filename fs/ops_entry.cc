@@ -68,17 +68,30 @@ void GetAttr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
   fuse_reply_attr(req, &st, Ctx(req).cfg.attr_timeout_s);
 }
 
-// The mode a SETATTR leaves once set-id bits it must clear are gone (fs/privs.h), or nullopt
-// when it clears none: a chown; one that changes nothing (the kernel's word that a write, an
-// fallocate or chown(-1, -1) clears them); a truncation by a caller without CAP_FSETID.
+// The mode a SETATTR leaves once the set-id bits it must clear are gone (fs/privs.h), or nullopt
+// when it clears none. A chown clears them; so does the SETATTR that changes nothing (ctime at
+// most, with writeback_cache), the kernel's word that a write, an fallocate or chown(-1, -1)
+// must, unless it only follows the removal of file capabilities; and a truncation by a caller
+// the kernel found without CAP_FSETID.
 Result<std::optional<uint32_t>> SetidToClear(fuse_req_t req, fuse_ino_t ino, int to_set) {
-  const bool chown = (to_set & (FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID)) || to_set == 0;
-  if (!chown && !(to_set & FUSE_SET_ATTR_KILL_SUID)) return std::optional<uint32_t>();
-  ASSIGN_OR_RETURN(InodeRecord rec, Ctx(req).store->GetAttr(ino));
+  constexpr int kIds = FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID;
+#if defined(FUSE_SET_ATTR_KILL_SUID)
+  const bool kernel_kill = to_set & FUSE_SET_ATTR_KILL_SUID;  // FATTR_KILL_SUIDGID
+#else
+  const bool kernel_kill = false;
+#endif
+  const bool empty = (to_set & ~FUSE_SET_ATTR_CTIME) == 0;
+  if (!(to_set & kIds) && !empty && !kernel_kill) return std::optional<uint32_t>();
+  Context& ctx = Ctx(req);
+  const pid_t pid = fuse_req_ctx(req)->pid;
+  const bool caps_only = empty && ctx.caps_removed.Take(ino, pid);
+  ASSIGN_OR_RETURN(InodeRecord rec, ctx.store->GetAttr(ino));
   if (!(rec.mode & (S_ISUID | S_ISGID))) return std::optional<uint32_t>();
-  const CallerPrivs who = PrivsOf(fuse_req_ctx(req)->pid);
-  const uint32_t clear = chown ? SetidClearedByChown(rec.mode, rec.gid, who)
-                               : SetidClearedByWrite(rec.mode, rec.gid, who);
+  CallerPrivs who = PrivsOf(pid);
+  if (kernel_kill) who.fsetid = false;  // the kernel checked, in its own namespace
+  const bool as_write = caps_only || (kernel_kill && !(to_set & kIds));
+  const uint32_t clear = as_write ? SetidClearedByWrite(rec.mode, rec.gid, who)
+                                  : SetidClearedByChown(rec.mode, rec.gid, who);
   if (!clear) return std::optional<uint32_t>();
   return std::optional<uint32_t>(rec.mode & 07777 & ~clear);
 }

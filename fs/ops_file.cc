@@ -56,9 +56,9 @@ Status ClearSetidOnTruncation(fuse_req_t req, fuse_ino_t ino) {
   const uint32_t clear =
       SetidClearedByWrite(rec.mode, rec.gid, PrivsOf(fuse_req_ctx(req)->pid));
   if (!clear) return Status::Ok();
-  SetAttrRequest r;
-  r.mode = rec.mode & 07777 & ~clear;
-  RETURN_IF_ERROR(ctx.store->SetAttr(ino, r).status());
+  // Cleared in the store's own transaction: a chmod meanwhile (the kernel does not hold the
+  // inode's lock around an open) is neither undone nor lost.
+  RETURN_IF_ERROR(ctx.store->ClearModeBits(ino, clear).status());
   // The kernel keeps the mode it cached; attributes only (offset -1): safe inside a request.
   fuse_lowlevel_notify_inval_inode(ctx.session, ino, -1, 0);
   return Status::Ok();
@@ -84,13 +84,13 @@ void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   int pt_fd = -1;
   Context& ctx = Ctx(req);
   const bool reader = (fi->flags & O_ACCMODE) == O_RDONLY;
-  if (!reader && (fi->flags & O_TRUNC)) {
-    Status cleared = ClearSetidOnTruncation(req, ino);
-    if (!cleared.ok()) return ReplyError(req, cleared, "open", ino);
-  }
   Status st = ctx.store->Open(ino, (fi->flags & O_TRUNC) != 0, &fh, &keep, !reader,
                               PassthroughOut(req, &pt_fd));
-  if (!st.ok()) return ReplyError(req, st, "open", ino);
+  if (st.ok() && (fi->flags & O_TRUNC)) st = ClearSetidOnTruncation(req, ino);  // O_RDONLY too
+  if (!st.ok()) {
+    if (fh) (void)ctx.store->Release(ino, fh);
+    return ReplyError(req, st, "open", ino);
+  }
   SetOpenFlags(fi, fh, keep);
   if (!SetPassthrough(req, ino, fi, pt_fd)) {
     (void)ctx.store->Release(ino, fh);

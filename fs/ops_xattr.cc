@@ -94,6 +94,9 @@ void ListXattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
 
 void RemoveXattr(fuse_req_t req, fuse_ino_t ino, const char* name) {
   if (RefuseView(req, ino)) return;
+  if (std::string_view(name) == "security.capability") {
+    Ctx(req).caps_removed.Note(ino, fuse_req_ctx(req)->pid);  // fs/privs.h
+  }
   if (name == kPrefetchXattr) {
     Ctx(req).store->CancelPrefetch(ino);
     return static_cast<void>(fuse_reply_err(req, 0));

@@ -1,6 +1,7 @@
 #include "fs/privs.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -22,6 +23,13 @@ uint32_t SgidToClear(uint32_t mode, uint32_t gid, const CallerPrivs& who) {
   return 0;
 }
 
+// The user namespace a process runs in ("user:[4026531837]"); "" when unreadable.
+std::string UserNamespace(const std::string& proc) {
+  char buf[64];
+  const ssize_t n = ::readlink((proc + "/ns/user").c_str(), buf, sizeof(buf));
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+}
+
 }  // namespace
 
 bool CallerPrivs::InGroupOrCapable(uint32_t gid) const {
@@ -31,7 +39,8 @@ bool CallerPrivs::InGroupOrCapable(uint32_t gid) const {
 CallerPrivs PrivsOf(pid_t pid) {
   CallerPrivs p;
   if (pid <= 0) return p;
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  const std::string proc = "/proc/" + std::to_string(pid);
+  std::ifstream in(proc + "/status");
   std::string line;
   while (std::getline(in, line)) {
     std::istringstream fields(line.substr(line.find(':') + 1));
@@ -46,7 +55,22 @@ CallerPrivs PrivsOf(pid_t pid) {
       for (uint32_t g; fields >> g;) p.groups.push_back(g);
     }
   }
+  if (p.fsetid && UserNamespace(proc) != UserNamespace("/proc/self")) p.fsetid = false;
   return p;
+}
+
+void CapsRemovals::Note(uint64_t ino, pid_t pid) {
+  std::lock_guard lock(mu_);
+  recent_.emplace_back(ino, pid);
+  if (recent_.size() > kKept) recent_.pop_front();
+}
+
+bool CapsRemovals::Take(uint64_t ino, pid_t pid) {
+  std::lock_guard lock(mu_);
+  auto it = std::find(recent_.begin(), recent_.end(), std::pair{ino, pid});
+  if (it == recent_.end()) return false;
+  recent_.erase(it);
+  return true;
 }
 
 uint32_t SetidClearedByWrite(uint32_t mode, uint32_t gid, const CallerPrivs& who) {

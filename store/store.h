@@ -102,6 +102,9 @@ class Store final : private ChunkSink {
   // A size change through a handle (ftruncate) joins that handle's session; one by path commits
   // at once when nobody has the file open, else with the session that is open.
   Result<InodeRecord> SetAttr(uint64_t ino, const SetAttrRequest& req, uint64_t fh = 0);
+  // Clears `bits` (set-id bits) from ino's mode in one transaction, so that a chmod running
+  // meanwhile is neither undone nor lost. The record as it is after.
+  Result<InodeRecord> ClearModeBits(uint64_t ino, uint32_t bits);
   // fallocate(2) PUNCH_HOLE and ZERO_RANGE: bytes [offset, offset + len) within the size read as
   // zeros and become a hole in the manifest (no chunk, no st_blocks). Joins handle fh's session,
   // committed at its close like ftruncate.

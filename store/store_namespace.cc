@@ -47,6 +47,20 @@ Result<InodeRecord> Store::GetAttr(uint64_t ino) {
   return rec;
 }
 
+Result<InodeRecord> Store::ClearModeBits(uint64_t ino, uint32_t bits) {
+  std::lock_guard lock(ns_mu_);
+  ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
+  ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(ino));
+  if (!(rec.mode & bits)) return rec;
+  rec.mode &= ~(bits & 07777);
+  rec.ctime_ns = NowNs();
+  RETURN_IF_ERROR(txn.PutInode(rec));
+  RETURN_IF_ERROR(OverlayStaged(txn, &rec));  // what is shown, not stored
+  RETURN_IF_ERROR(txn.Commit());
+  ApplyOverlay(TakeOverlay(ino), &rec);
+  return rec;
+}
+
 Result<InodeRecord> Store::SetAttr(uint64_t ino, const SetAttrRequest& req, uint64_t fh) {
   const int64_t now = NowNs();
   bool staged_live = false;  // the size changed in a staging file the kernel uses now

@@ -1,7 +1,9 @@
 #include "fs/privs.h"
 
 #include <gtest/gtest.h>
+#include <linux/capability.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 namespace ckptfs::fs {
@@ -57,10 +59,22 @@ TEST(PrivsTest, ChownClearsSetUserIdWhoeverCalls) {
   EXPECT_EQ(SetidClearedByChown(S_IFDIR | 02775, kGid, Unprivileged()), 0u);
 }
 
+TEST(PrivsTest, CapabilityRemovalsAreTakenOnce) {
+  CapsRemovals r;
+  r.Note(5, 100);
+  EXPECT_FALSE(r.Take(5, 101));  // another caller's
+  EXPECT_FALSE(r.Take(6, 100));
+  EXPECT_TRUE(r.Take(5, 100));
+  EXPECT_FALSE(r.Take(5, 100));
+}
+
 TEST(PrivsTest, PrivilegesAreReadFromProc) {
   const CallerPrivs self = PrivsOf(::getpid());
   EXPECT_EQ(self.fsgid, static_cast<uint32_t>(::getegid()));
-  EXPECT_EQ(self.fsetid, ::geteuid() == 0);  // the tests run as root, with every capability
+  __user_cap_header_struct hdr{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct data[2]{};
+  ASSERT_EQ(::syscall(SYS_capget, &hdr, data), 0);
+  EXPECT_EQ(self.fsetid, ((data[0].effective >> CAP_FSETID) & 1) != 0);
   // A caller that cannot be read (gone, or a request from the kernel) has no privileges.
   for (pid_t pid : {pid_t{0}, pid_t{-1}, pid_t{999999999}}) {
     const CallerPrivs none = PrivsOf(pid);

@@ -58,6 +58,27 @@ def test_unprivileged_open_with_truncation_clears_setid_bits(mnt):
     assert read_file(q) == b"old"
 
 
+def test_read_only_open_with_truncation_clears_setid_bits(mnt):
+    p = setid_file(mnt, "ro")
+    as_nobody("os.close(os.open(a[0], os.O_RDONLY | os.O_TRUNC))", p)
+    assert mode_of(p) == 0o777
+    assert read_file(p) == b""
+
+
+def test_root_of_a_user_namespace_is_not_privileged_here(mnt):
+    """Capabilities held in another user namespace do not count for the mount's files: an
+    unprivileged user who made one still clears the bits, as on ext4."""
+    code = "fd = os.open(a[0], os.O_WRONLY | os.O_TRUNC)\nos.close(fd)\nos.truncate(a[1], 1)"
+    p, q = setid_file(mnt, "ns1"), setid_file(mnt, "ns2")
+    cmd = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+           "unshare", "-Ur", sys.executable, "-c", "import os, sys\na = sys.argv[1:]\n" + code,
+           str(p), str(q)]
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert mode_of(p) == 0o777
+    assert mode_of(q) == 0o777
+
+
 def test_unprivileged_fallocate_clears_setid_bits(mnt):
     p = setid_file(mnt, "fa")
     as_nobody("fd = os.open(a[0], os.O_WRONLY)\nos.posix_fallocate(fd, 0, 1 << 16)\nos.close(fd)",
@@ -138,6 +159,27 @@ def test_setid_added_while_a_writer_has_the_file_open(mnt):
         proc.kill()
     assert mode_of(p) == 0o777
     assert read_file(p) == b"after chmod"
+
+
+def test_privileged_write_drops_capabilities_and_keeps_setid_bits(mnt):
+    p = setid_file(mnt, "capsuid", mode=0o4755)
+    subprocess.run(["setcap", "cap_net_raw+ep", str(p)], check=True)
+    with open(p, "r+b") as f:
+        f.write(b"O")
+    with pytest.raises(OSError):
+        os.getxattr(p, "security.capability")
+    assert mode_of(p) == 0o4755
+
+
+def test_with_writeback_cache(make_mount):
+    """With writeback_cache the kernel says "clear" differently (a ctime-only SETATTR)."""
+    m = make_mount(options="writeback_cache=1")
+    p = setid_file(m.mnt, "c", mode=0o6755)
+    os.chown(p, -1, -1)
+    assert mode_of(p) == 0o755
+    q = setid_file(m.mnt, "w")
+    as_nobody("fd = os.open(a[0], os.O_WRONLY)\nos.pwrite(fd, b'new', 0)\nos.close(fd)", q)
+    assert mode_of(q) == 0o777
 
 
 def test_write_removes_file_capabilities(mnt):
