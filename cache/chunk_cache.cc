@@ -348,7 +348,7 @@ void ChunkCache::SetPinned(std::unordered_map<ChunkId, uint64_t, ChunkIdHash> pi
 
 ChunkCache::Usage ChunkCache::usage() const {
   std::lock_guard lock(mu_);
-  return Usage{disk_bytes_, local_only_bytes_, disk_limit_};
+  return Usage{disk_bytes_, local_only_bytes_, disk_limit_, ram_used_, ram_budget_};
 }
 
 bool ChunkCache::Evictable(const ChunkId& id, const DiskEntry& d) const {
@@ -480,6 +480,7 @@ Result<ChunkRef> ChunkCache::Load(const ChunkId& id, size_t len) {
 // (kPermission, ...) is final for that tier.
 Result<ChunkRef> ChunkCache::Fetch(const ChunkId& id, size_t len) {
   constexpr int kFetchAttempts = 5;
+  ScopedLatency timed(metrics_->chunk_fetches);
   auto data = ChunkData::Allocate(len);
   for (int attempt = 1;; ++attempt) {
     Status first;         // the first error other than "not here"

@@ -106,6 +106,8 @@ class ChunkCache {
     uint64_t disk_bytes = 0;    // chunk files on disk
     uint64_t local_only = 0;    // of those, bytes the backend does not hold yet
     uint64_t disk_limit = 0;    // 0: none
+    uint64_t ram_bytes = 0;     // chunks held in the RAM tier
+    uint64_t ram_limit = 0;
   };
   Usage usage() const;
   // The object key of a chunk in a backend: "chunks/<2 hex>/<32 hex>".

@@ -109,6 +109,8 @@ struct Config {
   // default, as ZFS hides `.zfs`: tools that copy or measure a tree (cp -r, du, rsync, find)
   // would otherwise read every view of every checkpoint. A lookup of `.views` works either way.
   bool views_visible = false;
+  // Where the Prometheus exporter listens (-o metrics=127.0.0.1:9567); empty: no exporter.
+  std::string metrics_address;
 
   // Options handed to libfuse as given (-o allow_other, ...).
   std::vector<std::string> fuse_options;

@@ -2,6 +2,25 @@
 
 namespace ckptfs {
 
+void LatencyHistogram::Observe(std::chrono::steady_clock::duration d) {
+  const double s = std::chrono::duration<double>(d).count();
+  size_t b = 0;
+  while (b < kBounds.size() && s > kBounds[b]) ++b;
+  counts_[b].fetch_add(1, std::memory_order_relaxed);
+  sum_ns_.fetch_add(static_cast<uint64_t>(std::chrono::nanoseconds(d).count()),
+                    std::memory_order_relaxed);
+}
+
+LatencyHistogram::Snapshot LatencyHistogram::Get() const {
+  Snapshot out;
+  for (size_t b = 0; b < counts_.size(); ++b) {
+    out.counts[b] = counts_[b].load(std::memory_order_relaxed);
+    out.count += out.counts[b];
+  }
+  out.sum_s = static_cast<double>(sum_ns_.load(std::memory_order_relaxed)) * 1e-9;
+  return out;
+}
+
 std::vector<std::pair<std::string, uint64_t>> Metrics::Snapshot() const {
   return {
       {"chunks_written", chunks_written.Get()},
@@ -13,6 +32,7 @@ std::vector<std::pair<std::string, uint64_t>> Metrics::Snapshot() const {
       {"cache_miss_bytes", cache_miss_bytes.Get()},
       {"chunk_verify_failures", chunk_verify_failures.Get()},
       {"file_commits", file_commits.Get()},
+      {"file_commit_bytes", file_commit_bytes.Get()},
       {"staging_switches", staging_switches.Get()},
       {"staged_files", staged_files.Get()},
       {"staged_seals", staged_seals.Get()},

@@ -1,8 +1,11 @@
-// Process-wide counters with plain names (cache_hit_bytes, chunk_dedup_hits, ...). Cheap to bump
-// from any thread; read as a snapshot by `ckptfs stats` and the tests.
+// A store's counters with plain names (cache_hit_bytes, chunk_dedup_hits, ...) and latency
+// histograms. Cheap to bump from any thread; read as snapshots by the Prometheus exporter
+// (metrics/exporter.h) and the tests.
 #pragma once
 
+#include <array>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -19,6 +22,54 @@ class Counter {
   std::atomic<uint64_t> v_{0};
 };
 
+// How long one kind of operation took: counts per fixed bucket, their sum and number.
+class LatencyHistogram {
+ public:
+  // Upper bounds in seconds, from a local NVMe read to a slow object-store request.
+  static constexpr std::array<double, 14> kBounds = {
+      0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
+      0.01,    0.025,  0.05,    0.1,    0.25,  1.0,    5.0};
+  struct Snapshot {
+    std::array<uint64_t, kBounds.size() + 1> counts{};  // the last: above every bound
+    uint64_t count = 0;
+    double sum_s = 0;
+  };
+
+  void Observe(std::chrono::steady_clock::duration d);
+  Snapshot Get() const;
+
+ private:
+  std::array<std::atomic<uint64_t>, kBounds.size() + 1> counts_{};
+  std::atomic<uint64_t> sum_ns_{0};
+};
+
+// Observes the time from construction to destruction.
+class ScopedLatency {
+ public:
+  explicit ScopedLatency(LatencyHistogram& h) : h_(h), t0_(std::chrono::steady_clock::now()) {}
+  ~ScopedLatency() { h_.Observe(std::chrono::steady_clock::now() - t0_); }
+  ScopedLatency(const ScopedLatency&) = delete;
+  ScopedLatency& operator=(const ScopedLatency&) = delete;
+
+ private:
+  LatencyHistogram& h_;
+  std::chrono::steady_clock::time_point t0_;
+};
+
+// The kinds of FUSE request timed (fs/fs_ops.h) and of backend request (backends/timed_backend.h).
+enum class FuseOp { kLookup, kGetattr, kSetattr, kOpen, kCreate, kRead, kWrite, kFlush, kRelease,
+                    kFsync, kReaddir, kGetxattr, kSetxattr, kOther, kCount };
+inline constexpr std::array<const char*, static_cast<size_t>(FuseOp::kCount)> kFuseOpNames = {
+    "lookup", "getattr", "setattr", "open", "create", "read", "write", "flush", "release",
+    "fsync", "readdir", "getxattr", "setxattr", "other"};
+enum class BackendRequest { kPut, kGet, kHead, kDelete, kList, kCount };
+inline constexpr std::array<const char*, static_cast<size_t>(BackendRequest::kCount)> kBackendRequestNames = {
+    "put", "get", "head", "delete", "list"};
+enum class Outcome { kOk, kNotFound, kError, kCount };
+inline constexpr std::array<const char*, static_cast<size_t>(Outcome::kCount)> kOutcomeNames = {
+    "ok", "not_found", "error"};
+inline constexpr int kMetricTiers = 4;  // store/meta_store.h's kMaxTiers
+
 struct Metrics {
   Counter chunks_written;       // new chunks put on the local tier
   Counter chunk_bytes_written;  // their bytes
@@ -29,6 +80,7 @@ struct Metrics {
   Counter cache_miss_bytes;     // read bytes that had to come from the local disk tier
   Counter chunk_verify_failures;
   Counter file_commits;         // manifests committed
+  Counter file_commit_bytes;    // the sizes of the files they describe
   Counter staging_switches;     // files that left the streaming write path for a staging file
   Counter tensor_chunk_bytes;   // bytes cut at tensor boundaries (the rest: content-defined)
   Counter staged_files;         // files written through a passthrough staging file
@@ -47,6 +99,23 @@ struct Metrics {
   Counter files_published;         // file records put to the backend
   Counter chunks_evicted;          // local copies of remote-held chunks removed for room
   Counter chunk_evict_bytes;
+  Counter view_plans;  // view directories planned (kept until unmount: a gauge of the plans held)
+
+  // Latencies: FUSE requests by kind (the time in the daemon's handler), backend requests by
+  // tier, kind and outcome, and fetches of chunks missing locally, for a read or a prefetch
+  // (every tier and retry included).
+  std::array<LatencyHistogram, static_cast<size_t>(FuseOp::kCount)> fuse_requests;
+  std::array<std::array<std::array<LatencyHistogram, static_cast<size_t>(Outcome::kCount)>,
+                        static_cast<size_t>(BackendRequest::kCount)>,
+             kMetricTiers>
+      backend_requests;
+  LatencyHistogram chunk_fetches;
+
+  LatencyHistogram& fuse(FuseOp op) { return fuse_requests[static_cast<size_t>(op)]; }
+  LatencyHistogram& backend(int tier, BackendRequest op, Outcome o) {
+    return backend_requests[static_cast<size_t>(tier)][static_cast<size_t>(op)]
+                           [static_cast<size_t>(o)];
+  }
 
   std::vector<std::pair<std::string, uint64_t>> Snapshot() const;
 };

@@ -73,6 +73,20 @@ inline constexpr std::string_view kSealXattr = "user.ckptfs.seal";
 void WarmOnOpen(Context& ctx, fuse_ino_t ino);
 std::shared_ptr<FileInfoCache> NewFileInfoCache();
 
+// A handler timed into the store's metrics, by kind: `ops->read = Timed<FuseOp::kRead, Read>;`.
+// The context is taken before the call: a request is gone once replied to.
+template <FuseOp K, auto Fn>
+struct TimedOp;
+template <FuseOp K, typename... A, void (*Fn)(fuse_req_t, A...)>
+struct TimedOp<K, Fn> {
+  static void Call(fuse_req_t req, A... a) {
+    ScopedLatency timed(Ctx(req).store->metrics().fuse(K));
+    Fn(req, a...);
+  }
+};
+template <FuseOp K, auto Fn>
+inline constexpr auto Timed = &TimedOp<K, Fn>::Call;
+
 void AddEntryOps(fuse_lowlevel_ops* ops);  // lookup, getattr, setattr, links, renames, nodes
 void AddFileOps(fuse_lowlevel_ops* ops);   // open, create, read, write, flush, fsync, release
 void AddDirOps(fuse_lowlevel_ops* ops);    // readdir, fsyncdir, statfs

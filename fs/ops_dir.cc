@@ -55,9 +55,9 @@ void StatFs(fuse_req_t req, fuse_ino_t ino) {
 }  // namespace
 
 void AddDirOps(fuse_lowlevel_ops* ops) {
-  ops->readdir = ReadDir;
-  ops->fsyncdir = FsyncDir;
-  ops->statfs = StatFs;
+  ops->readdir = Timed<FuseOp::kReaddir, ReadDir>;
+  ops->fsyncdir = Timed<FuseOp::kOther, FsyncDir>;
+  ops->statfs = Timed<FuseOp::kOther, StatFs>;
 }
 
 }  // namespace ckptfs::fs

@@ -243,19 +243,19 @@ void ReplyError(fuse_req_t req, const Status& st, const char* op, fuse_ino_t ino
 }
 
 void AddEntryOps(fuse_lowlevel_ops* ops) {
-  ops->lookup = Lookup;
+  ops->lookup = Timed<FuseOp::kLookup, Lookup>;
   ops->forget = Forget;
   ops->forget_multi = ForgetMulti;
-  ops->getattr = GetAttr;
-  ops->setattr = SetAttr;
-  ops->readlink = ReadLink;
-  ops->mknod = MakeNode;
-  ops->mkdir = MakeDir;
-  ops->unlink = Unlink;
-  ops->rmdir = RemoveDir;
-  ops->symlink = Symlink;
-  ops->rename = Rename;
-  ops->link = Link;
+  ops->getattr = Timed<FuseOp::kGetattr, GetAttr>;
+  ops->setattr = Timed<FuseOp::kSetattr, SetAttr>;
+  ops->readlink = Timed<FuseOp::kOther, ReadLink>;
+  ops->mknod = Timed<FuseOp::kOther, MakeNode>;
+  ops->mkdir = Timed<FuseOp::kOther, MakeDir>;
+  ops->unlink = Timed<FuseOp::kOther, Unlink>;
+  ops->rmdir = Timed<FuseOp::kOther, RemoveDir>;
+  ops->symlink = Timed<FuseOp::kOther, Symlink>;
+  ops->rename = Timed<FuseOp::kOther, Rename>;
+  ops->link = Timed<FuseOp::kOther, Link>;
 }
 
 }  // namespace ckptfs::fs

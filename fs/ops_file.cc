@@ -233,14 +233,14 @@ reshard::ViewBytesFn PageCacheStore(Context& ctx, fuse_ino_t ino) {
 }
 
 void AddFileOps(fuse_lowlevel_ops* ops) {
-  ops->open = Open;
-  ops->create = Create;
-  ops->read = Read;
-  ops->write = Write;
-  ops->flush = Flush;
-  ops->release = Release;
-  ops->fsync = Fsync;
-  ops->fallocate = Fallocate;
+  ops->open = Timed<FuseOp::kOpen, Open>;
+  ops->create = Timed<FuseOp::kCreate, Create>;
+  ops->read = Timed<FuseOp::kRead, Read>;
+  ops->write = Timed<FuseOp::kWrite, Write>;
+  ops->flush = Timed<FuseOp::kFlush, Flush>;
+  ops->release = Timed<FuseOp::kRelease, Release>;
+  ops->fsync = Timed<FuseOp::kFsync, Fsync>;
+  ops->fallocate = Timed<FuseOp::kOther, Fallocate>;
 }
 
 }  // namespace ckptfs::fs

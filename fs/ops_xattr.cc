@@ -111,10 +111,10 @@ void RemoveXattr(fuse_req_t req, fuse_ino_t ino, const char* name) {
 }  // namespace
 
 void AddXattrOps(fuse_lowlevel_ops* ops) {
-  ops->setxattr = SetXattr;
-  ops->getxattr = GetXattr;
-  ops->listxattr = ListXattr;
-  ops->removexattr = RemoveXattr;
+  ops->setxattr = Timed<FuseOp::kSetxattr, SetXattr>;
+  ops->getxattr = Timed<FuseOp::kGetxattr, GetXattr>;
+  ops->listxattr = Timed<FuseOp::kOther, ListXattr>;
+  ops->removexattr = Timed<FuseOp::kOther, RemoveXattr>;
 }
 
 }  // namespace ckptfs::fs

@@ -329,6 +329,7 @@ Status ViewTree::PlanMegatronIter(Node* iter) {
     iter->plan.push_back(std::move(b));
   }
   iter->planned = true;
+  store_->metrics().view_plans.Add(1);
   return Status::Ok();
 }
 
@@ -371,6 +372,7 @@ Status ViewTree::PlanDcp(Node* spec) {
     f->body->sources = sources;
   }
   spec->planned = true;
+  store_->metrics().view_plans.Add(1);
   return Status::Ok();
 }
 
@@ -440,6 +442,7 @@ Status ViewTree::PlanDeepSpeed(Node* spec) {
   }
   spec->sources = std::move(sources);
   spec->planned = true;
+  store_->metrics().view_plans.Add(1);
   return Status::Ok();
 }
 

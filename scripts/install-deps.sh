@@ -10,6 +10,8 @@ pkgs=(
   python3-torch python3-numpy python3-pytest attr psmisc procps util-linux e2fsprogs
   libcurl4-openssl-dev libssl-dev openssl zlib1g-dev python3-botocore python3-boto3
   ceph-mon ceph-osd radosgw ceph-common curl
+  # The Prometheus exporter (-o metrics=) and the Prometheus server its test scrapes it with.
+  prometheus-cpp-dev prometheus
   # HIP (AMD's runtime and headers) so that scripts/test.sh compiles gpu/ with CKPTFS_WITH_HIP=ON:
   # 66 MB to download, 350 MB installed. No GPU is needed to build.
   hipcc libamdhip64-dev

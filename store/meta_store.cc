@@ -368,6 +368,15 @@ Status MetaStore::Txn::ForEachRemoteOp(
               });
 }
 
+Result<uint64_t> MetaStore::Txn::CountRemoteOps(int tier) {
+  if (tier < 0 || tier >= kMaxTiers || !store_->has_tier_tables_[tier]) return uint64_t{0};
+  MDB_stat st;
+  if (int rc = mdb_stat(txn_, store_->remote_ops_[tier], &st); rc != 0) {
+    return LmdbError(rc, "mdb_stat");
+  }
+  return uint64_t{st.ms_entries};
+}
+
 Status MetaStore::Txn::DelRemoteOp(int tier, uint64_t seq) {
   return Del(store_->remote_ops_[tier], InoKey(seq), true);
 }

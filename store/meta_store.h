@@ -166,6 +166,8 @@ class MetaStore {
     // QueueRemoteOp queues op for every tier (SetRemoteTiers), QueueRemoteOpFor for one.
     Result<uint64_t> QueueRemoteOp(std::string_view op);
     Result<uint64_t> QueueRemoteOpFor(int tier, std::string_view op);
+    // How many ops wait in tier `tier`'s queue (0 for a tier this store never had).
+    Result<uint64_t> CountRemoteOps(int tier);
     // Calls fn(seq, op) in order for tier's queued ops with seq > after, until fn returns false.
     Status ForEachRemoteOp(int tier, uint64_t after,
                            const std::function<bool(uint64_t, std::string_view)>& fn);

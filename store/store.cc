@@ -14,6 +14,7 @@
 #include <fstream>
 #include <map>
 
+#include "backends/timed_backend.h"
 #include "cache/fault_io_engine.h"
 #include "store/remote_tier.h"
 
@@ -114,6 +115,11 @@ Result<std::unique_ptr<Store>> Store::Open(const Config& cfg, PayloadScannerFact
     return st;
   }
   if (!tiers.empty()) {
+    static_assert(kMetricTiers == kMaxTiers);
+    for (size_t t = 0; t < tiers.size(); ++t) {  // every request timed, by tier
+      tiers[t] = std::make_unique<TimedBackend>(std::move(tiers[t]), &s->metrics_,
+                                                static_cast<int>(t));
+    }
     st = s->AttachRemote(std::move(tiers));
     if (!st.ok()) {
       s->closed_ = true;
@@ -152,6 +158,25 @@ Store::Store(Config cfg, std::unique_ptr<IoEngine> engine, std::unique_ptr<Chunk
       boot_id_(CurrentBootId()),
       seal_pool_(std::make_unique<ThreadPool>(cfg_.write_threads)),
       retain_pool_(std::make_unique<ThreadPool>(1)) {}
+
+Store::Gauges Store::gauges() {
+  Gauges g;
+  g.cache = cache_->usage();
+  g.write_queue_bytes = queue_budget_.used();
+  g.write_queue_limit = queue_budget_.limit();
+  {
+    std::lock_guard lock(files_mu_);
+    g.open_files = files_.size();
+  }
+  if (auto txn = meta_->Begin(false); txn.ok()) {
+    for (const auto& r : remotes_) {
+      auto n = txn->CountRemoteOps(r->tier());
+      g.ops_waiting.push_back(n.ok() ? *n : 0);
+      g.tier_failing.push_back(!r->last_error().ok());
+    }
+  }
+  return g;
+}
 
 Store::~Store() {
   Status st = Close();

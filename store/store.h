@@ -315,7 +315,18 @@ class Store final : private ChunkSink {
   // is written behind its final sync. Idempotent; Prefetch afterwards queues nothing.
   void StopPrefetch();
 
+  // What the metrics exporter shows as gauges, read now.
+  struct Gauges {
+    ChunkCache::Usage cache;
+    uint64_t write_queue_bytes = 0, write_queue_limit = 0;  // acknowledged, not yet chunked
+    uint64_t open_files = 0;
+    std::vector<uint64_t> ops_waiting;  // per remote tier, nearest first: files and names to publish
+    std::vector<bool> tier_failing;     // per remote tier: its last request failed
+  };
+  Gauges gauges();
+
   const Metrics& metrics() const { return metrics_; }
+  Metrics& metrics() { return metrics_; }
   const Config& config() const { return cfg_; }
 
  private:

@@ -528,6 +528,7 @@ Status Store::Commit(uint64_t ino, OpenFile& f, bool durable) {
   if (st.ok()) {
     committed = std::make_shared<const Manifest>(std::move(*finished));
     metrics_.file_commits.Add(1);
+    metrics_.file_commit_bytes.Add(committed_size);
     if (durable) st = meta_->Sync();
   } else {
     freed.clear();

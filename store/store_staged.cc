@@ -347,6 +347,7 @@ Status Store::Seal(uint64_t ino, OpenFile& f) {
     }
     f.unborn = false;
     metrics_.file_commits.Add(1);
+    metrics_.file_commit_bytes.Add(f.manifest->size());
     metrics_.staged_seals.Add(1);
     metrics_.staged_seal_bytes.Add(size);
     if (live) {

@@ -24,6 +24,7 @@
 #include "common/log.h"
 #include "formats/payload_scan.h"
 #include "fs/fuse_fs.h"
+#include "metrics/exporter.h"
 #include "store/meta_store.h"
 #include "store/store.h"
 #include "tools/commands.h"
@@ -57,7 +58,7 @@ mount options (-o): ram_cache=SIZE, write_queue=SIZE, write_memory=SIZE, write_t
   keep=N[+N..], keep_every=K[+K..] (per nearer tier), cache_size=SIZE,
   upload_threads=N, remote_timeout=SECONDS, sync_interval=SECONDS, gc_window=SECONDS, mount_timeout=SECONDS,
   view_rules=FILE,
-  views=hidden|visible;
+  views=hidden|visible, metrics=ADDRESS:PORT (Prometheus exporter, e.g. 127.0.0.1:9567);
   any other option goes to FUSE (e.g. ro, allow_other).
 --backend-faults SPEC (tests) injects backend faults, e.g. fail=0.1,seed=7,ops=put+get.
 --cache-faults SPEC (tests) fails chunk file I/O, e.g. ops=write,error=enospc,after=8M,count=10.
@@ -119,6 +120,7 @@ Status ApplyOption(const std::string& opt, Config& cfg) {
       return (cfg.views_visible = val == "visible"), Status::Ok();
     }
     if (key == "durability") return (cfg.durability = val), Status::Ok();
+    if (key == "metrics") return (cfg.metrics_address = val), Status::Ok();
     if (key == "keep" || key == "keep_every") {
       ASSIGN_OR_RETURN((key == "keep" ? cfg.tier_keep : cfg.tier_keep_every), Counts(val, opt));
       return Status::Ok();
@@ -295,6 +297,19 @@ int RunDaemon(const Config& cfg, int notify_fd) {
       return 1;
     }
   }
+  std::unique_ptr<MetricsServer> exporter;
+  if (!cfg.metrics_address.empty()) {
+    auto started = MetricsServer::Start(cfg.metrics_address, store->get());
+    if (!started.ok()) {
+      log->error("{}", started.status().ToString());
+      Report(notify_fd, started.status().ToString());
+      if (notify_fd < 0) std::fprintf(stderr, "ckptfs: %s\n", started.status().ToString().c_str());
+      (void)(*store)->Close();
+      return 1;
+    }
+    exporter = std::move(*started);
+    log->info("metrics at http://{}/metrics", cfg.metrics_address);
+  }
   log->info("ckptfs {} serving {} from {}", "0.1.0", cfg.mountpoint, cfg.cache_dir);
   bool reported = false;
   Status st = ServeMount(store->get(), cfg, [&] {
@@ -307,6 +322,7 @@ int RunDaemon(const Config& cfg, int notify_fd) {
     if (!reported) Report(notify_fd, st.ToString());
     if (notify_fd < 0) std::fprintf(stderr, "ckptfs: %s\n", st.ToString().c_str());
   }
+  exporter.reset();  // no scrape reads the store while it closes
   Status closed = (*store)->Close();
   if (!closed.ok()) log->error("closing the store: {}", closed.ToString());
   store->reset();
