@@ -26,11 +26,14 @@ int Fsck(const std::vector<std::string>& args);
 // ROOT through the mount (tools/retain.cc says which are kept).
 int Retain(const std::vector<std::string>& args);
 
-// ckptfs gc --backend URL [--s3-endpoint URL] --dry-run: counts the backend's chunks no file
-// record references (deleting them is not built yet).
+// ckptfs gc --backend URL [--s3-endpoint URL] (--dry-run | --grace DURATION): counts, or
+// deletes in a round, the backend's chunks no file record references (docs/gc.md).
 int Gc(const std::vector<std::string>& args);
 
 int Fail(const std::string& msg);
+// The exit status of every command given bad arguments (an unknown option, a missing value);
+// 1 is a command that could not do its work, 0 success.
+inline constexpr int kExitUsage = 2;
 // "1.5 GiB": bytes in powers of 1024, one decimal (none for plain bytes).
 std::string HumanBytes(double bytes);
 

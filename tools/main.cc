@@ -334,7 +334,10 @@ int RunDaemon(const Config& cfg, int notify_fd) {
 int Mount(const std::vector<std::string>& args) {
   Config cfg;
   Status st = ParseMountArgs(args, cfg);
-  if (!st.ok()) return Fail(st.message() + "\n" + kUsage);
+  if (!st.ok()) {
+    Fail(st.message() + "\n" + kUsage);
+    return kExitUsage;
+  }
   struct stat sb;
   if (::stat(cfg.mountpoint.c_str(), &sb) != 0) {
     if (errno == ENOTCONN) {
@@ -409,10 +412,14 @@ int Umount(const std::vector<std::string>& args) {
     } else if (mnt.empty()) {
       mnt = AbsolutePath(a);
     } else {
-      return Fail(std::string("unexpected argument ") + a + "\n" + kUsage);
+      Fail(std::string("unexpected argument ") + a + "\n" + kUsage);
+      return kExitUsage;
     }
   }
-  if (mnt.empty()) return Fail(std::string("no mountpoint given\n") + kUsage);
+  if (mnt.empty()) {
+    Fail(std::string("no mountpoint given\n") + kUsage);
+    return kExitUsage;
+  }
   auto entry = FindMount(mnt);
   if (!entry) return Fail(mnt + " is not a ckptfs mount");
   pid_t pid = DaemonPid(entry->cache_dir);
@@ -448,6 +455,44 @@ int Umount(const std::vector<std::string>& args) {
   return 0;
 }
 
+// The usage of one command (what `ckptfs CMD --help` prints); "" for an unknown one.
+std::string CommandHelp(const std::string& cmd) {
+  const std::string usage = kUsage;
+  if (cmd == "mount") {
+    // Everything from the mount line to the end: its options are most of the text.
+    return "usage:\n" + usage.substr(usage.find("  ckptfs mount")) +
+           "Exit status: 0 mounted, 1 the mount failed (the reason is printed), 2 bad usage.\n";
+  }
+  static constexpr std::pair<const char*, const char*> kHelp[] = {
+      {"umount",
+       "usage: ckptfs umount MOUNTPOINT [--lazy]\n"
+       "Unmounts a ckptfs mount and waits until its daemon has committed, synced and let go of\n"
+       "its cache directory. --lazy (-z) detaches a busy mount now; the daemon finishes when\n"
+       "the last file on it is closed.\n"
+       "Exit status: 0 unmounted, 1 it could not be (busy, not a ckptfs mount), 2 bad usage.\n"},
+      {"stats",
+       "usage: ckptfs stats [MOUNTPOINT|PATH|CACHE_DIR]\n"
+       "What the files under PATH (default: the working directory) take: logical bytes, the\n"
+       "bytes of their chunks, the deduplication ratio, per checkpoint directory.\n"
+       "Exit status: 0, or 1 when PATH is in no ckptfs mount or cache directory.\n"},
+      {"inspect",
+       "usage: ckptfs inspect [--json] FILE|DIR\n"
+       "       ckptfs inspect ROOT --view SPEC\n"
+       "Describes a checkpoint file or directory: its format, tensors (names, dtypes, shapes,\n"
+       "byte ranges) and parallel layout; with --view, the view SPEC of ROOT would serve.\n"
+       "Exit status: 0, or 1 when the file cannot be read or recognized.\n"},
+      {"prefetch",
+       "usage: ckptfs prefetch PATH [--wait]\n"
+       "Pulls PATH (a file or a directory tree) from the remote tiers onto the local tier in\n"
+       "the background; --wait draws progress on a terminal and returns once it is all there.\n"
+       "Exit status: 0, 1 when the prefetch failed, 2 bad usage.\n"},
+  };
+  for (const auto& [name, text] : kHelp) {
+    if (cmd == name) return text;
+  }
+  return "";
+}
+
 }  // namespace
 
 int Fail(const std::string& msg) {
@@ -481,6 +526,19 @@ int main(int argc, char** argv) {
   }
   std::string cmd = args[0];
   args.erase(args.begin());
+  // `ckptfs CMD --help`: the commands that do not answer it themselves (fsck, retain and gc do).
+  const bool help = std::find_if(args.begin(), args.end(), [](const std::string& a) {
+                      return a == "--help" || a == "-h";
+                    }) != args.end();
+  if (help && cmd != "fsck" && cmd != "retain" && cmd != "gc") {
+    const std::string text = ckptfs::CommandHelp(cmd);
+    if (text.empty()) {
+      ckptfs::Fail("unknown command '" + cmd + "'\n" + ckptfs::kUsage);
+      return ckptfs::kExitUsage;
+    }
+    std::fputs(text.c_str(), stdout);
+    return 0;
+  }
   if (cmd == "mount") return ckptfs::Mount(args);
   if (cmd == "umount" || cmd == "unmount") return ckptfs::Umount(args);
   if (cmd == "stats") return ckptfs::Stats(args);
@@ -489,5 +547,6 @@ int main(int argc, char** argv) {
   if (cmd == "fsck") return ckptfs::Fsck(args);
   if (cmd == "retain") return ckptfs::Retain(args);
   if (cmd == "gc") return ckptfs::Gc(args);
-  return ckptfs::Fail("unknown command '" + cmd + "'\n" + ckptfs::kUsage);
+  ckptfs::Fail("unknown command '" + cmd + "'\n" + ckptfs::kUsage);
+  return ckptfs::kExitUsage;
 }

@@ -81,7 +81,8 @@ int Prefetch(const std::vector<std::string>& args) {
     if (a == "--wait" || a == "-w") {
       wait = true;
     } else if (!a.empty() && a[0] == '-') {
-      return Fail("prefetch: unknown option " + a + " (usage: ckptfs prefetch PATH [--wait])");
+      Fail("prefetch: unknown option " + a + " (usage: ckptfs prefetch PATH [--wait])");
+      return kExitUsage;
     } else if (path.empty()) {
       path = a;
     } else {
