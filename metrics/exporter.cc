@@ -180,13 +180,16 @@ Result<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& a
                                                             Store* store) {
   const size_t colon = address.rfind(':');
   const size_t port = colon == std::string::npos ? 0 : colon + 1;
-  if (port == address.size() || address.find_first_not_of("0123456789", port) != std::string::npos) {
+  if (port == address.size() || address.size() - port > 5 ||
+      address.find_first_not_of("0123456789", port) != std::string::npos ||
+      std::stoul(address.substr(port)) > 65535) {
     return Invalid("metrics=" + address + ": expected ADDRESS:PORT (127.0.0.1:9567)");
   }
   auto impl = std::make_unique<Impl>();
   try {
-    // One thread serves scrapes: a scrape is cheap and Prometheus sends one at a time.
-    impl->exposer = std::make_unique<prometheus::Exposer>(address, 1);
+    // Two threads serve scrapes: a scrape is cheap, and an idle connection (a second
+    // Prometheus, a port scanner) must not hold up the next one.
+    impl->exposer = std::make_unique<prometheus::Exposer>(address, 2);
   } catch (const std::exception& e) {
     return Status(Code::kIo, "metrics=" + address + ": cannot listen: " + e.what());
   }

@@ -172,7 +172,8 @@ Store::Gauges Store::gauges() {
     for (const auto& r : remotes_) {
       auto n = txn->CountRemoteOps(r->tier());
       g.ops_waiting.push_back(n.ok() ? *n : 0);
-      g.tier_failing.push_back(!r->last_error().ok());
+      const Status last = r->last_error();  // a file waiting out a gc round is no failure
+      g.tier_failing.push_back(!last.ok() && !RemoteTier::IsGcWait(last));
     }
   }
   return g;

@@ -321,7 +321,7 @@ class Store final : private ChunkSink {
     uint64_t write_queue_bytes = 0, write_queue_limit = 0;  // acknowledged, not yet chunked
     uint64_t open_files = 0;
     std::vector<uint64_t> ops_waiting;  // per remote tier, nearest first: files and names to publish
-    std::vector<bool> tier_failing;     // per remote tier: its last request failed
+    std::vector<bool> tier_failing;     // per remote tier: its write-back is retrying an error
   };
   Gauges gauges();
 

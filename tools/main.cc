@@ -308,7 +308,7 @@ int RunDaemon(const Config& cfg, int notify_fd) {
       return 1;
     }
     exporter = std::move(*started);
-    log->info("metrics at http://{}/metrics", cfg.metrics_address);
+    log->info("metrics at http://{}/metrics (port {})", cfg.metrics_address, exporter->port());
   }
   log->info("ckptfs {} serving {} from {}", "0.1.0", cfg.mountpoint, cfg.cache_dir);
   bool reported = false;
@@ -322,7 +322,8 @@ int RunDaemon(const Config& cfg, int notify_fd) {
     if (!reported) Report(notify_fd, st.ToString());
     if (notify_fd < 0) std::fprintf(stderr, "ckptfs: %s\n", st.ToString().c_str());
   }
-  exporter.reset();  // no scrape reads the store while it closes
+  // ServeMount closed the store; scrapes meanwhile read state that stays valid until reset.
+  exporter.reset();
   Status closed = (*store)->Close();
   if (!closed.ok()) log->error("closing the store: {}", closed.ToString());
   store->reset();

@@ -30,6 +30,21 @@ class ExporterStoreTest : public test::StoreFixture {
   }
 };
 
+TEST(LatencyHistogramTest, BucketsAreUpperBoundsAndTheSumIsInSeconds) {
+  LatencyHistogram h;
+  h.Observe(std::chrono::milliseconds(1));  // exactly a bound: in its bucket (le="0.001")
+  h.Observe(std::chrono::microseconds(1001));
+  h.Observe(std::chrono::seconds(6));  // above every bound
+  const LatencyHistogram::Snapshot s = h.Get();
+  const size_t ms = 4;  // kBounds[4] == 0.001
+  ASSERT_EQ(LatencyHistogram::kBounds[ms], 0.001);
+  EXPECT_EQ(s.counts[ms], 1u);
+  EXPECT_EQ(s.counts[ms + 1], 1u);
+  EXPECT_EQ(s.counts.back(), 1u);
+  EXPECT_EQ(s.count, 3u);
+  EXPECT_NEAR(s.sum_s, 6.002001, 1e-9);
+}
+
 TEST(TimedBackendTest, TimesEveryRequestByKindAndOutcome) {
   Metrics m;
   TimedBackend b(std::make_unique<MemBackend>(), &m, 1);
@@ -66,13 +81,17 @@ TEST_F(ExporterStoreTest, RendersCountersGaugesAndHistograms) {
   EXPECT_NE(text.find("ckptfs_fuse_request_seconds_bucket{op=\"write\",le=\"+Inf\"} 1"),
             std::string::npos);
   EXPECT_NE(text.find("ckptfs_fuse_request_seconds_count{op=\"write\"} 1"), std::string::npos);
+  EXPECT_NE(text.find("ckptfs_fuse_request_seconds_sum{op=\"write\"} 0.0003"), std::string::npos);
+  // Cumulative: every bucket from 0.0005 up holds it.
+  EXPECT_NE(text.find("ckptfs_fuse_request_seconds_bucket{op=\"write\",le=\"5\"} 1"),
+            std::string::npos);
   // Backend requests by tier, kind and outcome: one series each for the store's one tier.
   EXPECT_NE(text.find("ckptfs_backend_request_seconds_count{tier=\"0\",op=\"put\",outcome=\"ok\"}"),
             std::string::npos);
 }
 
 TEST_F(ExporterStoreTest, RefusesAnAddressWithoutAPort) {
-  for (const char* bad : {"127.0.0.1", "127.0.0.1:", "localhost:http", ""}) {
+  for (const char* bad : {"127.0.0.1:", "localhost:http", "", "127.0.0.1:70000"}) {
     auto s = MetricsServer::Start(bad, store_.get());
     EXPECT_EQ(s.status().code(), Code::kInvalid) << bad;
   }
