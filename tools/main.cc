@@ -28,6 +28,7 @@
 #include "store/meta_store.h"
 #include "store/store.h"
 #include "tools/commands.h"
+#include "tools/mount_options.h"
 #include "tools/mount_table.h"
 
 namespace ckptfs {
@@ -58,7 +59,9 @@ mount options (-o): ram_cache=SIZE, write_queue=SIZE, write_memory=SIZE, write_t
   keep=N[+N..], keep_every=K[+K..] (per nearer tier), cache_size=SIZE,
   upload_threads=N, remote_timeout=SECONDS, sync_interval=SECONDS, gc_window=SECONDS, mount_timeout=SECONDS,
   view_rules=FILE,
-  views=hidden|visible, metrics=ADDRESS:PORT (Prometheus exporter, e.g. 127.0.0.1:9567);
+  views=hidden|visible, metrics=ADDRESS:PORT (Prometheus exporter, e.g. 127.0.0.1:9567),
+  config=FILE (more options, one per line), and the flags as options: cache_dir=DIR,
+  backend=URL, s3_endpoint=URL, log_level=LEVEL;
   any other option goes to FUSE (e.g. ro, allow_other).
 --backend-faults SPEC (tests) injects backend faults, e.g. fail=0.1,seed=7,ops=put+get.
 --cache-faults SPEC (tests) fails chunk file I/O, e.g. ops=write,error=enospc,after=8M,count=10.
@@ -72,143 +75,6 @@ prefetch: pulls PATH (a file or a directory tree) from the backend onto the loca
 The cache directory defaults to /var/cache/ckptfs/<mountpoint> (root) or ~/.cache/ckptfs/...
 )";
 
-
-// N[+N...]: one count per tier (keep=, keep_every=, durability_tier=).
-Result<std::vector<uint64_t>> Counts(const std::string& val, const std::string& opt) {
-  std::vector<uint64_t> out;
-  size_t start = 0;
-  while (start <= val.size()) {
-    const size_t plus = std::min(val.find('+', start), val.size());
-    const std::string n = val.substr(start, plus - start);
-    if (n.empty() || n.size() > 18 || n.find_first_not_of("0123456789") != std::string::npos) {
-      return Invalid("bad count in option '" + opt + "'");
-    }
-    out.push_back(std::stoull(n));
-    start = plus + 1;
-  }
-  return out;
-}
-
-// Applies one -o option to cfg; options ckptfs does not know go to FUSE.
-Status ApplyOption(const std::string& opt, Config& cfg) {
-  auto eq = opt.find('=');
-  std::string key = opt.substr(0, eq);
-  std::string val = eq == std::string::npos ? "" : opt.substr(eq + 1);
-  auto size = [&](auto& field) -> Status {
-    ASSIGN_OR_RETURN(uint64_t v, ParseSize(val));
-    field = static_cast<std::remove_reference_t<decltype(field)>>(v);
-    return Status::Ok();
-  };
-  try {
-    if (key == "ram_cache") return size(cfg.ram_cache_bytes);
-    if (key == "reorder_buffer") return size(cfg.reorder_bytes);
-    if (key == "write_queue") return size(cfg.write_queue_bytes);
-    if (key == "write_memory") return size(cfg.write_memory_bytes);
-    if (key == "write_threads") return (cfg.write_threads = std::stoul(val)), Status::Ok();
-    if (key == "readahead_chunks") return (cfg.readahead_chunks = std::stoul(val)), Status::Ok();
-    if (key == "read_threads") return (cfg.read_threads = std::stoul(val)), Status::Ok();
-    if (key == "max_readahead") return size(cfg.max_readahead_bytes);
-    if (key == "chunk_min") return size(cfg.chunking.min_bytes);
-    if (key == "chunk_avg") return size(cfg.chunking.avg_bytes);
-    if (key == "chunk_max") return size(cfg.chunking.max_bytes);
-    if (key == "tensor_piece") return size(cfg.chunking.piece_bytes);
-    if (key == "tensor_chunking") return (cfg.chunking.tensor_boundaries = val != "0"), Status::Ok();
-    if (key == "io_engine") return (cfg.io_engine = val), Status::Ok();
-    if (key == "view_rules") return (cfg.view_rules = val), Status::Ok();
-    if (key == "views") {
-      if (val != "hidden" && val != "visible") return Invalid("views= takes hidden or visible");
-      return (cfg.views_visible = val == "visible"), Status::Ok();
-    }
-    if (key == "durability") return (cfg.durability = val), Status::Ok();
-    if (key == "metrics") return (cfg.metrics_address = val), Status::Ok();
-    if (key == "keep" || key == "keep_every") {
-      ASSIGN_OR_RETURN((key == "keep" ? cfg.tier_keep : cfg.tier_keep_every), Counts(val, opt));
-      return Status::Ok();
-    }
-    if (key == "durability_tier") {
-      cfg.durability_tiers.clear();
-      if (val == "all") return Status::Ok();
-      ASSIGN_OR_RETURN(std::vector<uint64_t> tiers, Counts(val, opt));
-      for (uint64_t n : tiers) {
-        if (n < 1 || n > kMaxTiers) return Invalid("durability_tier counts tiers from 1");
-        cfg.durability_tiers.push_back(static_cast<int>(n - 1));
-      }
-      return Status::Ok();
-    }
-    if (key == "cache_size") return size(cfg.cache_bytes);
-    if (key == "upload_threads") return (cfg.upload_threads = std::stoul(val)), Status::Ok();
-    if (key == "remote_timeout") return (cfg.remote_timeout_s = std::stod(val)), Status::Ok();
-    if (key == "sync_interval") return (cfg.sync_interval_s = std::stod(val)), Status::Ok();
-    if (key == "gc_window") return (cfg.gc_window_s = std::stod(val)), Status::Ok();
-    if (key == "mount_timeout") return (cfg.mount_timeout_s = std::stod(val)), Status::Ok();
-    if (key == "writeback_cache") return (cfg.writeback_cache = val != "0"), Status::Ok();
-    if (key == "passthrough") return (cfg.passthrough = val != "0"), Status::Ok();
-    if (key == "max_threads") return (cfg.max_threads = std::stoul(val)), Status::Ok();
-    if (key == "max_background") return (cfg.max_background = std::stoul(val)), Status::Ok();
-    if (key == "attr_timeout") return (cfg.attr_timeout_s = std::stod(val)), Status::Ok();
-    if (key == "entry_timeout") return (cfg.entry_timeout_s = std::stod(val)), Status::Ok();
-  } catch (const std::exception&) {
-    return Invalid("bad value in option '" + opt + "'");
-  }
-  cfg.fuse_options.push_back(opt);
-  return Status::Ok();
-}
-
-Status ParseMountArgs(const std::vector<std::string>& args, Config& cfg) {
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    auto next = [&]() -> Result<std::string> {
-      if (i + 1 >= args.size()) return Invalid(a + " needs a value");
-      return args[++i];
-    };
-    if (a == "--foreground" || a == "-f") {
-      cfg.foreground = true;
-    } else if (a == "--cache-dir") {
-      ASSIGN_OR_RETURN(cfg.cache_dir, next());
-      cfg.cache_dir = AbsolutePath(cfg.cache_dir);
-    } else if (a == "--backend") {
-      ASSIGN_OR_RETURN(std::string url, next());
-      cfg.backends.push_back(std::move(url));
-    } else if (a == "--s3-endpoint") {
-      ASSIGN_OR_RETURN(cfg.s3_endpoint, next());
-    } else if (a == "--backend-faults") {  // tests; its own flag: a spec has commas
-      ASSIGN_OR_RETURN(cfg.backend_faults, next());
-    } else if (a == "--cache-faults") {  // tests
-      ASSIGN_OR_RETURN(cfg.cache_faults, next());
-    } else if (a == "--log-level") {
-      ASSIGN_OR_RETURN(cfg.log_level, next());
-    } else if (a == "-o") {
-      ASSIGN_OR_RETURN(std::string opts, next());
-      size_t start = 0;
-      while (start <= opts.size()) {
-        size_t comma = opts.find(',', start);
-        std::string o = opts.substr(start, comma == std::string::npos ? comma : comma - start);
-        if (!o.empty()) RETURN_IF_ERROR(ApplyOption(o, cfg));
-        if (comma == std::string::npos) break;
-        start = comma + 1;
-      }
-    } else if (!a.empty() && a[0] == '-') {
-      return Invalid("unknown option " + a);
-    } else if (cfg.mountpoint.empty()) {
-      cfg.mountpoint = AbsolutePath(a);
-    } else {
-      return Invalid("unexpected argument " + a);
-    }
-  }
-  // A chunk missing locally costs a round trip to the backend: read further ahead, on more
-  // threads, unless told otherwise.
-  if (!cfg.backends.empty()) {
-    auto given = [&](const char* key) {
-      for (size_t i = 0; i + 1 < args.size(); ++i) {
-        if (args[i] == "-o" && args[i + 1].find(key) != std::string::npos) return true;
-      }
-      return false;
-    };
-    if (!given("readahead_chunks=")) cfg.readahead_chunks = 16;
-    if (!given("read_threads=")) cfg.read_threads = 8;
-  }
-  return cfg.Validate();
-}
 
 // Tells the waiting parent how the start went: "ok" or an error message.
 // A line for the waiting `ckptfs mount` to print while the daemon starts (the pipe stays open).
@@ -517,6 +383,18 @@ std::string HumanBytes(double bytes) {
 
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
+  // Run as /sbin/mount.fuse.ckptfs (a link cmake --install makes), by mount(8) for `-t
+  // fuse.ckptfs` and fstab lines: `mount.fuse.ckptfs SOURCE MOUNTPOINT [-n] [-v] -o OPTIONS`.
+  const std::string self = argv[0];
+  if (self.substr(self.rfind('/') + 1).starts_with("mount.")) {
+    std::erase_if(args, [](const std::string& a) { return a == "-n" || a == "-v" || a == "-s"; });
+    auto helper = ckptfs::MountHelperArgs(args);
+    if (helper.empty()) {
+      ckptfs::Fail("usage: mount.fuse.ckptfs SOURCE MOUNTPOINT [-o OPTIONS]");
+      return ckptfs::kExitUsage;
+    }
+    return ckptfs::Mount(helper);
+  }
   if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
     std::fputs(ckptfs::kUsage, args.empty() ? stderr : stdout);
     return args.empty() ? 2 : 0;
@@ -548,6 +426,10 @@ int main(int argc, char** argv) {
   if (cmd == "fsck") return ckptfs::Fsck(args);
   if (cmd == "retain") return ckptfs::Retain(args);
   if (cmd == "gc") return ckptfs::Gc(args);
+  // mount(8) with an fstab line of type fuse.ckptfs runs mount.fuse3, which runs
+  // `ckptfs SOURCE MOUNTPOINT -o OPTIONS`.
+  args.insert(args.begin(), cmd);
+  if (auto helper = ckptfs::MountHelperArgs(args); !helper.empty()) return ckptfs::Mount(helper);
   ckptfs::Fail("unknown command '" + cmd + "'\n" + ckptfs::kUsage);
   return ckptfs::kExitUsage;
 }

@@ -1,0 +1,145 @@
+# Mounting like every other filesystem: an fstab line of type fuse.ckptfs through mount(8) and
+# the mount helper, `mount -t fuse.ckptfs`, options in a config file, the systemd unit's
+# ExecStart/ExecStop, and what `cmake --install` installs.
+import os
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import CKPTFS_BIN, REPO_ROOT, mount_fstype, pid_alive, run, wait_for
+
+HELPER = Path("/sbin/mount.fuse.ckptfs")
+
+
+@pytest.fixture
+def helper():
+    """mount(8) looks for /sbin/mount.fuse.ckptfs: the binary under test, for this test only."""
+    if HELPER.is_symlink() or HELPER.exists():
+        pytest.fail(f"{HELPER} exists already; this test installs its own and will not replace it")
+    HELPER.symlink_to(CKPTFS_BIN)
+    try:
+        yield HELPER
+    finally:
+        HELPER.unlink()
+
+
+def daemon_pid(cache):
+    return int((Path(cache) / "lock").read_text().split()[0])
+
+
+def unmount_and_wait(mnt, cache):
+    """umount(8), then the daemon's exit: it commits and syncs after the kernel let go."""
+    pid = daemon_pid(cache)
+    run(["umount", mnt])
+    deadline = time.monotonic() + 60
+    while pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not pid_alive(pid), "the daemon did not stop after umount"
+
+
+def test_fstab_line_mounts_with_mount_a_and_umount(workdir, helper):
+    mnt, cache = workdir / "mnt", workdir / "cache"
+    mnt.mkdir()
+    fstab = workdir / "fstab"
+    fstab.write_text(
+        "# a test-owned fstab\n"
+        f"ckptfs {mnt} fuse.ckptfs cache_dir={cache},ram_cache=64M,_netdev,nofail,"
+        "x-systemd.requires=network-online.target 0 0\n")
+    try:
+        run(["mount", "--fstab", fstab, "-a"], timeout=120)
+        assert mount_fstype(mnt) == "fuse.ckptfs"
+        (mnt / "f.bin").write_bytes(b"saved through fstab")
+        unmount_and_wait(mnt, cache)
+        assert mount_fstype(mnt) != "fuse.ckptfs"
+        # The same line again: the file is there, committed at the unmount.
+        run(["mount", "--fstab", fstab, str(mnt)], timeout=120)
+        assert (mnt / "f.bin").read_bytes() == b"saved through fstab"
+        unmount_and_wait(mnt, cache)
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], stderr=subprocess.DEVNULL)
+
+
+def test_mount_t_fuse_ckptfs_with_a_config_file(workdir, helper):
+    mnt, cache, remote = workdir / "mnt", workdir / "cache", workdir / "remote"
+    mnt.mkdir()
+    remote.mkdir()
+    conf = workdir / "ckptfs.conf"
+    conf.write_text(f"# options, one per line or comma-separated\ncache_dir={cache}\n"
+                    f"backend=file://{remote}\n"
+                    "ram_cache=32M, sync_interval=0.5   # trailing comment\n")
+    try:
+        run(["mount", "-t", "fuse.ckptfs", "ckptfs", str(mnt), "-o", f"config={conf}"], timeout=120)
+        assert mount_fstype(mnt) == "fuse.ckptfs"
+        log = (cache / "ckptfs.log").read_text()
+        assert f"writing back to file://{remote}" in log
+        (mnt / "g.bin").write_bytes(b"x" * 100000)
+        published = wait_for(lambda: list(remote.rglob("g.bin")), bool, timeout=60)
+        assert published, "the backend named in the config file got no file record"
+        unmount_and_wait(mnt, cache)
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], stderr=subprocess.DEVNULL)
+
+
+def test_a_bad_config_file_fails_with_its_line(workdir):
+    conf = workdir / "bad.conf"
+    conf.write_text("ram_cache=64M\nwrite_threads=lots\n")
+    mnt = workdir / "mnt"
+    mnt.mkdir()
+    r = run([CKPTFS_BIN, "mount", mnt, "--cache-dir", workdir / "c", "-o", f"config={conf}"],
+            check=False)
+    assert r.returncode == 2
+    assert f"{conf}:2:" in r.stderr and "write_threads=lots" in r.stderr
+
+
+def test_systemd_unit_commands_mount_and_unmount(workdir):
+    """The unit's ExecStart and ExecStop, with systemd's %i and %f filled in as systemd would."""
+    unit = (REPO_ROOT / "packaging" / "ckptfs@.service.in").read_text()
+    start = re.search(r"^ExecStart=(.*)$", unit, re.M).group(1)
+    stop = re.search(r"^ExecStop=(.*)$", unit, re.M).group(1)
+    mnt, cache = workdir / "mnt", workdir / "cache"
+    mnt.mkdir()
+    instance = subprocess.run(["systemd-escape", "--path", str(mnt)], stdout=subprocess.PIPE,
+                              text=True, check=True).stdout.strip()
+    etc = workdir / "etc"
+    etc.mkdir()
+    (etc / f"{instance}.conf").write_text(f"cache_dir={cache}\n")
+
+    def expand(cmd):
+        cmd = cmd.replace("@CKPTFS_BIN@", str(CKPTFS_BIN)).replace("/etc/ckptfs/", f"{etc}/")
+        return cmd.replace("%i", instance).replace("%f", str(mnt)).split()
+
+    try:
+        run(expand(start), timeout=120)  # Type=forking: returns once mounted
+        assert mount_fstype(mnt) == "fuse.ckptfs"
+        (mnt / "h").write_bytes(b"unit")
+        pid = daemon_pid(cache)
+        run(expand(stop), timeout=120)  # returns once the daemon is gone
+        assert not pid_alive(pid)
+        assert mount_fstype(mnt) != "fuse.ckptfs"
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], stderr=subprocess.DEVNULL)
+
+
+def test_cmake_install_puts_everything_in_place(workdir):
+    build = CKPTFS_BIN.parent.parent
+    if not (build / "cmake_install.cmake").exists():
+        pytest.fail(f"{CKPTFS_BIN} is not in a CMake build directory")
+    dest = workdir / "dest"
+    env = dict(os.environ, DESTDIR=str(dest))
+    r = run(["cmake", "--install", build], env=env, timeout=300)
+    prefix = dest / "usr" / "local"
+    binary = prefix / "bin" / "ckptfs"
+    assert binary.exists()
+    assert run([binary, "--version"]).stdout.startswith("ckptfs ")
+    link = dest / "sbin" / "mount.fuse.ckptfs"
+    assert link.is_symlink() and os.readlink(link) == "/usr/local/bin/ckptfs"
+    assert (prefix / "lib" / "libckptfs_gpu.so").exists()
+    assert list(prefix.glob("lib/python3.*/dist-packages/ckptfs_gpu.py"))
+    unit = (prefix / "lib" / "systemd" / "system" / "ckptfs@.service").read_text()
+    assert "ExecStart=/usr/local/bin/ckptfs mount %f -o config=/etc/ckptfs/%i.conf" in unit
+    assert "mount.fuse.ckptfs" in r.stdout
+    shutil.rmtree(dest)
