@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 
@@ -24,5 +25,10 @@ Logger GetLogger(const std::string& layer);
 
 // Flushes every logger (before exit, and after an error worth reading at once).
 void FlushLogs();
+
+// The last warnings and errors logged (at most kRecentProblems, oldest first), as formatted
+// lines: what `ckptfs status` shows under "recent errors".
+inline constexpr size_t kRecentProblems = 20;
+std::vector<std::string> RecentProblems();
 
 }  // namespace ckptfs

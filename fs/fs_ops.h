@@ -3,6 +3,9 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <string>
+#include <string_view>
 #include <memory>
 
 #include "fs/backing.h"
@@ -30,7 +33,13 @@ struct Context {
   std::atomic<bool> passthrough{false};
   BackingFiles backing;
   CapsRemovals caps_removed;  // fs/privs.h
+  std::chrono::system_clock::time_point started = std::chrono::system_clock::now();
+  std::string passthrough_mode;  // what Init decided, and why (the mount log's words)
 };
+
+// user.ckptfs.status on the mount's root: the daemon's state as JSON (`ckptfs status`).
+inline constexpr std::string_view kStatusXattr = "user.ckptfs.status";
+std::string StatusJson(Context& ctx);
 
 inline Context& Ctx(fuse_req_t req) { return *static_cast<Context*>(fuse_req_userdata(req)); }
 inline Caller CallerOf(fuse_req_t req) {

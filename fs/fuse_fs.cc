@@ -57,6 +57,7 @@ void Init(void* userdata, fuse_conn_info* conn) {
   const bool killpriv = false;  // libfuse before 3.10
 #endif
   const char* passthrough = PassthroughMode(*ctx, conn);
+  ctx->passthrough_mode = passthrough;
   ctx->log->info(
       "mounted: max_write {} KiB, readahead {} KiB, writeback cache {}, set-id bits cleared by {}, "
       "passthrough {}",

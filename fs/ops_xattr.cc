@@ -70,6 +70,7 @@ void GetXattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
     if (!v.ok()) return ReplyError(req, v.status(), "getxattr", ino);
     return ReplySized(req, *v, size);
   }
+  if (name == kStatusXattr && ino == FUSE_ROOT_ID) return ReplySized(req, StatusJson(Ctx(req)), size);
   if (IsComputedXattr(name)) {
     auto v = ComputedXattr(Ctx(req), ino, name);
     if (!v.ok()) return ReplyError(req, v.status(), "getxattr", ino);

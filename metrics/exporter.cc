@@ -124,13 +124,13 @@ std::vector<MetricFamily> Collect(Store* store) {
                        "Files and namespace changes waiting to be published to a remote tier.",
                        MetricType::Gauge));
   for (size_t t = 0; t < g.ops_waiting.size(); ++t) {
-    AddValue(out.back(), static_cast<double>(g.ops_waiting[t]), {{"tier", std::to_string(t)}});
+    AddValue(out.back(), static_cast<double>(g.ops_waiting[t]), {{"tier", std::to_string(t + 1)}});
   }
   out.push_back(Family("ckptfs_tier_failing",
                        "1 while a remote tier's last request failed (it is being retried).",
                        MetricType::Gauge));
   for (size_t t = 0; t < g.tier_failing.size(); ++t) {
-    AddValue(out.back(), g.tier_failing[t] ? 1 : 0, {{"tier", std::to_string(t)}});
+    AddValue(out.back(), g.tier_failing[t] ? 1 : 0, {{"tier", std::to_string(t + 1)}});
   }
 
   out.push_back(Family("ckptfs_fuse_request_seconds",
@@ -144,7 +144,7 @@ std::vector<MetricFamily> Collect(Store* store) {
     for (size_t k = 0; k < kBackendRequestNames.size(); ++k) {
       for (size_t o = 0; o < kOutcomeNames.size(); ++o) {
         AddHistogram(out.back(), metrics.backend_requests[t][k][o],
-                     {{"tier", std::to_string(t)}, {"op", kBackendRequestNames[k]},
+                     {{"tier", std::to_string(t + 1)}, {"op", kBackendRequestNames[k]},
                       {"outcome", kOutcomeNames[o]}});
       }
     }

@@ -30,6 +30,10 @@ int Retain(const std::vector<std::string>& args);
 // deletes in a round, the backend's chunks no file record references (docs/gc.md).
 int Gc(const std::vector<std::string>& args);
 
+// ckptfs status [MOUNTPOINT|PATH] [--json]: the daemon's pid, version, uptime, options, tiers and
+// their health, local tier use, what waits for upload, recent errors.
+int ShowStatus(const std::vector<std::string>& args);
+
 int Fail(const std::string& msg);
 // The exit status of every command given bad arguments (an unknown option, a missing value);
 // 1 is a command that could not do its work, 0 success.

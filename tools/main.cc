@@ -42,6 +42,7 @@ constexpr const char* kUsage = R"(usage:
   ckptfs mount MOUNTPOINT [--cache-dir DIR] [--backend URL]... [--s3-endpoint URL] [--foreground]
                [--log-level LEVEL] [-o OPT[,OPT...]]
   ckptfs umount MOUNTPOINT [--lazy]
+  ckptfs status [MOUNTPOINT|PATH] [--json]
   ckptfs stats [MOUNTPOINT|PATH|CACHE_DIR]
   ckptfs inspect [--json] FILE|DIR
   ckptfs inspect ROOT --view SPEC
@@ -176,7 +177,7 @@ int RunDaemon(const Config& cfg, int notify_fd) {
     exporter = std::move(*started);
     log->info("metrics at http://{}/metrics (port {})", cfg.metrics_address, exporter->port());
   }
-  log->info("ckptfs {} serving {} from {}", "0.1.0", cfg.mountpoint, cfg.cache_dir);
+  log->info("ckptfs {} serving {} from {}", CKPTFS_VERSION, cfg.mountpoint, cfg.cache_dir);
   bool reported = false;
   Status st = ServeMount(store->get(), cfg, [&] {
     reported = true;
@@ -337,6 +338,13 @@ std::string CommandHelp(const std::string& cmd) {
        "its cache directory. --lazy (-z) detaches a busy mount now; the daemon finishes when\n"
        "the last file on it is closed.\n"
        "Exit status: 0 unmounted, 1 it could not be (busy, not a ckptfs mount), 2 bad usage.\n"},
+      {"status",
+       "usage: ckptfs status [MOUNTPOINT|PATH] [--json]\n"
+       "The state of the daemon serving the mount that holds PATH (default: the working\n"
+       "directory): pid, version, uptime, passthrough, options in force, local and RAM tier use,\n"
+       "each remote tier's health and what waits to be published to it, recent errors and\n"
+       "warnings. --json prints it as the daemon reports it.\n"
+       "Exit status: 0, 1 when PATH is in no ckptfs mount or its daemon is gone, 2 bad usage.\n"},
       {"stats",
        "usage: ckptfs stats [MOUNTPOINT|PATH|CACHE_DIR]\n"
        "What the files under PATH (default: the working directory) take: logical bytes, the\n"
@@ -387,12 +395,17 @@ int main(int argc, char** argv) {
   // fuse.ckptfs` and fstab lines: `mount.fuse.ckptfs SOURCE MOUNTPOINT [-n] [-v] -o OPTIONS`.
   const std::string self = argv[0];
   if (self.substr(self.rfind('/') + 1).starts_with("mount.")) {
+    // -f: a fake mount (mount(8) records it, nothing mounts); -n, -v, -s: nothing to do here.
+    if (std::find(args.begin(), args.end(), "-f") != args.end()) return 0;
     std::erase_if(args, [](const std::string& a) { return a == "-n" || a == "-v" || a == "-s"; });
-    auto helper = ckptfs::MountHelperArgs(args);
+    auto helper = ckptfs::MountHelperArgs(args, true);
     if (helper.empty()) {
       ckptfs::Fail("usage: mount.fuse.ckptfs SOURCE MOUNTPOINT [-o OPTIONS]");
       return ckptfs::kExitUsage;
     }
+    // mount -a again: mount(8) does not see the line as mounted (the mount's source is the
+    // cache directory), and an existing mount of this mountpoint is what it asks for.
+    if (ckptfs::FindMount(ckptfs::AbsolutePath(helper[0]))) return 0;
     return ckptfs::Mount(helper);
   }
   if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
@@ -400,7 +413,7 @@ int main(int argc, char** argv) {
     return args.empty() ? 2 : 0;
   }
   if (args[0] == "--version") {
-    std::puts("ckptfs 0.1.0");
+    std::puts("ckptfs " CKPTFS_VERSION);
     return 0;
   }
   std::string cmd = args[0];
@@ -421,6 +434,7 @@ int main(int argc, char** argv) {
   if (cmd == "mount") return ckptfs::Mount(args);
   if (cmd == "umount" || cmd == "unmount") return ckptfs::Umount(args);
   if (cmd == "stats") return ckptfs::Stats(args);
+  if (cmd == "status") return ckptfs::ShowStatus(args);
   if (cmd == "inspect") return ckptfs::Inspect(args);
   if (cmd == "prefetch") return ckptfs::Prefetch(args);
   if (cmd == "fsck") return ckptfs::Fsck(args);
@@ -429,7 +443,9 @@ int main(int argc, char** argv) {
   // mount(8) with an fstab line of type fuse.ckptfs runs mount.fuse3, which runs
   // `ckptfs SOURCE MOUNTPOINT -o OPTIONS`.
   args.insert(args.begin(), cmd);
-  if (auto helper = ckptfs::MountHelperArgs(args); !helper.empty()) return ckptfs::Mount(helper);
+  if (auto helper = ckptfs::MountHelperArgs(args, false); !helper.empty()) {
+    return ckptfs::Mount(helper);
+  }
   ckptfs::Fail("unknown command '" + cmd + "'\n" + ckptfs::kUsage);
   return ckptfs::kExitUsage;
 }

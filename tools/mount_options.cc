@@ -21,11 +21,21 @@ Status ApplyOption(const std::string& opt, Config& cfg, GivenKeys& given, int de
 // A config file may name another, a few levels deep at most.
 Status ApplyConfigFile(const std::string& path, Config& cfg, GivenKeys& given, int depth) {
   if (depth >= 4) return Invalid("config=" + path + ": config files nested too deeply");
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
+    return Invalid("config=" + path + ": not a readable file");
+  }
   std::ifstream in(path);
   if (!in) return Invalid("config=" + path + ": cannot read it");
   std::string line;
   for (int n = 1; std::getline(in, line); ++n) {
-    if (size_t hash = line.find('#'); hash != std::string::npos) line.resize(hash);
+    // A comment starts a line or follows a blank (a URL or path may hold a '#').
+    for (size_t hash = line.find('#'); hash != std::string::npos; hash = line.find('#', hash + 1)) {
+      if (hash == 0 || line[hash - 1] == ' ' || line[hash - 1] == '\t') {
+        line.resize(hash);
+        break;
+      }
+    }
     size_t start = 0;
     while (start <= line.size()) {
       const size_t comma = std::min(line.find(',', start), line.size());
@@ -76,11 +86,14 @@ Status ApplyOption(const std::string& opt, Config& cfg, GivenKeys& given, int de
     return Status::Ok();
   }
   // The command line's flags, as options (fstab lines, config files).
-  if (key == "cache_dir") return (cfg.cache_dir = AbsolutePath(val)), Status::Ok();
+  if (key == "cache_dir") {
+    if (val.empty()) return Invalid("cache_dir= needs a directory");
+    return (cfg.cache_dir = AbsolutePath(val)), Status::Ok();
+  }
   if (key == "backend") return cfg.backends.push_back(val), Status::Ok();
   if (key == "s3_endpoint") return (cfg.s3_endpoint = val), Status::Ok();
   if (key == "log_level") return (cfg.log_level = val), Status::Ok();
-  if (key == "config") return ApplyConfigFile(val, cfg, given, depth);
+  if (key == "config") return ApplyConfigFile(AbsolutePath(val), cfg, given, depth);
   try {
     if (key == "ram_cache") return size(cfg.ram_cache_bytes);
     if (key == "reorder_buffer") return size(cfg.reorder_bytes);
@@ -190,21 +203,20 @@ Status ParseMountArgs(const std::vector<std::string>& args, Config& cfg) {
 }
 
 
-std::vector<std::string> MountHelperArgs(const std::vector<std::string>& args) {
-  static constexpr const char* kCommands[] = {"mount", "umount", "unmount", "stats", "inspect",
-                                              "prefetch", "fsck", "retain", "gc", "help"};
+std::vector<std::string> MountHelperArgs(const std::vector<std::string>& args, bool helper) {
   if (args.size() < 2 || args[0].empty() || args[0][0] == '-') return {};
-  for (const char* c : kCommands) {
-    if (args[0] == c) return {};
-  }
+  // Run by name (mount.fuse3's way), SOURCE must say it is ours: a mistyped command
+  // (`ckptfs stat DIR`) is not a mount.
+  const bool url = args[0].find("://") != std::string::npos;
+  if (!helper && !url && args[0] != "ckptfs") return {};
   struct stat st;
   if (::stat(args[1].c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return {};
   std::vector<std::string> out = {args[1]};
-  if (args[0].find("://") != std::string::npos) {
+  out.insert(out.end(), args.begin() + 2, args.end());
+  if (url) {  // the shared tier: after any backend= among the options
     out.push_back("--backend");
     out.push_back(args[0]);
   }
-  out.insert(out.end(), args.begin() + 2, args.end());
   return out;
 }
 

@@ -14,10 +14,11 @@ namespace ckptfs {
 // Fills cfg from `args` (what follows `ckptfs mount`) and validates it.
 Status ParseMountArgs(const std::vector<std::string>& args, Config& cfg);
 
-// `ckptfs SOURCE MOUNTPOINT [-o OPTS]...` as mount.fuse3 runs it: the arguments of the
-// equivalent `ckptfs mount`, or an empty vector when `args` is not that form (SOURCE must not
-// be a command; MOUNTPOINT must be a directory). SOURCE is a backend URL when it has "://",
-// else only a label ("ckptfs").
-std::vector<std::string> MountHelperArgs(const std::vector<std::string>& args);
+// The arguments of the `ckptfs mount` that `SOURCE MOUNTPOINT [-o OPTS]...` asks for, or an empty
+// vector when `args` is not that form (MOUNTPOINT must be a directory). `helper`: run as
+// mount.fuse.ckptfs by mount(8), where SOURCE is any label; else (mount.fuse3 running `ckptfs
+// SOURCE MOUNTPOINT -o ...`) SOURCE must be "ckptfs" or a URL. A SOURCE with "://" is a backend,
+// the farthest (after any backend= option).
+std::vector<std::string> MountHelperArgs(const std::vector<std::string>& args, bool helper);
 
 }  // namespace ckptfs

@@ -50,8 +50,13 @@ def test_fstab_line_mounts_with_mount_a_and_umount(workdir, helper):
         f"ckptfs {mnt} fuse.ckptfs cache_dir={cache},ram_cache=64M,_netdev,nofail,"
         "x-systemd.requires=network-online.target 0 0\n")
     try:
+        run(["mount", "--fstab", fstab, "-a", "-f"], timeout=120)  # a fake mount mounts nothing
+        assert mount_fstype(mnt) != "fuse.ckptfs"
         run(["mount", "--fstab", fstab, "-a"], timeout=120)
         assert mount_fstype(mnt) == "fuse.ckptfs"
+        pid = daemon_pid(cache)
+        run(["mount", "--fstab", fstab, "-a"], timeout=120)  # again: already there, no error
+        assert daemon_pid(cache) == pid
         (mnt / "f.bin").write_bytes(b"saved through fstab")
         unmount_and_wait(mnt, cache)
         assert mount_fstype(mnt) != "fuse.ckptfs"
@@ -93,6 +98,15 @@ def test_a_bad_config_file_fails_with_its_line(workdir):
             check=False)
     assert r.returncode == 2
     assert f"{conf}:2:" in r.stderr and "write_threads=lots" in r.stderr
+
+
+def test_a_mistyped_command_is_not_a_mount(workdir):
+    (workdir / "m").mkdir()
+    r = run([CKPTFS_BIN, "stat", workdir / "m"], check=False)
+    assert r.returncode == 2 and "unknown command 'stat'" in r.stderr
+    assert mount_fstype(workdir / "m") != "fuse.ckptfs"
+    r = run([CKPTFS_BIN, "mount", workdir / "m", "-o", f"config={workdir}"], check=False)
+    assert r.returncode == 2 and "not a readable file" in r.stderr
 
 
 def test_systemd_unit_commands_mount_and_unmount(workdir):
@@ -142,4 +156,10 @@ def test_cmake_install_puts_everything_in_place(workdir):
     unit = (prefix / "lib" / "systemd" / "system" / "ckptfs@.service").read_text()
     assert "ExecStart=/usr/local/bin/ckptfs mount %f -o config=/etc/ckptfs/%i.conf" in unit
     assert "mount.fuse.ckptfs" in r.stdout
+    shutil.rmtree(dest)
+    # Another prefix at install time: everything, the helper's target included, follows it.
+    r = run(["cmake", "--install", build, "--prefix", "/opt/ckptfs"], env=env, timeout=300)
+    assert (dest / "opt" / "ckptfs" / "bin" / "ckptfs").exists()
+    assert os.readlink(dest / "sbin" / "mount.fuse.ckptfs") == "/opt/ckptfs/bin/ckptfs"
+    assert list((dest / "opt" / "ckptfs").glob("lib/python3.*/dist-packages/ckptfs_gpu.py"))
     shutil.rmtree(dest)

@@ -72,7 +72,7 @@ TEST_F(ExporterStoreTest, RendersCountersGaugesAndHistograms) {
   EXPECT_NE(text.find("ckptfs_file_commit_bytes_total " + std::to_string(bytes.size())),
             std::string::npos);
   EXPECT_NE(text.find("# TYPE ckptfs_local_tier_bytes gauge"), std::string::npos);
-  EXPECT_NE(text.find("ckptfs_tier_ops_waiting{tier=\"0\"}"), std::string::npos);
+  EXPECT_NE(text.find("ckptfs_tier_ops_waiting{tier=\"1\"}"), std::string::npos);
   // 300 us lands in the 0.0005 bucket and every one above it.
   EXPECT_NE(text.find("ckptfs_fuse_request_seconds_bucket{op=\"write\",le=\"0.00025\"} 0"),
             std::string::npos) << text;
@@ -86,7 +86,7 @@ TEST_F(ExporterStoreTest, RendersCountersGaugesAndHistograms) {
   EXPECT_NE(text.find("ckptfs_fuse_request_seconds_bucket{op=\"write\",le=\"5\"} 1"),
             std::string::npos);
   // Backend requests by tier, kind and outcome: one series each for the store's one tier.
-  EXPECT_NE(text.find("ckptfs_backend_request_seconds_count{tier=\"0\",op=\"put\",outcome=\"ok\"}"),
+  EXPECT_NE(text.find("ckptfs_backend_request_seconds_count{tier=\"1\",op=\"put\",outcome=\"ok\"}"),
             std::string::npos);
 }
 
