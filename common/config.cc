@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
 
 namespace ckptfs {
@@ -39,6 +40,10 @@ Status Config::Validate() {
       return Invalid("durability_tier=" + std::to_string(t + 1) + ": there are " +
                      std::to_string(backends.size()) + " backends");
     }
+  }
+  for (double t : {gc_window_s, sync_interval_s, remote_timeout_s, mount_timeout_s, attr_timeout_s,
+                   entry_timeout_s}) {
+    if (!std::isfinite(t)) return Invalid("times in seconds must be finite numbers");
   }
   if (!(gc_window_s > 0)) return Invalid("gc_window must be positive");
   if (upload_threads == 0 || upload_threads > 256) return Invalid("upload_threads must be 1..256");

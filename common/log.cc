@@ -5,6 +5,7 @@
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <mutex>
 
 namespace ckptfs {
@@ -20,6 +21,9 @@ const std::shared_ptr<spdlog::sinks::ringbuffer_sink_mt> g_recent = [] {
   return s;
 }();
 
+// Loggers pass warnings on whatever the level, for the ring buffer; the log's sink filters.
+spdlog::level::level_enum LoggerLevel() { return std::min(g_level, spdlog::level::warn); }
+
 }  // namespace
 
 Status InitLogging(const std::string& level, const std::string& file) {
@@ -34,9 +38,10 @@ Status InitLogging(const std::string& level, const std::string& file) {
   } catch (const spdlog::spdlog_ex& e) {
     return IoError(std::string("cannot open log: ") + e.what());
   }
+  g_sink->set_level(g_level);
   spdlog::apply_all([&](const Logger& l) {
     l->sinks().assign({g_sink, g_recent});
-    l->set_level(g_level);
+    l->set_level(LoggerLevel());
   });
   return Status::Ok();
 }
@@ -44,9 +49,12 @@ Status InitLogging(const std::string& level, const std::string& file) {
 Logger GetLogger(const std::string& layer) {
   std::lock_guard lock(g_mu);
   if (Logger l = spdlog::get(layer)) return l;
-  if (!g_sink) g_sink = std::make_shared<spdlog::sinks::stderr_sink_mt>();
+  if (!g_sink) {
+    g_sink = std::make_shared<spdlog::sinks::stderr_sink_mt>();
+    g_sink->set_level(g_level);
+  }
   auto l = std::make_shared<spdlog::logger>(layer, spdlog::sinks_init_list{g_sink, g_recent});
-  l->set_level(g_level);
+  l->set_level(LoggerLevel());
   // Info lines are rare (mounts, recoveries, stalls) and worth reading while the daemon runs.
   l->flush_on(spdlog::level::info);
   spdlog::register_logger(l);

@@ -34,6 +34,7 @@ struct Context {
   BackingFiles backing;
   CapsRemovals caps_removed;  // fs/privs.h
   std::chrono::system_clock::time_point started = std::chrono::system_clock::now();
+  std::chrono::steady_clock::time_point started_steady = std::chrono::steady_clock::now();
   std::string passthrough_mode;  // what Init decided, and why (the mount log's words)
 };
 

@@ -48,7 +48,9 @@ void SetXattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char* valu
     if (!st.ok()) return ReplyError(req, st, "setxattr", ino);
     return static_cast<void>(fuse_reply_err(req, 0));
   }
-  if (IsComputedXattr(name)) return static_cast<void>(fuse_reply_err(req, EPERM));
+  if (IsComputedXattr(name) || name == kStatusXattr) {
+    return static_cast<void>(fuse_reply_err(req, EPERM));
+  }
   Status st = Ctx(req).store->SetXattr(ino, name, std::string_view(value, size), flags);
   if (!st.ok()) return ReplyError(req, st, "setxattr", ino);
   fuse_reply_err(req, 0);
@@ -102,7 +104,9 @@ void RemoveXattr(fuse_req_t req, fuse_ino_t ino, const char* name) {
     Ctx(req).store->CancelPrefetch(ino);
     return static_cast<void>(fuse_reply_err(req, 0));
   }
-  if (IsComputedXattr(name)) return static_cast<void>(fuse_reply_err(req, EPERM));
+  if (IsComputedXattr(name) || name == kStatusXattr) {
+    return static_cast<void>(fuse_reply_err(req, EPERM));
+  }
   Status st = name == Store::kPinXattr ? Ctx(req).store->SetPin(ino, false)
                                        : Ctx(req).store->RemoveXattr(ino, name);
   if (!st.ok()) return ReplyError(req, st, "removexattr", ino);

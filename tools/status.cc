@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -72,8 +73,10 @@ void PrintHuman(const json::Value& st) {
               HumanBytes(static_cast<double>(Int(queue, "limit"))).c_str(),
               static_cast<long long>(Int(st, "open_files")));
   const json::Value* tiers = st.Find("tiers");
-  if (!tiers || tiers->as_array().empty()) std::printf("remote tiers: none\n");
-  for (const json::Value& t : tiers ? tiers->as_array() : json::Array{}) {
+  const json::Array none;
+  const json::Array& tier_list = tiers && tiers->is_array() ? tiers->as_array() : none;
+  if (tier_list.empty()) std::printf("remote tiers: none\n");
+  for (const json::Value& t : tier_list) {
     const json::Value* failing = t.Find("failing");
     const bool bad = failing && failing->is_bool() && failing->as_bool();
     std::printf("tier %lld %s: %s, %lld files and changes waiting to be published\n",
@@ -84,19 +87,28 @@ void PrintHuman(const json::Value& st) {
   if (const json::Value* o = st.Find("options"); o && o->is_object()) {
     std::string line;
     for (const auto& [k, v] : o->as_object()) {
-      if (v.is_array()) continue;  // FUSE's, below
-      line += " " + k + "=" +
-              (v.is_string() ? v.as_string()
-               : v.is_bool() ? (v.as_bool() ? "1" : "0")
-               : v.is_int()  ? std::to_string(v.as_int())
-                             : std::to_string(v.as_double()));
+      line.append(" ").append(k).append("=");
+      if (v.is_array()) {  // FUSE's own options
+        for (size_t i = 0; i < v.as_array().size(); ++i) {
+          const json::Value& f = v.as_array()[i];
+          line.append(i ? "," : "").append(f.is_string() ? f.as_string() : "?");
+        }
+      } else {
+        line.append(v.is_string() ? v.as_string()
+                    : v.is_bool() ? (v.as_bool() ? "1" : "0")
+                    : v.is_int()  ? std::to_string(v.as_int())
+                    : v.is_number() ? std::to_string(v.as_double())
+                                    : "-");
+      }
     }
     std::printf("options:%s\n", line.c_str());
   }
   const json::Value* errors = st.Find("recent_errors");
-  if (errors && !errors->as_array().empty()) {
+  if (errors && errors->is_array() && !errors->as_array().empty()) {
     std::printf("recent errors and warnings (newest last):\n");
-    for (const json::Value& e : errors->as_array()) std::printf("  %s\n", e.as_string().c_str());
+    for (const json::Value& e : errors->as_array()) {
+      std::printf("  %s\n", e.is_string() ? e.as_string().c_str() : "?");
+    }
   } else {
     std::printf("recent errors and warnings: none\n");
   }
@@ -121,7 +133,11 @@ int ShowStatus(const std::vector<std::string>& args) {
       have_path = true;
     }
   }
-  auto mount = EnclosingMount(AbsolutePath(path));
+  // Symlinks resolved where the path exists (not on a dead mount: lexically then).
+  char* real = ::realpath(path.c_str(), nullptr);
+  const std::string resolved = real ? std::string(real) : AbsolutePath(path);
+  std::free(real);
+  auto mount = EnclosingMount(resolved);
   if (!mount) return Fail(path + " is in no ckptfs mount");
   std::string value(kMaxValue, '\0');
   const ssize_t n =
@@ -137,11 +153,12 @@ int ShowStatus(const std::vector<std::string>& args) {
   value.resize(static_cast<size_t>(n));
   if (as_json) {
     std::printf("%s\n", value.c_str());
-    return 0;
+    return std::fflush(stdout) == 0 && !std::ferror(stdout) ? 0 : Fail("status: cannot write");
   }
   auto st = json::Parse(value);
-  if (!st.ok() || !st->is_object() || !st->Find("local_tier") || !st->Find("ram_tier") ||
-      !st->Find("write_queue")) {
+  auto object = [&](const char* k) { return st->Find(k) && st->Find(k)->is_object(); };
+  if (!st.ok() || !st->is_object() || !object("local_tier") || !object("ram_tier") ||
+      !object("write_queue")) {
     return Fail("the daemon's status is not what this ckptfs reads: " + value);
   }
   PrintHuman(*st);

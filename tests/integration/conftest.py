@@ -63,7 +63,7 @@ def mount_fstype(path):
     """The filesystem type mounted exactly at path (the last stacked), or None."""
     path = os.path.abspath(path)
     found = None
-    with open("/proc/self/mountinfo") as f:
+    with open("/proc/self/mountinfo", errors="surrogateescape") as f:
         for line in f:
             fields = line.split()
             dash = fields.index("-")
@@ -240,7 +240,7 @@ def workdir(request):
     os.chmod(d, 0o755)  # non-root users must be able to reach the mountpoint
     yield d
     # Never recurse into something still mounted.
-    with open("/proc/self/mountinfo") as f:
+    with open("/proc/self/mountinfo", errors="surrogateescape") as f:
         busy = [l for l in f if str(d) in l]
     if not busy:
         shutil.rmtree(d, ignore_errors=True)

@@ -57,3 +57,34 @@ def test_status_outside_a_mount_and_bad_usage(workdir):
     assert r.returncode == 1 and "in no ckptfs mount" in r.stderr
     r = run([CKPTFS_BIN, "status", workdir, "--bogus"], check=False)
     assert r.returncode == 2
+
+
+def test_status_keeps_warnings_below_the_log_level(make_mount, workdir):
+    """A log that shows errors only: the tier's warnings are still in the status."""
+    remote = workdir / "remote"
+    remote.mkdir()
+    m = make_mount(log_level="error",
+                   args=("--backend", f"file://{remote}", "--backend-faults", "fail=1,ops=put"))
+    (m.mnt / "a.bin").write_bytes(os.urandom(1 << 20))
+    s = wait_for(lambda: status_json(m.mnt), lambda s: s["recent_errors"], timeout=30)
+    assert any("injected fault" in line for line in s["recent_errors"])
+    assert "[warning]" not in m.log()  # the log itself keeps its level
+
+
+def test_the_status_attribute_is_reserved_and_links_are_followed(mnt, workdir):
+    for op in (lambda: os.setxattr(mnt.mnt, "user.ckptfs.status", b"{}"),
+               lambda: os.removexattr(mnt.mnt, "user.ckptfs.status")):
+        try:
+            op()
+            raise AssertionError("user.ckptfs.status was changed")
+        except PermissionError:
+            pass
+    link = workdir / "link"
+    link.symlink_to(mnt.mnt)
+    assert status_json(link)["mountpoint"] == str(mnt.mnt)
+
+
+def test_an_infinite_time_option_is_refused(make_mount):
+    m = make_mount(options="gc_window=inf", mount=False)
+    r = run(m.mount_command(), check=False)
+    assert r.returncode == 2 and "finite" in r.stderr
