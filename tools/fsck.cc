@@ -4,15 +4,19 @@
 // check could not run.
 #include <sys/xattr.h>
 
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "formats/json.h"
 #include "tools/commands.h"
 #include "tools/mount_table.h"
+#include "tools/progress.h"
 
 namespace ckptfs {
 namespace {
@@ -73,8 +77,23 @@ int Fsck(const std::vector<std::string>& args) {
   const std::string name =
       std::string("user.ckptfs.fsck") + (deep ? ".deep" : "") + (repair ? ".repair" : "");
   std::string value(kMaxValue, '\0');
+  // The daemon checks in one request: on a terminal, the time it has taken so far.
+  std::atomic<bool> checked{false};
+  std::thread ticker([&] {
+    Progress progress;
+    const auto start = std::chrono::steady_clock::now();
+    while (progress.on_terminal() && !checked.load()) {
+      const auto s = std::chrono::duration_cast<std::chrono::seconds>(
+                         std::chrono::steady_clock::now() - start).count();
+      progress.Show("ckptfs fsck: checking " + path + (deep ? " (deep)" : "") + "... " +
+                    std::to_string(s) + " s");
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  });
   const ssize_t n =
       ::getxattr(AbsolutePath(path).c_str(), name.c_str(), value.data(), value.size());
+  checked = true;
+  ticker.join();
   if (n < 0) {
     const int err = errno;
     std::fprintf(stderr, "ckptfs fsck: %s: %s\n", path.c_str(),

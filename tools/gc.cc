@@ -15,35 +15,13 @@
 #include "backends/open.h"
 #include "store/gc.h"
 #include "tools/commands.h"
+#include "tools/progress.h"
 
 namespace ckptfs {
 namespace {
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
-
-// A progress line on stderr, redrawn in place on a terminal at most every 0.2 s; nothing
-// otherwise.
-class Progress {
- public:
-  Progress() : tty_(::isatty(STDERR_FILENO)) {}
-  ~Progress() { Done(); }
-  void Show(const std::string& line) {
-    if (!tty_ || Clock::now() - last_ < std::chrono::milliseconds(200)) return;
-    last_ = Clock::now();
-    std::fprintf(stderr, "\r\033[K%s", line.c_str());
-    drawn_ = true;
-  }
-  void Done() {
-    if (drawn_) std::fprintf(stderr, "\r\033[K");
-    drawn_ = false;
-  }
-
- private:
-  const bool tty_;
-  bool drawn_ = false;
-  Clock::time_point last_{};
-};
 
 // The check could not run: exit status 2.
 int Error(const std::string& msg) {

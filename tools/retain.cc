@@ -23,6 +23,7 @@
 
 #include "store/retention.h"
 #include "tools/commands.h"
+#include "tools/progress.h"
 #include "tools/mount_table.h"
 
 namespace ckptfs {
@@ -77,6 +78,27 @@ uint64_t TreeBytes(const fs::path& dir) {
     if (it->is_regular_file(ec)) total += it->file_size(ec);
   }
   return total;
+}
+
+// fs::remove_all, one entry at a time, counted on a terminal (a checkpoint may hold thousands
+// of files, each a request to the daemon).
+std::error_code RemoveWithProgress(const fs::path& dir, const std::string& name) {
+  Progress progress;
+  std::error_code ec;
+  std::vector<fs::path> entries;  // parents before children
+  for (auto it = fs::recursive_directory_iterator(dir, ec);
+       !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    entries.push_back(it->path());
+  }
+  if (ec) return ec;
+  for (size_t i = entries.size(); i-- > 0;) {
+    if (!fs::remove(entries[i], ec) && ec) return ec;
+    progress.Show("ckptfs retain: deleting " + name + ": " +
+                  std::to_string(entries.size() - i) + " of " + std::to_string(entries.size()));
+  }
+  progress.Done();
+  fs::remove(dir, ec);
+  return ec;
 }
 
 int Usage() {
@@ -165,8 +187,7 @@ int Retain(const std::vector<std::string>& args) {
                 HumanBytes(static_cast<double>(bytes)).c_str());
     std::fflush(stdout);
     if (dry_run) continue;
-    std::error_code rm;
-    fs::remove_all(p, rm);
+    std::error_code rm = RemoveWithProgress(p, c.name);
     if (rm) {
       std::fprintf(stderr, "ckptfs retain: deleting %s: %s\n", p.c_str(), rm.message().c_str());
       rc = 1;

@@ -192,3 +192,25 @@ def test_the_retain_attribute_applies_the_policy_after_each_checkpoint(mnt):
         write_file(dcp / f"step_{step}" / ".metadata", b"meta")
     time.sleep(1)
     assert dirs(dcp) == ["step_30", "step_40", "step_50"]
+
+
+def test_progress_is_drawn_on_a_terminal_only(mnt):
+    """retain and fsck draw progress on a terminal (here a pseudo-terminal from script(1)) and
+    write none of it when stderr is a pipe."""
+    root = mnt / "steps"
+    root.mkdir()
+    now = time.time()
+    for i in range(3):
+        d = root / f"s{i}"
+        d.mkdir()
+        for j in range(30):
+            write_file(d / f"f{j}", b"x")
+        os.utime(d, (now - 100 + i, now - 100 + i))
+    r = run(["script", "-qec", f"{CKPTFS_BIN} retain {root} --keep-last 2", "/dev/null"])
+    assert "ckptfs retain: deleting s0: 1 of 30" in r.stdout
+    assert dirs(root) == ["s1", "s2"]
+    r = retain(root, "--keep-last", "1")
+    assert "deleting s1:" not in r.stderr and "\r" not in r.stderr
+    assert dirs(root) == ["s2"]
+    r = run(["script", "-qec", f"{CKPTFS_BIN} fsck {root}", "/dev/null"])
+    assert "clean" in r.stdout
