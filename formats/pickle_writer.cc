@@ -109,7 +109,7 @@ class Pickler {
       if (st.active > 0 && !path_.empty()) walk_->back_edges.emplace_back(*path_.back(), v);
     }
     if (st.memo >= 0) return Get(st.memo);
-    if (path_.size() >= limits_.max_depth) {
+    if (path_.size() + extra_ >= limits_.max_depth) {
       return Invalid("pickle: the tree nests deeper than " + std::to_string(limits_.max_depth) +
                      " levels");
     }
@@ -231,9 +231,13 @@ class Pickler {
       return Memoize(v, st);
     }
     // Below protocol 4 Python writes set(list) and frozenset(list).
+    RETURN_IF_ERROR(RoomBelow(2));  // set(([items],)): the items two levels further down
     RETURN_IF_ERROR(WriteGlobal(BuiltinsModule(), frozen ? "frozenset" : "set"));
     Opcode(Op::kEmptyList);
-    RETURN_IF_ERROR(Batches(v.items, Op::kAppend, Op::kAppends));
+    extra_ += 2;
+    Status batched = Batches(v.items, Op::kAppend, Op::kAppends);
+    extra_ -= 2;
+    RETURN_IF_ERROR(batched);
     Opcode(Op::kTuple1);
     Opcode(Op::kReduce);
     if (st.memo >= 0) return FetchInnerCopy(st, 1);
@@ -420,9 +424,21 @@ class Pickler {
     return Status::Ok();
   }
 
+  // A value written as a call (bytes below protocol 3, a set below 4, a bytearray below 5)
+  // reads back as a call node with `levels` more levels under it than the value had: the
+  // reader's depth limit counts them, so the writer does too (what it writes, it reads back).
+  Status RoomBelow(size_t levels) const {
+    if (path_.size() + extra_ + levels > limits_.max_depth) {
+      return Invalid("pickle: the tree nests deeper than " + std::to_string(limits_.max_depth) +
+                     " levels when written at protocol " + std::to_string(protocol_));
+    }
+    return Status::Ok();
+  }
+
   // bytes, without memoizing it: also the argument of bytearray below protocol 5.
   Status SaveBytes(std::string_view s) {
     if (protocol_ < 3) {
+      RETURN_IF_ERROR(RoomBelow(s.empty() ? 1 : 2));  // (args) or (args, (text, 'latin1'))
       // Python 3 at protocol 2: bytes() or _codecs.encode(s.decode('latin1'), 'latin1').
       if (s.empty()) {
         RETURN_IF_ERROR(WriteGlobal("__builtin__", "bytes"));
@@ -471,8 +487,12 @@ class Pickler {
       Raw(s);
       return Status::Ok();
     }
+    RETURN_IF_ERROR(RoomBelow(2));  // bytearray((bytes,))
     RETURN_IF_ERROR(WriteGlobal(BuiltinsModule(), "bytearray"));
-    RETURN_IF_ERROR(SaveBytes(s));
+    extra_ += 2;
+    Status saved = SaveBytes(s);
+    extra_ -= 2;
+    RETURN_IF_ERROR(saved);
     Opcode(Op::kTuple1);
     Opcode(Op::kReduce);
     return Status::Ok();
@@ -536,6 +556,7 @@ class Pickler {
   const bool emit_;
   std::unordered_map<const Value*, NodeState> state_;
   std::vector<const ValuePtr*> path_;  // the nodes being written, outermost first
+  size_t extra_ = 0;  // levels of call nodes written around the current one (RoomBelow)
   size_t saves_ = 0;
   int64_t next_memo_ = 0;
   std::string out_;
