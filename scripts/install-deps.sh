@@ -12,6 +12,8 @@ pkgs=(
   ceph-mon ceph-osd radosgw ceph-common curl
   # The Prometheus exporter (-o metrics=) and the Prometheus server its test scrapes it with.
   prometheus-cpp-dev prometheus
+  # The set-id and systemd-unit mount tests: setcap, systemd-escape.
+  libcap2-bin systemd
   # HIP (AMD's runtime and headers) so that scripts/test.sh compiles gpu/ with CKPTFS_WITH_HIP=ON:
   # 66 MB to download, 350 MB installed. No GPU is needed to build.
   hipcc libamdhip64-dev
