@@ -4,9 +4,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <memory>
 #include <string>
 #include <string_view>
-#include <memory>
 
 #include "fs/backing.h"
 #include "fs/fuse_version.h"

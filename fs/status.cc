@@ -102,7 +102,7 @@ std::string StatusJson(Context& ctx) {
     out += std::string(t ? "," : "") + "{\"tier\":" + Num(t + 1) +
            ",\"url\":" + Quote(g.tier_names[t]) +
            ",\"waiting\":" + Num(g.ops_waiting[t]) +
-           ",\"failing\":" + (g.tier_failing[t] ? "true" : "false") +
+           ",\"failing\":" + (g.tier_errors[t].empty() ? "false" : "true") +
            ",\"last_error\":" + Quote(g.tier_errors[t]) + "}";
   }
   out += "]";

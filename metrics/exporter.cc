@@ -129,8 +129,8 @@ std::vector<MetricFamily> Collect(Store* store) {
   out.push_back(Family("ckptfs_tier_failing",
                        "1 while a remote tier's last request failed (it is being retried).",
                        MetricType::Gauge));
-  for (size_t t = 0; t < g.tier_failing.size(); ++t) {
-    AddValue(out.back(), g.tier_failing[t] ? 1 : 0, {{"tier", std::to_string(t + 1)}});
+  for (size_t t = 0; t < g.tier_errors.size(); ++t) {
+    AddValue(out.back(), g.tier_errors[t].empty() ? 0 : 1, {{"tier", std::to_string(t + 1)}});
   }
 
   out.push_back(Family("ckptfs_fuse_request_seconds",

@@ -174,7 +174,6 @@ Store::Gauges Store::gauges() {
       g.ops_waiting.push_back(n.ok() ? *n : 0);
       const Status last = r->last_error();  // a file waiting out a gc round is no failure
       const bool failing = !last.ok() && !RemoteTier::IsGcWait(last);
-      g.tier_failing.push_back(failing);
       g.tier_names.push_back(r->backend()->Describe());
       g.tier_errors.push_back(failing ? last.ToString() : "");
     }

@@ -321,9 +321,9 @@ class Store final : private ChunkSink {
     uint64_t write_queue_bytes = 0, write_queue_limit = 0;  // acknowledged, not yet chunked
     uint64_t open_files = 0;
     std::vector<uint64_t> ops_waiting;  // per remote tier, nearest first: files and names to publish
-    std::vector<bool> tier_failing;     // per remote tier: its write-back is retrying an error
     std::vector<std::string> tier_names;   // per remote tier: where it is (Backend::Describe)
-    std::vector<std::string> tier_errors;  // per remote tier: that error ("" when none)
+    // Per remote tier: the error its write-back is retrying ("" when none: not failing).
+    std::vector<std::string> tier_errors;
   };
   Gauges gauges();
 

@@ -35,6 +35,9 @@ int Gc(const std::vector<std::string>& args);
 int ShowStatus(const std::vector<std::string>& args);
 
 int Fail(const std::string& msg);
+// The largest attribute value the daemon answers with (the kernel's limit): the reports of
+// fsck and status are read into a buffer this size.
+inline constexpr size_t kMaxXattrValue = 64 * 1024;
 // The exit status of every command given bad arguments (an unknown option, a missing value);
 // 1 is a command that could not do its work, 0 success.
 inline constexpr int kExitUsage = 2;

@@ -21,9 +21,6 @@
 namespace ckptfs {
 namespace {
 
-// The kernel passes attribute values of at most 64 KiB.
-constexpr size_t kMaxValue = 64 * 1024;
-
 uint64_t Count(const json::Value& v, const char* key) {
   const json::Value* f = v.Find(key);
   return f && f->is_int() ? static_cast<uint64_t>(f->as_int()) : 0;
@@ -76,7 +73,7 @@ int Fsck(const std::vector<std::string>& args) {
   }
   const std::string name =
       std::string("user.ckptfs.fsck") + (deep ? ".deep" : "") + (repair ? ".repair" : "");
-  std::string value(kMaxValue, '\0');
+  std::string value(kMaxXattrValue, '\0');
   // The daemon checks in one request: on a terminal, the time it has taken so far.
   std::atomic<bool> checked{false};
   std::thread ticker([&] {

@@ -16,8 +16,6 @@
 namespace ckptfs {
 namespace {
 
-constexpr size_t kMaxValue = 64 * 1024;
-
 // The ckptfs mount that holds `path`: itself or the nearest parent that is one.
 std::optional<MountEntry> EnclosingMount(std::string path) {
   while (true) {
@@ -139,7 +137,7 @@ int ShowStatus(const std::vector<std::string>& args) {
   std::free(real);
   auto mount = EnclosingMount(resolved);
   if (!mount) return Fail(path + " is in no ckptfs mount");
-  std::string value(kMaxValue, '\0');
+  std::string value(kMaxXattrValue, '\0');
   const ssize_t n =
       ::getxattr(mount->mountpoint.c_str(), "user.ckptfs.status", value.data(), value.size());
   if (n < 0) {
