@@ -1,8 +1,8 @@
 // The device side with HIP: pinned staging buffers, one stream and one event per buffer.
 //
 // Only the HIP runtime API, no kernels: this file compiles with the host compiler against HIP's
-// AMD headers (libamdhip64) or, with __HIP_PLATFORM_NVIDIA__, against HIP's CUDA path (cudart).
-#include <hip/hip_runtime_api.h>
+// AMD headers (libamdhip64) or, with CKPTFS_GPU_CUDA, against the CUDA runtime (gpu/gpu_runtime.h).
+#include "gpu/gpu_runtime.h"
 
 #include <vector>
 

@@ -30,13 +30,20 @@ if command -v hipcc >/dev/null; then
     -DCKPTFS_WITH_HIP=ON -DCKPTFS_WERROR=ON >/dev/null
   ninja -C build-hip ckptfs_gpu
 fi
+if command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]]; then
+  echo "== build libckptfs_gpu.so for NVIDIA against the CUDA runtime found here"
+  cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPTFS_BUILD_TESTS=OFF \
+    -DCKPTFS_WITH_HIP=ON -DCKPTFS_HIP_PLATFORM=nvidia -DCKPTFS_WERROR=ON >/dev/null
+  ninja -C build-cuda ckptfs_gpu
+fi
 echo "== fuzz every parser for a bounded time (libFuzzer, clang, ASan)"
 FUZZ_SECONDS=${FUZZ_SECONDS:-10} bash scripts/fuzz.sh
-if [[ -f build-hip/gpu/libckptfs_gpu.so ]]; then
-  echo "== the GPU loader's mount tests with the HIP build of libckptfs_gpu.so"
-  CKPTFS_BIN="$PWD/build/tools/ckptfs" CKPTFS_GPU_LIB="$PWD/build-hip/gpu/libckptfs_gpu.so" \
+for gpu_build in build-hip build-cuda; do
+  [[ -f $gpu_build/gpu/libckptfs_gpu.so ]] || continue
+  echo "== the GPU loader's mount tests with $gpu_build's libckptfs_gpu.so"
+  CKPTFS_BIN="$PWD/build/tools/ckptfs" CKPTFS_GPU_LIB="$PWD/$gpu_build/gpu/libckptfs_gpu.so" \
     /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/integration/test_gpu_loader.py
-fi
+done
 echo "== real-mount integration tests"
 (cd build && ctest --output-on-failure -R '^integration$')
 echo "== the POSIX, set-id, durability and torch tests again without passthrough (the daemon's write path)"
