@@ -21,6 +21,8 @@ import sys
 
 import torch
 
+import benchjson  # noqa: E402  (bench/, the script's own folder)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -100,7 +102,9 @@ def main():
     ap.add_argument("--dir", default="/var/tmp/ckptfs-dedup")
     ap.add_argument("--bin", default=os.path.join(ROOT, "build", "tools", "ckptfs"))
     ap.add_argument("--chunk-bench", default=os.path.join(ROOT, "build", "bench", "chunk_bench"))
+    benchjson.add_argument(ap)
     args = ap.parse_args()
+    out = benchjson.Results("dedup", args.json)
     results = {}
     for label, options in (("tensor", ""), ("cdc", "tensor_chunking=0")):
         mnt = run_mount(args.bin, os.path.join(args.dir, label), options)
@@ -112,6 +116,10 @@ def main():
     for name in ("dp-ranks", "finetune", "reordered"):
         print(f"{name:10s} stored/unique = {results[(name, 'tensor')]:.4f}   "
               f"(content-defined only: {results[(name, 'cdc')]:.4f})")
+        for label in ("tensor", "cdc"):
+            out.add(f"{name} ({label})", results[(name, label)], subject="stored",
+                    baseline="unique", better="lower")
+    out.write()
     sample = os.path.join(args.dir, "sample.pt")
     torch.save(model(5, args.mib), sample)
     sys.stdout.flush()

@@ -35,6 +35,7 @@ sys.path.insert(0, str(REPO / "tests" / "reshard"))
 import deepspeed_fixture as df  # noqa: E402  (the DeepSpeed classes' stand-ins, partition math)
 
 sys.path.insert(0, str(REPO / "bench"))
+import benchjson  # noqa: E402
 from bench_reshard import drop_caches, du, proc_field, sh  # noqa: E402
 
 TAG = "global_step100"
@@ -165,7 +166,9 @@ def main():
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--dir", default="/var/tmp/ckptfs-bench-ds")
     ap.add_argument("--bin", default=str(REPO / "build" / "tools" / "ckptfs"))
+    benchjson.add_argument(ap)
     args = ap.parse_args()
+    out = benchjson.Results("ds_universal", args.json)
 
     work = Path(args.dir)
     if work.exists():
@@ -227,6 +230,11 @@ def main():
           f"+{max(cache_grew, 0)} B); offline {tmp_bytes / 2**30:.2f} GiB temporary + "
           f"{out_bytes / 2**30:.2f} GiB output")
     print(f"daemon peak RSS = {rss / 1024:.0f} MiB (includes the source's save)")
+    out.add("universal", view_s / offline_s, subject="view", baseline="offline", better="lower",
+            subject_s=view_s, baseline_s=offline_s, view_written=view_written,
+            offline_temporary=tmp_bytes)
+    out.note("daemon_peak_rss_mib", round(rss / 1024))
+    out.write()
 
 
 if __name__ == "__main__":

@@ -30,6 +30,8 @@ import time
 
 import torch
 
+import benchjson  # noqa: E402  (bench/, the script's own folder)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -103,6 +105,10 @@ def vm_hwm_kib(pid):
     return 0
 
 
+# Issue 19's goals (mount/plain as throughput; higher is better).
+GOALS = {"save": 1.0, "write-1M": 0.8, "read-1M-cold": 0.8, "load-warm": 0.95}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--gib", type=float, default=2.0)
@@ -111,7 +117,9 @@ def main():
     ap.add_argument("--bin", default=os.environ.get("CKPTFS_BIN", os.path.join(ROOT, "build/tools/ckptfs")))
     ap.add_argument("-o", dest="opts", default="")
     ap.add_argument("--only", default="", help="comma-separated figures to time (default: all)")
+    benchjson.add_argument(ap)
     args = ap.parse_args()
+    out = benchjson.Results("fs", args.json)
     only = set(filter(None, args.only.split(",")))
 
     size = int(args.gib * (1 << 30))
@@ -151,6 +159,8 @@ def main():
             results[name] = p / m
             # The fastest run of each side too: on a VM the page-cache copy alone varies by 3x.
             fastest = min(tp) / min(tm)
+            out.add(name, p / m, subject="mount", baseline="plain", goal=GOALS.get(name),
+                    subject_s=m, baseline_s=p, fastest_ratio=fastest)
             print(f"{name:<12} mount/plain = {p / m:.2f}   (plain {size / p / 1e9 if 'save' not in name and 'load' not in name else real / p / 1e9:.2f} GB/s, "
                   f"mount {size / m / 1e9 if 'save' not in name and 'load' not in name else real / m / 1e9:.2f} GB/s; "
                   f"fastest runs {fastest:.2f})", flush=True)
@@ -204,6 +214,8 @@ def main():
         ratio("read-1M-warm", lambda: read_seq(pb, 1 << 20), lambda: read_seq(mb, 1 << 20))
         hwm = vm_hwm_kib(pid) / 1024
         print(f"daemon peak RSS = {hwm:.0f} MiB (budget 256 MiB + 128 MiB RAM cache = 384 MiB)")
+        out.note("daemon_peak_rss_mib", round(hwm))
+        out.write()
     finally:
         subprocess.run([args.bin, "umount", mnt])
     shutil.rmtree(base, ignore_errors=True)

@@ -24,6 +24,8 @@ import time
 
 import torch
 
+import benchjson  # noqa: E402  (bench/, the script's own folder)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MiB = 1 << 20
 
@@ -63,7 +65,9 @@ def main():
     ap.add_argument("--ablate", action="store_true",
                     help="also time the host load without huge-page advice and with 32 reads in "
                          "flight, each against torch.load")
+    benchjson.add_argument(ap)
     args = ap.parse_args()
+    out = benchjson.Results("gpu_load", args.json)
     os.environ["CKPTFS_GPU_LIB"] = os.path.abspath(args.lib)
     sys.path.insert(0, os.path.join(ROOT, "gpu"))
     import ckptfs_gpu  # noqa: E402
@@ -115,6 +119,8 @@ def main():
             t, o = statistics.median(tt), statistics.median(to)
             print(f"{name:<9} ckptfs_gpu/torch.load = {t / o:.2f}   (torch.load {size / t / 1e9:.2f} "
                   f"GB/s, ckptfs_gpu {size / o / 1e9:.2f} GB/s)", flush=True)
+            out.add(name, t / o, subject="ckptfs_gpu", baseline="torch.load", subject_s=o,
+                    baseline_s=t)
 
         compare("load", lambda: torch.load(path), lambda: ckptfs_gpu.load(path, device="cpu"))
         if args.ablate:
@@ -126,6 +132,7 @@ def main():
                     lambda: ckptfs_gpu.load(path, device="cuda"), sync=True)
         else:
             print("load-gpu  skipped: torch sees no GPU")
+        out.write()
     finally:
         subprocess.run([args.bin, "umount", mnt])
     shutil.rmtree(base, ignore_errors=True)

@@ -33,6 +33,8 @@ import boto3
 import torch
 from boto3.s3.transfer import TransferConfig
 
+import benchjson  # noqa: E402  (bench/, the script's own folder)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -128,7 +130,9 @@ def main():
                     help="processes of the restore storm, one rank file each (0: skip it)")
     ap.add_argument("--bin", default=os.environ.get("CKPTFS_BIN",
                                                     os.path.join(ROOT, "build/tools/ckptfs")))
+    benchjson.add_argument(ap)
     args = ap.parse_args()
+    out = benchjson.Results("remote", args.json)
     work = args.dir
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
@@ -275,6 +279,19 @@ def main():
               f"(durability=local {local_save:.1f} s, remote {remote_save:.1f} s)")
         print(f"upload     ckptfs/boto3   = {(mib / upload) / (mib / boto_up):.2f}   "
               f"(ckptfs {mib / upload:.0f} MiB/s, boto3 {mib / boto_up:.0f} MiB/s)")
+        out.add("cold-load", mount_load / download_load, subject="mount", baseline="download+load",
+                better="lower", goal=0.6, subject_s=mount_load, baseline_s=download_load)
+        out.add("fetch", fetch_only / download_only, subject="prefetch", baseline="download",
+                better="lower", subject_s=fetch_only, baseline_s=download_only)
+        if args.ranks:
+            out.add(f"restore-{args.ranks}", storm_download / storm_mount, subject="mount",
+                    baseline="boto3", goal=1.0, subject_s=storm_mount, baseline_s=storm_download)
+        out.add("save-remote", remote_save / local_save, subject="durability=remote",
+                baseline="durability=local", better="lower", subject_s=remote_save,
+                baseline_s=local_save)
+        out.add("upload", boto_up / upload, subject="ckptfs", baseline="boto3", subject_s=upload,
+                baseline_s=boto_up)
+        out.write()
     finally:
         teardown(args.bin, mounts, rgw)
     return 0

@@ -30,6 +30,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "reshard"))
 import megatron_fixture as mf  # noqa: E402
+import benchjson  # noqa: E402  (bench/, the script's own folder)
 
 
 def sh(*args):
@@ -63,7 +64,9 @@ def main():
     ap.add_argument("--gib", type=float, default=2.0, help="approximate source checkpoint size")
     ap.add_argument("--dir", default="/var/tmp/ckptfs-bench-reshard")
     ap.add_argument("--bin", default=str(REPO / "build" / "tools" / "ckptfs"))
+    benchjson.add_argument(ap)
     args = ap.parse_args()
+    out = benchjson.Results("reshard", args.json)
 
     work = Path(args.dir)
     if work.exists():
@@ -132,7 +135,12 @@ def main():
         print(f"tp4-pp2->{spec:8s} view/offline = {v / o:.2f}   (view {v:.1f} s, offline {o:.1f} s; "
               f"written: daemon {vw} B, cache dir +{max(cg, 0)} B, offline {ow / 2**30:.2f} GiB; "
               f"first byte {ttfb:.2f} s)")
+        out.add(f"tp4-pp2->{spec}", v / o, subject="view", baseline="offline", better="lower",
+                goal=0.25, subject_s=v, baseline_s=o, first_byte_s=ttfb, view_written=vw,
+                offline_written=ow)
     print(f"daemon peak RSS = {rss / 1024:.0f} MiB (includes the source's save)")
+    out.note("daemon_peak_rss_mib", round(rss / 1024))
+    out.write()
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchjson  # noqa: E402
 from bench_remote import ROOT, drop_caches, sh, start_rgw, state_dict, teardown  # noqa: E402
 
 
@@ -39,7 +40,9 @@ def main():
     ap.add_argument("--dir", default="/var/tmp/ckptfs-tiers")
     ap.add_argument("--bin", default=os.environ.get("CKPTFS_BIN",
                                                     os.path.join(ROOT, "build/tools/ckptfs")))
+    benchjson.add_argument(ap)
     args = ap.parse_args()
+    out = benchjson.Results("tiers", args.json)
     work = args.dir
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
@@ -98,6 +101,11 @@ def main():
               f"far tier only {far_load:.1f} s)")
         print(f"restore near/plain = {near_load / plain_load:.2f}   (plain torch.load "
               f"{plain_load:.1f} s)")
+        out.add("restore-near", near_load / far_load, subject="near tier", baseline="far tier",
+                better="lower", subject_s=near_load, baseline_s=far_load)
+        out.add("restore-near-vs-plain", near_load / plain_load, subject="near tier",
+                baseline="plain", better="lower", subject_s=near_load, baseline_s=plain_load)
+        out.write()
     finally:
         teardown(args.bin, mounts, rgw)
     return 0

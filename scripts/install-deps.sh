@@ -11,7 +11,7 @@ pkgs=(
   libcurl4-openssl-dev libssl-dev openssl zlib1g-dev python3-botocore python3-boto3
   ceph-mon ceph-osd radosgw ceph-common curl
   # The Prometheus exporter (-o metrics=) and the Prometheus server its test scrapes it with.
-  prometheus-cpp-dev prometheus
+  prometheus-cpp-dev prometheus python3-matplotlib
   # The set-id and systemd-unit mount tests: setcap, systemd-escape.
   libcap2-bin systemd
   # HIP (AMD's runtime and headers) so that scripts/test.sh compiles gpu/ with CKPTFS_WITH_HIP=ON:

@@ -23,7 +23,7 @@ echo "== unit tests under ASan/UBSan"
    ctest --output-on-failure -j "$jobs" -E '^integration$')
 echo "== build ckptfs and libckptfs_gpu.so (optimized)"
 configure build ""
-ninja -C build ckptfs ckptfs_gpu ckptfs_lmdb_fault_shim
+ninja -C build ckptfs ckptfs_gpu ckptfs_lmdb_fault_shim chunk_bench
 if command -v hipcc >/dev/null; then
   echo "== build libckptfs_gpu.so with HIP (compiles the device path; running it needs a GPU)"
   cmake -S . -B build-hip -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPTFS_BUILD_TESTS=OFF \
