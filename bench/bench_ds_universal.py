@@ -168,7 +168,7 @@ def main():
     ap.add_argument("--bin", default=str(REPO / "build" / "tools" / "ckptfs"))
     benchjson.add_argument(ap)
     args = ap.parse_args()
-    out = benchjson.Results("ds_universal", args.json)
+    results_json = benchjson.Results("ds_universal", args.json)
 
     work = Path(args.dir)
     if work.exists():
@@ -230,11 +230,11 @@ def main():
           f"+{max(cache_grew, 0)} B); offline {tmp_bytes / 2**30:.2f} GiB temporary + "
           f"{out_bytes / 2**30:.2f} GiB output")
     print(f"daemon peak RSS = {rss / 1024:.0f} MiB (includes the source's save)")
-    out.add("universal", view_s / offline_s, subject="view", baseline="offline", better="lower",
-            subject_s=view_s, baseline_s=offline_s, view_written=view_written,
-            offline_temporary=tmp_bytes)
-    out.note("daemon_peak_rss_mib", round(rss / 1024))
-    out.write()
+    results_json.add("universal", view_s / offline_s, subject="view", baseline="offline",
+                     better="lower", subject_s=view_s, baseline_s=offline_s,
+                     view_written=view_written, offline_temporary=tmp_bytes)
+    results_json.note("daemon_peak_rss_mib", round(rss / 1024))
+    results_json.write()
 
 
 if __name__ == "__main__":

@@ -66,7 +66,7 @@ def main():
     ap.add_argument("--bin", default=str(REPO / "build" / "tools" / "ckptfs"))
     benchjson.add_argument(ap)
     args = ap.parse_args()
-    out = benchjson.Results("reshard", args.json)
+    results_json = benchjson.Results("reshard", args.json)
 
     work = Path(args.dir)
     if work.exists():
@@ -135,12 +135,12 @@ def main():
         print(f"tp4-pp2->{spec:8s} view/offline = {v / o:.2f}   (view {v:.1f} s, offline {o:.1f} s; "
               f"written: daemon {vw} B, cache dir +{max(cg, 0)} B, offline {ow / 2**30:.2f} GiB; "
               f"first byte {ttfb:.2f} s)")
-        out.add(f"tp4-pp2->{spec}", v / o, subject="view", baseline="offline", better="lower",
-                goal=0.25, subject_s=v, baseline_s=o, first_byte_s=ttfb, view_written=vw,
-                offline_written=ow)
+        results_json.add(f"tp4-pp2->{spec}", v / o, subject="view", baseline="offline",
+                         better="lower", goal=0.25, subject_s=v, baseline_s=o,
+                         first_byte_s=ttfb, view_written=vw, offline_written=ow)
     print(f"daemon peak RSS = {rss / 1024:.0f} MiB (includes the source's save)")
-    out.note("daemon_peak_rss_mib", round(rss / 1024))
-    out.write()
+    results_json.note("daemon_peak_rss_mib", round(rss / 1024))
+    results_json.write()
 
 
 if __name__ == "__main__":

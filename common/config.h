@@ -105,6 +105,9 @@ struct Config {
   // Resharded views (docs/views.md): a file of parameter rules ("REGEX RULE" per line) checked
   // before the built-in ones; empty: the built-in rules only.
   std::string view_rules;
+  // The hf view's safetensors shards hold up to this many bytes each (-o hf_shard_size=), as
+  // save_pretrained's max_shard_size does; one larger tensor gets a shard of its own.
+  uint64_t view_hf_shard_bytes = 5'000'000'000;
   // Whether a checkpoint directory's listing shows `.views` (-o views=visible). Hidden by
   // default, as ZFS hides `.zfs`: tools that copy or measure a tree (cp -r, du, rsync, find)
   // would otherwise read every view of every checkpoint. A lookup of `.views` works either way.

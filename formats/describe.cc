@@ -96,6 +96,14 @@ std::string TorchDtypeName(safetensors::Dtype d) {
   }
 }
 
+std::optional<safetensors::Dtype> SafetensorsDtypeOf(const std::string& torch_dtype) {
+  for (int i = 0; i <= static_cast<int>(safetensors::Dtype::kU64); ++i) {
+    const auto d = static_cast<safetensors::Dtype>(i);
+    if (TorchDtypeName(d) == torch_dtype) return d;
+  }
+  return std::nullopt;
+}
+
 namespace {
 
 Result<FileDescription> DescribeSafetensors(uint64_t size, const zip::ReadAtFn& read_at) {

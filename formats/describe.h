@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -35,6 +36,8 @@ struct FileDescription {
 // torch's name for a safetensors dtype ("BF16" -> "bfloat16"); the format's own name where torch
 // has none.
 std::string TorchDtypeName(safetensors::Dtype d);
+// The safetensors dtype torch's name stands for; nullopt for a dtype safetensors lacks.
+std::optional<safetensors::Dtype> SafetensorsDtypeOf(const std::string& torch_dtype);
 
 // Describes a file of `size` bytes read through read_at; `name` is its file name (a hint only).
 // A file in no known format is kUnknown with no tensors, not an error. Errors: a file that claims

@@ -102,7 +102,8 @@ std::string EscapeCommas(const std::string& s) {
 }  // namespace
 
 Status ServeMount(Store* store, const Config& cfg, const std::function<void()>& on_mounted) {
-  auto views = fs::ViewTree::Make(store, GetLogger("views"), cfg.view_rules);
+  auto views = fs::ViewTree::Make(store, GetLogger("views"), cfg.view_rules,
+                                  reshard::HfOptions{cfg.view_hf_shard_bytes});
   if (!views.ok()) return views.status();
   fs::Context ctx{store, cfg, GetLogger("fs"), fs::NewFileInfoCache(), *views};
   fuse_lowlevel_ops ops{};

@@ -12,23 +12,10 @@
 #include "reshard/dcp_view.h"
 #include "reshard/deepspeed.h"
 #include "reshard/megatron.h"
+#include "fs/views_internal.h"
 
 namespace ckptfs::fs {
 
-namespace {
-
-// The refused names a .views directory remembers for user.ckptfs.view_errors.
-constexpr size_t kMaxViewErrors = 64;
-constexpr std::string_view kTracker = "latest_checkpointed_iteration.txt";
-constexpr std::string_view kDcpMetadata = ".metadata";
-constexpr std::string_view kRankFile = "model_optim_rng.pt";
-constexpr std::string_view kDsLatest = "latest";  // DeepSpeed's tag file
-constexpr std::string_view kDsModelStates = "mp_rank_00_model_states.pt";
-constexpr std::string_view kDsZero3ModelStates = "zero_pp_rank_0_mp_rank_00_model_states.pt";
-constexpr uint64_t kMaxSmallFile = 64 << 20;  // tracker, .metadata, extra zip records
-constexpr size_t kCrcThreads = 4;              // records whose CRCs one open computes at once
-enum Type { kViewsDir, kSpecDir, kIterDir, kRankDir, kFile, kTreeDir };
-enum class Kind { kMegatron, kDcp, kDeepSpeed };
 // Random access to a committed file through the store.
 zip::ReadAtFn ReadAtOf(Store* store, std::shared_ptr<const Manifest> m) {
   return [store, m](uint64_t off, size_t len) -> Result<std::string> {
@@ -56,24 +43,6 @@ Result<std::string> TrackedIteration(std::string tracker) {
   }
 }
 
-}  // namespace
-
-// The stored files a plan reads: their inodes and the manifests it was planned against.
-struct Sources {
-  std::vector<uint64_t> inos;
-  std::vector<std::shared_ptr<const Manifest>> manifests;
-  // Per source: data offset -> (length, CRC-32) of each zip record, for KnownCrcFn.
-  std::vector<std::map<uint64_t, std::pair<uint64_t, uint32_t>>> records;
-  uint32_t Add(uint64_t ino, std::shared_ptr<const Manifest> m) {
-    inos.push_back(ino);
-    manifests.push_back(std::move(m));
-    records.emplace_back();
-    return static_cast<uint32_t>(inos.size() - 1);
-  }
-};
-
-namespace {
-
 // Reads stored torch file `index` of `sources` (`where` names it in errors): its parse, the CRCs
 // of its records (for KnownCrcFn), and its records other than data.pkl and data/*, which view
 // files copy.
@@ -96,37 +65,9 @@ Result<std::shared_ptr<const TorchFile>> ReadSourceTorch(
   return std::make_shared<const TorchFile>(std::move(*tf));
 }
 
-}  // namespace
-
-struct ViewTree::Body {
-  std::mutex mu;
-  bool ready = false;  // CRCs computed; guarded by mu, then read-only
-  reshard::ViewFile file;
-  std::shared_ptr<Sources> sources;  // null for a literal-only file
-  // Readahead: per source, the offset up to which chunks have been asked for.
-  std::mutex warm_mu;
-  std::vector<uint64_t> warmed;  // guarded by warm_mu
-};
-
-struct ViewTree::Node {
-  uint64_t ino = 0, parent = 0;
-  int type = kViewsDir;
-  Kind kind = Kind::kMegatron;
-  uint64_t root = 0;  // the real checkpoint directory
-  std::string name, spec;
-  uint32_t T = 0, P = 0;
-  std::map<std::string, uint64_t> children;  // looked up so far
-  bool planned = false;
-  std::vector<std::shared_ptr<Body>> plan;  // kIterDir: per target rank (p * T + t)
-  std::shared_ptr<Body> body;               // kFile
-  uint32_t t = 0, p = 0;                    // kRankDir
-  std::map<std::string, std::string> errors;  // kViewsDir: spec -> why it failed (bounded)
-  std::string tracker;  // the tracker file's bytes, for its view copy; DeepSpeed: `latest`'s
-  std::shared_ptr<Sources> sources;  // a DeepSpeed spec's: what its files read
-};
-
 Result<std::shared_ptr<ViewTree>> ViewTree::Make(Store* store, Logger log,
-                                                 const std::string& rules_file) {
+                                                 const std::string& rules_file,
+                                                 const reshard::HfOptions& hf) {
   std::shared_ptr<const reshard::Rules> rules = reshard::Rules::BuiltIn();
   if (!rules_file.empty()) {
     std::ifstream in(rules_file);
@@ -135,11 +76,13 @@ Result<std::shared_ptr<ViewTree>> ViewTree::Make(Store* store, Logger log,
     ss << in.rdbuf();
     ASSIGN_OR_RETURN(rules, reshard::Rules::Parse(ss.str()));
   }
-  return std::shared_ptr<ViewTree>(new ViewTree(store, std::move(log), std::move(rules)));
+  if (hf.max_shard_bytes == 0) return Invalid("hf_shard_size must be at least 1 byte");
+  return std::shared_ptr<ViewTree>(new ViewTree(store, std::move(log), std::move(rules), hf));
 }
 
-ViewTree::ViewTree(Store* store, Logger log, std::shared_ptr<const reshard::Rules> rules)
-    : store_(store), log_(std::move(log)), rules_(std::move(rules)) {}
+ViewTree::ViewTree(Store* store, Logger log, std::shared_ptr<const reshard::Rules> rules,
+                   const reshard::HfOptions& hf)
+    : store_(store), log_(std::move(log)), rules_(std::move(rules)), hf_options_(hf) {}
 ViewTree::~ViewTree() = default;
 
 ViewTree::Node* ViewTree::Get(uint64_t ino) {
@@ -259,78 +202,12 @@ bool ParseMegatronSpec(std::string_view s, uint32_t* T, uint32_t* P) {
   return true;
 }
 
+}  // namespace
+
 bool IsIterationName(std::string_view n) {
   if (n == "release") return true;
   if (n.size() != 12 || !n.starts_with("iter_")) return false;
   return n.substr(5).find_first_not_of("0123456789") == std::string_view::npos;
-}
-
-// "mp_rank_TT" or "mp_rank_TT_PPP".
-bool ParseRankDir(std::string_view n, uint32_t* tp, uint32_t* pp) {
-  unsigned a = 0, b = 0;
-  char tail = 0;
-  const std::string s(n);
-  if (s.size() == 10 && std::sscanf(s.c_str(), "mp_rank_%2u%c", &a, &tail) == 1) {
-    *tp = a;
-    *pp = 0;
-    return true;
-  }
-  if (s.size() == 14 && std::sscanf(s.c_str(), "mp_rank_%2u_%3u%c", &a, &b, &tail) == 2) {
-    *tp = a;
-    *pp = b;
-    return true;
-  }
-  return false;
-}
-
-}  // namespace
-
-Status ViewTree::PlanMegatronIter(Node* iter) {
-  if (iter->planned) return Status::Ok();
-  ASSIGN_OR_RETURN(InodeRecord dir, store_->Lookup(iter->root, iter->name));
-  // The rank files, as the directory names them.
-  std::vector<std::pair<std::string, std::pair<uint32_t, uint32_t>>> ranks;
-  RETURN_IF_ERROR(store_->ReadDir(dir.ino, 0, [&](const DirItem& item) {
-    uint32_t tp, pp;
-    if (ParseRankDir(item.name, &tp, &pp)) ranks.push_back({std::string(item.name), {tp, pp}});
-    return true;
-  }));
-  if (ranks.empty()) return Invalid(iter->name + " holds no mp_rank_* directories");
-  reshard::MegatronSource src;
-  for (const auto& [name, tp_pp] : ranks) {
-    src.tp = std::max(src.tp, tp_pp.first + 1);
-    src.pp = std::max(src.pp, tp_pp.second + 1);
-  }
-  if (ranks.size() != size_t{src.tp} * src.pp) {
-    return Invalid(iter->name + " does not hold a complete " + std::to_string(src.tp) + "x" +
-                   std::to_string(src.pp) + " grid of rank directories");
-  }
-  auto sources = std::make_shared<Sources>();
-  for (const auto& [name, tp_pp] : ranks) {
-    ASSIGN_OR_RETURN(InodeRecord rd, store_->Lookup(dir.ino, name));
-    auto f = store_->Lookup(rd.ino, kRankFile);
-    if (!f.ok()) return Invalid(iter->name + "/" + name + " has no " + std::string(kRankFile));
-    ASSIGN_OR_RETURN(auto m, store_->CommittedManifest(f->ino));
-    reshard::MegatronRankFile rf;
-    rf.tp = tp_pp.first;
-    rf.pp = tp_pp.second;
-    rf.source = sources->Add(f->ino, m);
-    ASSIGN_OR_RETURN(rf.file, ReadSourceTorch(store_, sources.get(), rf.source,
-                                              iter->name + "/" + name + "/" +
-                                                  std::string(kRankFile),
-                                              &rf.extra_records));
-    src.ranks.push_back(std::move(rf));
-  }
-  ASSIGN_OR_RETURN(auto files, reshard::PlanMegatron(src, iter->T, iter->P, *rules_));
-  for (auto& f : files) {
-    auto b = std::make_shared<Body>();
-    b->file = std::move(f);
-    b->sources = sources;
-    iter->plan.push_back(std::move(b));
-  }
-  iter->planned = true;
-  store_->metrics().view_plans.Add(1);
-  return Status::Ok();
 }
 
 Status ViewTree::PlanDcp(Node* spec) {
@@ -426,6 +303,12 @@ Status ViewTree::PlanDeepSpeed(Node* spec) {
                    ReadDeepSpeed(spec->root, sources.get(), &spec->tracker,
                                  ds.kind == reshard::DsSpec::kTpDp));
   ASSIGN_OR_RETURN(std::vector<reshard::ViewEntry> entries, reshard::PlanDeepSpeed(src, ds));
+  PlanTree(spec, std::move(entries), std::move(sources));
+  return Status::Ok();
+}
+
+void ViewTree::PlanTree(Node* spec, std::vector<reshard::ViewEntry> entries,
+                        std::shared_ptr<Sources> sources) {
   // The tree, directories made as the paths name them.
   for (reshard::ViewEntry& e : entries) {
     Node* at = spec;
@@ -443,26 +326,6 @@ Status ViewTree::PlanDeepSpeed(Node* spec) {
   spec->sources = std::move(sources);
   spec->planned = true;
   store_->metrics().view_plans.Add(1);
-  return Status::Ok();
-}
-
-Result<reshard::MegatronModel> ViewTree::ReadModel(uint64_t root) {
-  ASSIGN_OR_RETURN(InodeRecord tr, store_->Lookup(root, kTracker));
-  ASSIGN_OR_RETURN(std::string tracker, ReadReal(tr.ino, 4096));
-  ASSIGN_OR_RETURN(std::string iter_name, TrackedIteration(tracker));
-  ASSIGN_OR_RETURN(InodeRecord iter, store_->Lookup(root, iter_name));
-  std::string first;
-  RETURN_IF_ERROR(store_->ReadDir(iter.ino, 2, [&](const DirItem& item) {
-    uint32_t t, p;
-    if (ParseRankDir(item.name, &t, &p)) first = item.name;
-    return first.empty();
-  }));
-  if (first.empty()) return NotFound("no rank directory");
-  ASSIGN_OR_RETURN(InodeRecord rd, store_->Lookup(iter.ino, first));
-  ASSIGN_OR_RETURN(InodeRecord f, store_->Lookup(rd.ino, kRankFile));
-  ASSIGN_OR_RETURN(auto m, store_->CommittedManifest(f.ino));
-  ASSIGN_OR_RETURN(TorchFile tf, ReadTorchFile(m->size(), ReadAtOf(store_, m)));
-  return reshard::ReadMegatronModel(tf);
 }
 
 Status ViewTree::MakeSpec(Node* views, const std::string& spec, Node** out) {
@@ -496,10 +359,22 @@ Status ViewTree::MakeSpec(Node* views, const std::string& spec, Node** out) {
     *out = n;
     return Status::Ok();
   }
+  if (spec == "hf") {
+    Node* n = AddChild(views, spec, kSpecDir);
+    n->spec = spec;
+    n->kind = Kind::kMegatronHf;
+    Status st = PlanMegatronHf(n);
+    if (!st.ok()) {
+      views->children.erase(spec);
+      return st;
+    }
+    *out = n;
+    return Status::Ok();
+  }
   uint32_t T, P;
   if (!ParseMegatronSpec(spec, &T, &P)) {
     return NotFound("no view of a Megatron-LM checkpoint: its views are tpT-ppP (T and P from 1, "
-                    "without leading zeros)");
+                    "without leading zeros) and hf");
   }
   // Plan the iteration the tracker names now, so that an impossible spec fails here.
   ASSIGN_OR_RETURN(InodeRecord tr, store_->Lookup(views->root, kTracker));
@@ -537,6 +412,11 @@ bool ViewTree::Fresh(const Node& n) {
   if (n.type == kSpecDir && n.kind == Kind::kDeepSpeed) {
     std::string latest;
     return DeepSpeedTag(n.root, &latest).ok() && latest == n.tracker && same(n.sources);
+  }
+  if (n.type == kSpecDir && n.kind == Kind::kMegatronHf) {
+    auto tr = store_->Lookup(n.root, kTracker);
+    auto bytes = tr.ok() ? ReadReal(tr->ino, 4096) : Result<std::string>(tr.status());
+    return bytes.ok() && *bytes == n.tracker && same(n.sources);
   }
   if (n.type == kSpecDir && n.kind == Kind::kDcp) {
     for (const auto& [name, ino] : n.children) {
@@ -676,6 +556,7 @@ Status ViewTree::ReadDir(uint64_t ino, uint64_t offset,
               valid.push_back({name, type});
             }
           }
+          if (model.ok() && reshard::CheckMegatronHf(*model).ok()) valid.push_back({"hf", S_IFDIR});
           names = std::move(valid);
         }
         break;
@@ -685,7 +566,7 @@ Status ViewTree::ReadDir(uint64_t ino, uint64_t offset,
         }
         break;
       case kSpecDir:
-        if (n->kind == Kind::kDeepSpeed) {
+        if (n->kind == Kind::kDeepSpeed || n->kind == Kind::kMegatronHf) {
           for (const auto& [name, child] : n->children) {
             names.push_back({name, Get(child)->type == kFile ? S_IFREG : S_IFDIR});
           }

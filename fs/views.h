@@ -23,6 +23,7 @@
 #include "common/log.h"
 #include "reshard/deepspeed.h"
 #include "reshard/megatron.h"
+#include "reshard/megatron_hf.h"
 #include "reshard/view_file.h"
 #include "store/store.h"
 
@@ -38,8 +39,10 @@ class ViewTree {
  public:
   // rules_file: a user rules file (Config::view_rules), "" for the built-in rules only.
   // Errors: the rules file cannot be read or parsed.
+  // hf: the hf view's options (its shard size).
   static Result<std::shared_ptr<ViewTree>> Make(Store* store, Logger log,
-                                                const std::string& rules_file);
+                                                const std::string& rules_file,
+                                                const reshard::HfOptions& hf = {});
   ~ViewTree();
 
   // Whether real directory `dir` holds a checkpoint views are offered for (a name lookup or two).
@@ -66,7 +69,8 @@ class ViewTree {
   struct Body;
 
  private:
-  ViewTree(Store* store, Logger log, std::shared_ptr<const reshard::Rules> rules);
+  ViewTree(Store* store, Logger log, std::shared_ptr<const reshard::Rules> rules,
+           const reshard::HfOptions& hf);
   Node* Get(uint64_t ino);  // REQUIRES: mu_ held
   Result<std::shared_ptr<Body>> BodyOf(uint64_t ino);  // a view file's; takes mu_
   Node* AddChild(Node* parent, std::string name, int type);  // REQUIRES: mu_ held
@@ -76,8 +80,16 @@ class ViewTree {
   // manifests). REQUIRES: mu_ held.
   bool Fresh(const Node& n);
   Status PlanMegatronIter(Node* iter);  // REQUIRES: mu_ held
+  Status PlanMegatronHf(Node* spec);    // REQUIRES: mu_ held
+  // The rank files of iteration directory `iter_name` of `root`, read into *sources.
+  Result<reshard::MegatronSource> ReadMegatronIter(uint64_t root, const std::string& iter_name,
+                                                   Sources* sources);
   Status PlanDcp(Node* spec);           // REQUIRES: mu_ held
   Status PlanDeepSpeed(Node* spec);     // REQUIRES: mu_ held
+  // Makes spec's tree of `entries` (directories as their paths name them), reading `sources`,
+  // and marks it planned. REQUIRES: mu_ held.
+  void PlanTree(Node* spec, std::vector<reshard::ViewEntry> entries,
+                std::shared_ptr<Sources> sources);
   // The files of the tag `latest` in `root` names, read into *sources; the layer files parsed
   // too with `parse_layers`.
   Result<reshard::DeepSpeedSource> ReadDeepSpeed(uint64_t root, Sources* sources,
@@ -94,6 +106,7 @@ class ViewTree {
   Store* store_;
   Logger log_;
   std::shared_ptr<const reshard::Rules> rules_;
+  reshard::HfOptions hf_options_;
   std::mutex mu_;
   std::vector<std::unique_ptr<Node>> nodes_;          // guarded by mu_; index = ino & ~kViewInoBit
   std::unordered_map<uint64_t, uint64_t> views_of_;   // guarded by mu_: real root -> .views ino

@@ -43,14 +43,6 @@ std::string LegacyStorageClass(const std::string& dtype) {
   return "";
 }
 
-std::optional<safetensors::Dtype> SafetensorsDtype(const std::string& torch_dtype) {
-  for (int i = 0; i <= static_cast<int>(safetensors::Dtype::kU64); ++i) {
-    const auto d = static_cast<safetensors::Dtype>(i);
-    if (TorchDtypeName(d) == torch_dtype) return d;
-  }
-  return std::nullopt;
-}
-
 // ---------------------------------------------------------------------------------------------
 // A whole tensor from its chunks.
 
@@ -569,7 +561,7 @@ class Planner {
     std::vector<safetensors::TensorSpec> specs;
     for (const auto& [name, i] : chosen) {
       const dcp::TensorEntry& t = md_.tensors[i];
-      auto dtype = SafetensorsDtype(t.dtype);
+      auto dtype = SafetensorsDtypeOf(t.dtype);
       if (!dtype) {
         return Invalid("dcp view: tensor '" + t.fqn + "' is " + t.dtype +
                        ", which safetensors cannot hold");

@@ -72,14 +72,8 @@ struct DsSpec {
 // "dpD", "tpT-dpD" or "universal"; false for anything else.
 bool ParseDsSpec(std::string_view s, DsSpec* spec);
 
-// A file of a view: its path relative to the spec directory ("latest",
-// "global_step10/mp_rank_00_model_states.pt", ...), and its recipe, CRCs pending.
-struct ViewEntry {
-  std::string path;
-  ViewFile file;
-};
-
-// Plans every file of the view `spec` of `src`, in path order. Errors (kInvalid, naming the
+// Plans every file of the view `spec` of `src`, in path order (paths relative to the spec
+// directory: "latest", "global_step10/mp_rank_00_model_states.pt", ...), CRCs pending. Errors (kInvalid, naming the
 // file or the parameter): what the view cannot be made from (see docs/views.md).
 Result<std::vector<ViewEntry>> PlanDeepSpeed(const DeepSpeedSource& src, const DsSpec& spec);
 // The specs a listing of ROOT/.views offers for `src`: dpD for a few D, and universal.

@@ -7,6 +7,7 @@
 #include <unordered_map>
 
 #include "formats/pickle.h"
+#include "reshard/megatron_args.h"
 #include "reshard/torch_out.h"
 
 namespace ckptfs::reshard {
@@ -16,34 +17,6 @@ using pickle::Kind;
 using pickle::Value;
 using pickle::ValuePtr;
 
-
-// args is an argparse.Namespace: its attributes are the BUILD state's dict.
-ValuePtr ArgsDict(const ValuePtr& args) {
-  if (!args) return nullptr;
-  if (args->kind == Kind::kObject && args->state && args->state->kind == Kind::kDict) {
-    return args->state;
-  }
-  if (args->kind == Kind::kDict) return args;
-  return nullptr;
-}
-std::optional<int64_t> IntArg(const ValuePtr& d, std::string_view key) {
-  ValuePtr v = Get(d, key);
-  if (v && v->kind == Kind::kInt) return v->i;
-  return std::nullopt;
-}
-bool BoolArg(const ValuePtr& d, std::string_view key) {
-  ValuePtr v = Get(d, key);
-  return v && ((v->kind == Kind::kBool && v->b) || (v->kind == Kind::kInt && v->i != 0));
-}
-bool SetArg(const ValuePtr& d, std::string_view key, ValuePtr value) {
-  for (auto& [k, v] : PairsOf(*d)) {
-    if (k && k->kind == Kind::kStr && k->str == key) {
-      v = std::move(value);
-      return true;
-    }
-  }
-  return false;
-}
 
 // "layers.N" in a key path: the component holding it, and where the digits are.
 struct LayerRef {
@@ -225,8 +198,12 @@ class Planner {
       : src_(src), T_(T), P_(P), rules_(rules) {}
 
   Result<std::vector<ViewFile>> Run();
+  // The source's model tensors, whole (the shards of each), for views of another format.
+  Result<MegatronTensors> Tensors();
 
  private:
+  // Reads the model, decodes every file and gathers each entry's shards (globals_).
+  Status Prepare();
   Decoded& File(uint32_t tp, uint32_t pp) { return files_[pp * src_.tp + tp]; }
   Status DecodeAll();
   Status BuildGlobals();
@@ -252,6 +229,7 @@ class Planner {
   std::vector<Decoded> files_;
   std::vector<Global> globals_;
   bool legacy_ = false;
+  bool model_only_ = false;  // Tensors(): the model's tensors only, no target, no optimizer
   VocabSizes vocab_;
 };
 
@@ -279,7 +257,7 @@ Status Planner::DecodeAll() {
     if (!IsMapping(d.model)) return Invalid("rank file has no 'model' dict");
     std::vector<std::string> path;
     RETURN_IF_ERROR(Flatten(&d, d.model, &path, 0));
-    RETURN_IF_ERROR(DecodeOptimizer(&d, rules_, model_.swiglu));
+    if (!model_only_) RETURN_IF_ERROR(DecodeOptimizer(&d, rules_, model_.swiglu));
   }
   for (bool s : seen) {
     if (!s) return Invalid("a rank file of the source grid is missing");
@@ -686,10 +664,10 @@ Result<ViewFile> Planner::PlanFile(uint32_t t, uint32_t p) {
   return out.Finish(primary.rank->file->prefix, root, primary.rank->extra_records);
 }
 
-Result<std::vector<ViewFile>> Planner::Run() {
+Status Planner::Prepare() {
   if (src_.ranks.empty()) return Invalid("no rank files");
   ASSIGN_OR_RETURN(model_, ReadMegatronModel(*src_.ranks[0].file));
-  RETURN_IF_ERROR(CheckMegatronTarget(model_, T_, P_));
+  if (!model_only_) RETURN_IF_ERROR(CheckMegatronTarget(model_, T_, P_));
   if (model_.num_layers % src_.pp != 0) return Invalid("the source's PP does not divide num_layers");
   vocab_.source_rows = model_.padded_vocab_size;
   vocab_.target_rows = PaddedVocab(model_, T_);
@@ -708,6 +686,15 @@ Result<std::vector<ViewFile>> Planner::Run() {
     }
   }
   RETURN_IF_ERROR(BuildGlobals());
+  if (!model_only_ && legacy_ && model_.query_groups % T_ != 0) {
+    return Invalid("TP " + std::to_string(T_) + " does not divide the query groups " +
+                   std::to_string(model_.query_groups) + " of a legacy model (language_model.*)");
+  }
+  return Status::Ok();
+}
+
+Result<std::vector<ViewFile>> Planner::Run() {
+  RETURN_IF_ERROR(Prepare());
   std::vector<ViewFile> out;
   for (uint32_t p = 0; p < P_; ++p) {
     for (uint32_t t = 0; t < T_; ++t) {
@@ -718,74 +705,39 @@ Result<std::vector<ViewFile>> Planner::Run() {
   return out;
 }
 
+Result<MegatronTensors> Planner::Tensors() {
+  model_only_ = true;
+  RETURN_IF_ERROR(Prepare());
+  MegatronTensors out;
+  out.model = model_;
+  out.legacy = legacy_;
+  out.source_vocab_rows = vocab_.source_rows;
+  for (const Global& g : globals_) {
+    if (g.from_embedding) continue;
+    MegatronTensor mt;
+    mt.name = Join(g.path);
+    mt.layer = g.layer ? g.layer->number : -1;
+    mt.rule = g.rule;
+    for (uint32_t k = 0; k < src_.tp; ++k) {
+      const Decoded& d = files_[g.stage * src_.tp + k];
+      const ModelEntry& e = d.entries[g.entry[k]];
+      if (!e.tensor) break;  // extra state, None: not a tensor
+      if (k == 0) mt.dtype = e.tensor->dtype;
+      if (e.tensor->dtype != mt.dtype) {
+        return Invalid("'" + mt.name + "' has shards of different dtypes");
+      }
+      ASSIGN_OR_RETURN(Shard sh, ShardOf(d, *e.tensor, mt.name));
+      mt.shards.push_back(std::move(sh));
+    }
+    if (mt.shards.size() == src_.tp) out.tensors.push_back(std::move(mt));
+  }
+  return out;
+}
+
 }  // namespace
 
-Result<MegatronModel> ReadMegatronModel(const TorchFile& f) {
-  ValuePtr d = ArgsDict(Get(f.root, "args"));
-  if (!d) return Invalid("the checkpoint has no 'args' (an argparse.Namespace)");
-  MegatronModel m;
-  auto need = [&](std::string_view key, int64_t* out) -> Status {
-    auto v = IntArg(d, key);
-    if (!v || *v <= 0) return Invalid("args." + std::string(key) + " is missing");
-    *out = *v;
-    return Status::Ok();
-  };
-  RETURN_IF_ERROR(need("num_layers", &m.num_layers));
-  RETURN_IF_ERROR(need("hidden_size", &m.hidden_size));
-  RETURN_IF_ERROR(need("num_attention_heads", &m.heads));
-  m.gqa = BoolArg(d, "group_query_attention");
-  m.query_groups = m.heads;
-  if (m.gqa) RETURN_IF_ERROR(need("num_query_groups", &m.query_groups));
-  m.ffn_hidden_size = IntArg(d, "ffn_hidden_size").value_or(4 * m.hidden_size);
-  m.swiglu = BoolArg(d, "swiglu");
-  m.tied = !BoolArg(d, "untie_embeddings_and_output_weights");
-  m.vocab_size = IntArg(d, "vocab_size").value_or(0);
-  m.divisible_by = IntArg(d, "make_vocab_size_divisible_by").value_or(128);
-  if (m.divisible_by <= 0) return Invalid("args.make_vocab_size_divisible_by is not positive");
-  m.padded_vocab_size = IntArg(d, "padded_vocab_size").value_or(0);
-  if (m.vocab_size == 0) m.vocab_size = m.padded_vocab_size;
-  if (BoolArg(d, "use_distributed_optimizer")) {
-    return Invalid("the distributed optimizer's checkpoints (distrib_optim.pt) are not supported");
-  }
-  for (const char* uneven : {"decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
-                             "num_layers_per_virtual_pipeline_stage"}) {
-    if (IntArg(d, uneven)) return Invalid(std::string("args.") + uneven + " is not supported");
-  }
-  if (BoolArg(d, "account_for_embedding_in_pipeline_split") ||
-      BoolArg(d, "account_for_loss_in_pipeline_split")) {
-    return Invalid("uneven pipeline splits are not supported");
-  }
-  if (IntArg(d, "num_experts").value_or(0) > 1) return Invalid("mixture-of-experts models are not supported");
-  return m;
-}
-
-Status CheckMegatronTarget(const MegatronModel& m, uint32_t T, uint32_t P) {
-  if (T == 0 || P == 0) return Invalid("TP and PP must be at least 1");
-  auto why = [&](const std::string& what, int64_t n, const char* axis, uint32_t x) {
-    return Invalid(std::string(axis) + " " + std::to_string(x) + " does not divide " + what + " " +
-                   std::to_string(n));
-  };
-  if (m.heads % T) return why("num_attention_heads", m.heads, "TP", T);
-  if (m.query_groups % T) return why(m.gqa ? "num_query_groups" : "the heads", m.query_groups, "TP", T);
-  if (m.ffn_hidden_size % T) return why("ffn_hidden_size", m.ffn_hidden_size, "TP", T);
-  if (m.num_layers % P) return why("num_layers", m.num_layers, "PP", P);
-  return Status::Ok();
-}
-
-int64_t PaddedVocab(const MegatronModel& m, uint32_t T) {
-  const int64_t v = m.vocab_size ? m.vocab_size : m.padded_vocab_size;
-  const int64_t mult = m.divisible_by * T;
-  return (v + mult - 1) / mult * mult;
-}
-
-std::string MegatronRankDir(uint32_t t, uint32_t p, uint32_t P) {
-  char buf[32];
-  if (P == 1) {
-    std::snprintf(buf, sizeof buf, "mp_rank_%02u", t);
-  } else {
-    std::snprintf(buf, sizeof buf, "mp_rank_%02u_%03u", t, p);
-  }
-  return buf;
+Result<MegatronTensors> ListMegatronTensors(const MegatronSource& src, const Rules& rules) {
+  return Planner(src, 1, 1, rules).Tensors();
 }
 
 Result<std::vector<ViewFile>> PlanMegatron(const MegatronSource& src, uint32_t T, uint32_t P,

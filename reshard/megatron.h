@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,7 +41,18 @@ struct MegatronModel {
   int64_t vocab_size = 0;  // args.vocab_size, 0 when absent
   int64_t divisible_by = 128;
   int64_t padded_vocab_size = 0;
+  int64_t args_vocab_size = 0;
+  bool distributed_optimizer = false;
+  bool mcore = false;  // megatron.core's model (args), not the legacy one  // args.use_distributed_optimizer: state in distrib_optim.pt  // args.vocab_size itself, 0 when absent or None
   bool gqa = false;
+  // Read for the hf view only (absent values stay empty; that view refuses them there).
+  int64_t kv_channels = 0, max_position_embeddings = 0;
+  std::string normalization, position_embedding_type;  // "RMSNorm", "rope", ...
+  std::optional<double> rotary_base, norm_epsilon;
+  double rotary_percent = 1.0;
+  bool rotary_interleaved = false, add_bias_linear = false, add_qkv_bias = false;
+  bool rope_scaling = false;
+  std::string dtype;  // of the parameters: bfloat16, float16 or float32 (args.bf16, args.fp16)
 };
 
 // Reads the model's description from a rank file's `args`. Errors (kInvalid): no args, a
@@ -53,6 +65,24 @@ int64_t PaddedVocab(const MegatronModel& m, uint32_t T);
 
 // The target rank directory's name: mp_rank_TT, or mp_rank_TT_PPP when P > 1.
 std::string MegatronRankDir(uint32_t t, uint32_t p, uint32_t P);
+
+// One model tensor of the source, whole: its shards by source TP rank and how they join.
+struct MegatronTensor {
+  std::string name;    // dot-joined key path under 'model', layers numbered across the stages
+  int64_t layer = -1;  // that global layer number, -1 outside the layers
+  Rule rule = Rule::kReplicated;
+  std::string dtype;          // torch's name: "bfloat16", ...
+  std::vector<Shard> shards;  // by source TP rank
+};
+struct MegatronTensors {
+  MegatronModel model;
+  bool legacy = false;            // language_model.* names (else megatron.core's)
+  int64_t source_vocab_rows = 0;  // padded vocabulary rows of the source's embeddings
+  std::vector<MegatronTensor> tensors;  // in the source's order (stage by stage)
+};
+// The source's model tensors; entries that are not tensors (extra state, None) are left out.
+// Errors: as PlanMegatron's for the source itself.
+Result<MegatronTensors> ListMegatronTensors(const MegatronSource& src, const Rules& rules);
 
 // Plans every target file of TP=T, PP=P: result[p * T + t] is rank (t, p)'s model_optim_rng.pt,
 // CRCs pending. Errors (kInvalid, naming the parameter or the reason): see docs/views.md.

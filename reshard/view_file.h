@@ -40,6 +40,12 @@ struct ViewFile {
   std::vector<CrcTask> crc_tasks;  // empty once the CRCs are in place
 };
 
+// A file of a view that is a tree of files: its path under the view's directory, and itself.
+struct ViewEntry {
+  std::string path;
+  ViewFile file;
+};
+
 // Streams source bytes [offset, offset + len) of `source` to sink, in order, in pieces.
 using SourceReadFn = std::function<Status(uint32_t source, uint64_t offset, uint64_t len,
                                           const std::function<void(const uint8_t*, size_t)>& sink)>;

@@ -59,7 +59,7 @@ mount options (-o): ram_cache=SIZE, write_queue=SIZE, write_memory=SIZE, write_t
   tensor_chunking[=0|1], tensor_piece=SIZE, durability=local|remote, durability_tier=N[+M..]|all,
   keep=N[+N..], keep_every=K[+K..] (per nearer tier), cache_size=SIZE,
   upload_threads=N, remote_timeout=SECONDS, sync_interval=SECONDS, gc_window=SECONDS, mount_timeout=SECONDS,
-  view_rules=FILE,
+  view_rules=FILE, hf_shard_size=SIZE (the hf view's shards, default 5000000000),
   views=hidden|visible, metrics=ADDRESS:PORT (Prometheus exporter, e.g. 127.0.0.1:9567),
   config=FILE (more options, one per line), and the flags as options: cache_dir=DIR,
   backend=URL, s3_endpoint=URL, log_level=LEVEL;

@@ -110,6 +110,7 @@ Status ApplyOption(const std::string& opt, Config& cfg, GivenKeys& given, int de
     if (key == "tensor_chunking") return (cfg.chunking.tensor_boundaries = val != "0"), Status::Ok();
     if (key == "io_engine") return (cfg.io_engine = val), Status::Ok();
     if (key == "view_rules") return (cfg.view_rules = val), Status::Ok();
+    if (key == "hf_shard_size") return size(cfg.view_hf_shard_bytes);
     if (key == "views") {
       if (val != "hidden" && val != "visible") return Invalid("views= takes hidden or visible");
       return (cfg.views_visible = val == "visible"), Status::Ok();

@@ -55,6 +55,9 @@ CASES = {
                                           (4, 1), (1, 2)),
     "legacy-gqa-swiglu-tp4-to-tp2pp2": (dict(era="legacy", num_query_groups=4, swiglu=True),
                                         (4, 1), (2, 2)),
+    # megatron.core: TP a multiple of the 4 query groups (a rank holds part of a group's rows)
+    "mcore-gqa-tp2-to-tp8": (dict(era="mcore", **GQA_SWIGLU), (2, 1), (8, 1)),
+    "mcore-gqa-tp8pp2-to-tp2pp1": (dict(era="mcore", untie=True, **GQA_SWIGLU), (8, 2), (2, 1)),
     # args.vocab_size None (Megatron's default): the source's padded size is the vocabulary
     "legacy-no-vocab-size-tp1-to-tp4": (dict(era="legacy", args_vocab_size=False), (1, 1), (4, 1)),
     # Transformer Engine's extra state: empty uint8 tensors
@@ -183,8 +186,9 @@ def test_views_directory_resolves_on_lookup_and_is_read_only(mnt):
     ls = subprocess.run(["ls", "-a", str(root)], stdout=subprocess.PIPE, text=True, check=True)
     assert ".views" not in ls.stdout.split()
     assert os.path.isdir(root / ".views")
-    # heads 8, query groups 4, ffn 128, 4 layers: T in {1, 2, 4}, P in {1, 2, 4}.
-    want = {spec(t, p) for t in (1, 2, 4) for p in (1, 2, 4)}
+    # heads 8, query groups 4, ffn 128, 4 layers, megatron.core: T in {1, 2, 4, 8} (8 a multiple
+    # of the groups), P in {1, 2, 4}. LayerNorm and learned positions: no hf view.
+    want = {spec(t, p) for t in (1, 2, 4, 8) for p in (1, 2, 4)}
     specs = set(os.listdir(root / ".views"))
     assert {"tp2-pp2", "tp1-pp1"} <= specs
     assert specs == want, specs ^ want
@@ -300,6 +304,18 @@ def test_invalid_spec_fails_with_einval_and_a_reason(mnt):
     assert good.returncode == 0, good
     # The valid views still work after the failed lookups.
     check_view(root, (2, 1), (4, 2))
+
+
+def test_tp_a_multiple_of_the_query_groups_is_for_megatron_core_only(mnt):
+    legacy, core = mnt / "legacy", mnt / "core"
+    make_source(legacy, dict(era="legacy", num_query_groups=4), (2, 1))
+    make_source(core, dict(era="mcore", num_query_groups=4), (2, 1))
+    expect_errno(errno.EINVAL, os.stat, legacy / ".views" / "tp8-pp1")
+    assert "tp8-pp1" not in os.listdir(legacy / ".views")
+    errors = os.getxattr(legacy / ".views", "user.ckptfs.view_errors").decode()
+    assert "legacy" in errors and "num_query_groups 4" in errors, errors
+    assert "tp8-pp1" in os.listdir(core / ".views")
+    check_view(core, (2, 1), (8, 1))
 
 
 def test_inspect_view_off_a_mount_says_it_needs_one(tmp_path):

@@ -155,7 +155,11 @@ class ModelConfig:
     def check(self, tp, pp):
         h, n, g, f = self.hidden_size, self.num_attention_heads, self.groups, self.ffn_hidden_size
         assert h % n == 0 and n % g == 0, (h, n, g)
-        assert n % tp == 0 and g % tp == 0 and f % tp == 0, f"TP {tp} does not fit {self}"
+        # [MCORE] transformer_config: num_query_groups a multiple or a divisor of TP; [LEGACY]
+        # ParallelAttention: a multiple only.
+        groups_ok = g % tp == 0 or (self.era == "mcore" and tp % g == 0 and
+                                    ((n + 2 * g) * self.head_dim) % tp == 0)
+        assert n % tp == 0 and groups_ok and f % tp == 0, f"TP {tp} does not fit {self}"
         assert self.num_layers % pp == 0, f"PP {pp} does not divide {self.num_layers}"
 
 
@@ -271,14 +275,14 @@ def local_shard(full, canon, kind, gkind, tps, tp_rank):
         return t
     if gkind == "qkv":
         # [MCORE]/[LEGACY] rows per query group: its heads/groups query heads, then k, then v;
-        # TP rank r holds groups [r*G/T, (r+1)*G/T).
-        g_per, hd = cfg.groups // tps, cfg.head_dim
-        qh = cfg.num_attention_heads // cfg.groups
+        # TP rank r holds the r-th of T equal dim-0 chunks of that (ColumnParallelLinear): whole
+        # groups when T divides the groups, part of one group's rows when T is a multiple of them.
+        hd, qh = cfg.head_dim, cfg.num_attention_heads // cfg.groups
         out = []
-        for g in range(tp_rank * g_per, (tp_rank + 1) * g_per):
+        for g in range(cfg.groups):
             out += [comps["q"][g * qh * hd:(g + 1) * qh * hd], comps["k"][g * hd:(g + 1) * hd],
                     comps["v"][g * hd:(g + 1) * hd]]
-        return torch.cat(out).clone()
+        return torch.cat(out).chunk(tps)[tp_rank].clone()
     if gkind == "fc1":
         if cfg.swiglu:  # [MCORE] mlp.py / [LEGACY] ParallelMLP: shard r = [gate_r; up_r]
             return torch.cat([comps["gate"].chunk(tps)[tp_rank],
@@ -420,6 +424,7 @@ def make_args(cfg, tps, pps, iteration):
         ffn_hidden_size=cfg.ffn_hidden_size, num_attention_heads=cfg.num_attention_heads,
         group_query_attention=cfg.gqa, num_query_groups=cfg.num_query_groups if cfg.gqa else 1,
         kv_channels=cfg.head_dim, max_position_embeddings=cfg.max_position_embeddings,
+        rotary_base=10000, rotary_percent=1.0, norm_epsilon=1e-5,
         position_embedding_type=cfg.position_embedding_type, add_position_embedding=True,
         make_vocab_size_divisible_by=cfg.make_vocab_size_divisible_by,
         vocab_size=cfg.vocab_size if cfg.args_vocab_size else None,
@@ -893,7 +898,12 @@ def validate(src, T, P):
     if src.heads % T:
         raise ViewError(f"view {spec}: TP {T} does not divide num_attention_heads {src.heads}")
     if src.groups % T:
-        raise ViewError(f"view {spec}: TP {T} does not divide num_query_groups {src.groups}")
+        # [MCORE] transformer_config: num_query_groups a multiple or a divisor of TP; then each
+        # rank holds a plain dim-0 chunk of the fused QKV. [LEGACY] a multiple only.
+        mcore = getattr(src.args, "use_mcore_models", False)
+        kv = getattr(src.args, "kv_channels", None) or src.args.hidden_size // src.heads
+        if not mcore or T % src.groups or ((src.heads + 2 * src.groups) * kv) % T:
+            raise ViewError(f"view {spec}: TP {T} does not divide num_query_groups {src.groups}")
     if src.ffn is not None and src.ffn % T:
         raise ViewError(f"view {spec}: TP {T} does not divide ffn_hidden_size {src.ffn}")
     if src.L % P:

@@ -310,8 +310,10 @@ def test_invalid_targets_and_unknown_parameters(tmp):
     gen(tmp / "a", 2, 1, era="mcore", num_query_groups=4)
     with pytest.raises(mf.ViewError, match="TP 3 does not divide num_attention_heads 8"):
         mf.reference_shard(tmp / "a", 3, 1)
+    mf.reference_shard(tmp / "a", 8, 1)  # megatron.core: TP a multiple of the query groups
+    gen(tmp / "legacy", 2, 1, era="legacy", num_query_groups=4)
     with pytest.raises(mf.ViewError, match="TP 8 does not divide num_query_groups 4"):
-        mf.reference_shard(tmp / "a", 8, 1)
+        mf.reference_shard(tmp / "legacy", 8, 1)
     with pytest.raises(mf.ViewError, match="PP 3 does not divide num_layers 4"):
         mf.reference_shard(tmp / "a", 1, 3)
     gen(tmp / "b", 2, 1, era="mcore", mystery=True)

@@ -1,0 +1,117 @@
+// The Megatron-LM side of the view tree: an iteration's rank files read and planned for a
+// tpT-ppP view, and the hf view.
+#include <sys/stat.h>
+
+#include "fs/views_internal.h"
+#include "reshard/megatron.h"
+#include "reshard/megatron_hf.h"
+
+namespace ckptfs::fs {
+
+bool ParseRankDir(std::string_view n, uint32_t* tp, uint32_t* pp) {
+  unsigned a = 0, b = 0;
+  char tail = 0;
+  const std::string s(n);
+  if (s.size() == 10 && std::sscanf(s.c_str(), "mp_rank_%2u%c", &a, &tail) == 1) {
+    *tp = a;
+    *pp = 0;
+    return true;
+  }
+  if (s.size() == 14 && std::sscanf(s.c_str(), "mp_rank_%2u_%3u%c", &a, &b, &tail) == 2) {
+    *tp = a;
+    *pp = b;
+    return true;
+  }
+  return false;
+}
+
+Result<reshard::MegatronSource> ViewTree::ReadMegatronIter(uint64_t root,
+                                                           const std::string& iter_name,
+                                                           Sources* sources) {
+  ASSIGN_OR_RETURN(InodeRecord dir, store_->Lookup(root, iter_name));
+  // The rank files, as the directory names them.
+  std::vector<std::pair<std::string, std::pair<uint32_t, uint32_t>>> ranks;
+  RETURN_IF_ERROR(store_->ReadDir(dir.ino, 0, [&](const DirItem& item) {
+    uint32_t tp, pp;
+    if (ParseRankDir(item.name, &tp, &pp)) ranks.push_back({std::string(item.name), {tp, pp}});
+    return true;
+  }));
+  if (ranks.empty()) return Invalid(iter_name + " holds no mp_rank_* directories");
+  reshard::MegatronSource src;
+  for (const auto& [name, tp_pp] : ranks) {
+    src.tp = std::max(src.tp, tp_pp.first + 1);
+    src.pp = std::max(src.pp, tp_pp.second + 1);
+  }
+  if (ranks.size() != size_t{src.tp} * src.pp) {
+    return Invalid(iter_name + " does not hold a complete " + std::to_string(src.tp) + "x" +
+                   std::to_string(src.pp) + " grid of rank directories");
+  }
+  for (const auto& [name, tp_pp] : ranks) {
+    ASSIGN_OR_RETURN(InodeRecord rd, store_->Lookup(dir.ino, name));
+    auto f = store_->Lookup(rd.ino, kRankFile);
+    if (!f.ok()) return Invalid(iter_name + "/" + name + " has no " + std::string(kRankFile));
+    ASSIGN_OR_RETURN(auto m, store_->CommittedManifest(f->ino));
+    reshard::MegatronRankFile rf;
+    rf.tp = tp_pp.first;
+    rf.pp = tp_pp.second;
+    rf.source = sources->Add(f->ino, m);
+    ASSIGN_OR_RETURN(rf.file, ReadSourceTorch(store_, sources, rf.source,
+                                              iter_name + "/" + name + "/" +
+                                                  std::string(kRankFile),
+                                              &rf.extra_records));
+    src.ranks.push_back(std::move(rf));
+  }
+  return src;
+}
+
+Status ViewTree::PlanMegatronIter(Node* iter) {
+  if (iter->planned) return Status::Ok();
+  auto sources = std::make_shared<Sources>();
+  ASSIGN_OR_RETURN(reshard::MegatronSource src,
+                   ReadMegatronIter(iter->root, iter->name, sources.get()));
+  ASSIGN_OR_RETURN(auto files, reshard::PlanMegatron(src, iter->T, iter->P, *rules_));
+  for (auto& f : files) {
+    auto b = std::make_shared<Body>();
+    b->file = std::move(f);
+    b->sources = sources;
+    iter->plan.push_back(std::move(b));
+  }
+  iter->planned = true;
+  store_->metrics().view_plans.Add(1);
+  return Status::Ok();
+}
+
+Status ViewTree::PlanMegatronHf(Node* spec) {
+  if (spec->planned) return Status::Ok();
+  ASSIGN_OR_RETURN(InodeRecord tr, store_->Lookup(spec->root, kTracker));
+  ASSIGN_OR_RETURN(spec->tracker, ReadReal(tr.ino, 4096));
+  ASSIGN_OR_RETURN(std::string iter_name, TrackedIteration(spec->tracker));
+  auto sources = std::make_shared<Sources>();
+  ASSIGN_OR_RETURN(reshard::MegatronSource src,
+                   ReadMegatronIter(spec->root, iter_name, sources.get()));
+  ASSIGN_OR_RETURN(std::vector<reshard::ViewEntry> entries,
+                   reshard::PlanMegatronHf(src, *rules_, hf_options_));
+  PlanTree(spec, std::move(entries), std::move(sources));
+  return Status::Ok();
+}
+
+Result<reshard::MegatronModel> ViewTree::ReadModel(uint64_t root) {
+  ASSIGN_OR_RETURN(InodeRecord tr, store_->Lookup(root, kTracker));
+  ASSIGN_OR_RETURN(std::string tracker, ReadReal(tr.ino, 4096));
+  ASSIGN_OR_RETURN(std::string iter_name, TrackedIteration(tracker));
+  ASSIGN_OR_RETURN(InodeRecord iter, store_->Lookup(root, iter_name));
+  std::string first;
+  RETURN_IF_ERROR(store_->ReadDir(iter.ino, 2, [&](const DirItem& item) {
+    uint32_t t, p;
+    if (ParseRankDir(item.name, &t, &p)) first = item.name;
+    return first.empty();
+  }));
+  if (first.empty()) return NotFound("no rank directory");
+  ASSIGN_OR_RETURN(InodeRecord rd, store_->Lookup(iter.ino, first));
+  ASSIGN_OR_RETURN(InodeRecord f, store_->Lookup(rd.ino, kRankFile));
+  ASSIGN_OR_RETURN(auto m, store_->CommittedManifest(f.ino));
+  ASSIGN_OR_RETURN(TorchFile tf, ReadTorchFile(m->size(), ReadAtOf(store_, m)));
+  return reshard::ReadMegatronModel(tf);
+}
+
+}  // namespace ckptfs::fs

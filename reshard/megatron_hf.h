@@ -1,0 +1,36 @@
+// The Hugging Face view of a Megatron-LM GPT/Llama-family checkpoint (ROOT/.views/hf/): the
+// files `transformers.AutoModelForCausalLM.from_pretrained` loads as a LlamaForCausalLM, as
+// recipes over the source's rank files like every view. The mapping is in docs/views.md.
+//
+// Pure: the caller parses the rank files (as for PlanMegatron) and hands them in.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "reshard/megatron.h"
+#include "reshard/rules.h"
+#include "reshard/view_file.h"
+
+namespace ckptfs::reshard {
+
+struct HfOptions {
+  // A shard holds tensors up to this many bytes (one larger tensor gets a shard of its own),
+  // as save_pretrained's max_shard_size ("5GB") does.
+  uint64_t max_shard_bytes = 5'000'000'000;
+};
+
+// Whether the model (from the checkpoint's args) can be served as a LlamaForCausalLM; the error
+// names the reason.
+Status CheckMegatronHf(const MegatronModel& m);
+
+// config.json, model-0000K-of-0000N.safetensors (N >= 1) and model.safetensors.index.json, in
+// that order. Errors (kInvalid, naming the reason): a model that is not of the Llama family
+// (LayerNorm, learned positions, no SwiGLU, biases), an args field the config needs missing, a
+// tensor no HF name maps, one missing.
+Result<std::vector<ViewEntry>> PlanMegatronHf(const MegatronSource& src, const Rules& rules,
+                                              const HfOptions& options = {});
+
+}  // namespace ckptfs::reshard

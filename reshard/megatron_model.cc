@@ -1,0 +1,160 @@
+// The model's description in a Megatron-LM rank file's `args`, and what it allows.
+#include <cstdio>
+
+#include "reshard/megatron.h"
+#include "reshard/megatron_args.h"
+#include "reshard/torch_out.h"
+
+namespace ckptfs::reshard {
+
+using pickle::Kind;
+using pickle::ValuePtr;
+
+ValuePtr ArgsDict(const ValuePtr& args) {
+  if (!args) return nullptr;
+  if (args->kind == Kind::kObject && args->state && args->state->kind == Kind::kDict) {
+    return args->state;
+  }
+  if (args->kind == Kind::kDict) return args;
+  return nullptr;
+}
+
+std::optional<int64_t> IntArg(const ValuePtr& d, std::string_view key) {
+  ValuePtr v = Get(d, key);
+  if (v && v->kind == Kind::kInt) return v->i;
+  return std::nullopt;
+}
+
+std::optional<double> NumberArg(const ValuePtr& d, std::string_view key) {
+  ValuePtr v = Get(d, key);
+  if (v && v->kind == Kind::kFloat) return v->f;
+  if (v && v->kind == Kind::kInt) return static_cast<double>(v->i);
+  return std::nullopt;
+}
+
+std::optional<std::string> StrArg(const ValuePtr& d, std::string_view key) {
+  ValuePtr v = Get(d, key);
+  if (v && v->kind == Kind::kStr) return v->str;
+  return std::nullopt;
+}
+
+bool BoolArg(const ValuePtr& d, std::string_view key) {
+  ValuePtr v = Get(d, key);
+  return v && ((v->kind == Kind::kBool && v->b) || (v->kind == Kind::kInt && v->i != 0));
+}
+
+bool SetArg(const ValuePtr& d, std::string_view key, ValuePtr value) {
+  for (auto& [k, v] : PairsOf(*d)) {
+    if (k && k->kind == Kind::kStr && k->str == key) {
+      v = std::move(value);
+      return true;
+    }
+  }
+  return false;
+}
+
+Result<MegatronModel> ReadMegatronModel(const TorchFile& f) {
+  ValuePtr d = ArgsDict(Get(f.root, "args"));
+  if (!d) return Invalid("the checkpoint has no 'args' (an argparse.Namespace)");
+  MegatronModel m;
+  auto need = [&](std::string_view key, int64_t* out) -> Status {
+    auto v = IntArg(d, key);
+    if (!v || *v <= 0) return Invalid("args." + std::string(key) + " is missing");
+    *out = *v;
+    return Status::Ok();
+  };
+  RETURN_IF_ERROR(need("num_layers", &m.num_layers));
+  RETURN_IF_ERROR(need("hidden_size", &m.hidden_size));
+  RETURN_IF_ERROR(need("num_attention_heads", &m.heads));
+  m.gqa = BoolArg(d, "group_query_attention");
+  m.query_groups = m.heads;
+  if (m.gqa) RETURN_IF_ERROR(need("num_query_groups", &m.query_groups));
+  m.ffn_hidden_size = IntArg(d, "ffn_hidden_size").value_or(4 * m.hidden_size);
+  m.swiglu = BoolArg(d, "swiglu");
+  m.tied = !BoolArg(d, "untie_embeddings_and_output_weights");
+  m.vocab_size = IntArg(d, "vocab_size").value_or(0);
+  m.divisible_by = IntArg(d, "make_vocab_size_divisible_by").value_or(128);
+  if (m.divisible_by <= 0) return Invalid("args.make_vocab_size_divisible_by is not positive");
+  m.padded_vocab_size = IntArg(d, "padded_vocab_size").value_or(0);
+  m.args_vocab_size = m.vocab_size;
+  if (m.vocab_size == 0) m.vocab_size = m.padded_vocab_size;
+  // What a Hugging Face config needs (the hf view checks them; other views do not).
+  m.kv_channels = IntArg(d, "kv_channels").value_or(0);
+  m.max_position_embeddings = IntArg(d, "max_position_embeddings").value_or(0);
+  m.normalization = StrArg(d, "normalization").value_or("LayerNorm");
+  m.position_embedding_type = StrArg(d, "position_embedding_type").value_or("");
+  if (m.position_embedding_type.empty()) {
+    m.position_embedding_type =
+        BoolArg(d, "use_rotary_position_embeddings") ? "rope" : "learned_absolute";
+  }
+  m.rotary_base = NumberArg(d, "rotary_base");
+  m.rotary_percent = NumberArg(d, "rotary_percent").value_or(1.0);
+  m.rotary_interleaved = BoolArg(d, "rotary_interleaved");
+  m.norm_epsilon = NumberArg(d, "norm_epsilon");
+  if (!m.norm_epsilon) m.norm_epsilon = NumberArg(d, "layernorm_epsilon");
+  m.add_bias_linear = BoolArg(d, "add_bias_linear");
+  m.add_qkv_bias = BoolArg(d, "add_qkv_bias");
+  m.dtype = BoolArg(d, "bf16") ? "bfloat16" : BoolArg(d, "fp16") ? "float16" : "float32";
+  m.rope_scaling = BoolArg(d, "use_rope_scaling");
+  m.distributed_optimizer = BoolArg(d, "use_distributed_optimizer");
+  // The naming era: megatron.core unless args say legacy (use_legacy_models, or before that the
+  // absence of use_mcore_models); the planner checks the names agree.
+  m.mcore = Get(d, "use_legacy_models") ? !BoolArg(d, "use_legacy_models")
+                                        : BoolArg(d, "use_mcore_models");
+  for (const char* uneven : {"decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
+                             "num_layers_per_virtual_pipeline_stage"}) {
+    if (IntArg(d, uneven)) return Invalid(std::string("args.") + uneven + " is not supported");
+  }
+  if (BoolArg(d, "account_for_embedding_in_pipeline_split") ||
+      BoolArg(d, "account_for_loss_in_pipeline_split")) {
+    return Invalid("uneven pipeline splits are not supported");
+  }
+  if (IntArg(d, "num_experts").value_or(0) > 1) return Invalid("mixture-of-experts models are not supported");
+  return m;
+}
+
+Status CheckMegatronTarget(const MegatronModel& m, uint32_t T, uint32_t P) {
+  if (T == 0 || P == 0) return Invalid("TP and PP must be at least 1");
+  if (m.distributed_optimizer) {
+    return Invalid("the distributed optimizer's checkpoints (distrib_optim.pt) are not supported");
+  }
+  auto why = [&](const std::string& what, int64_t n, const char* axis, uint32_t x) {
+    return Invalid(std::string(axis) + " " + std::to_string(x) + " does not divide " + what + " " +
+                   std::to_string(n));
+  };
+  if (m.heads % T) return why("num_attention_heads", m.heads, "TP", T);
+  if (m.query_groups % T != 0) {
+    // megatron.core (transformer_config.py) also takes TP a multiple of the query groups: each
+    // rank then holds a plain dim-0 chunk of the fused QKV, part of one group's rows.
+    const int64_t head_dim = m.kv_channels > 0 ? m.kv_channels : m.hidden_size / m.heads;
+    const int64_t qkv_rows = (m.heads + 2 * m.query_groups) * head_dim;
+    if (!m.mcore || T % m.query_groups != 0) {
+      return Invalid("TP " + std::to_string(T) + " does not divide " +
+                     (m.gqa ? "num_query_groups " : "the heads ") +
+                     std::to_string(m.query_groups) +
+                     (m.mcore ? " and is not a multiple of it" : " (legacy models need that)"));
+    }
+    if (qkv_rows % T != 0) return why("the fused QKV's rows", qkv_rows, "TP", T);
+  }
+  if (m.ffn_hidden_size % T) return why("ffn_hidden_size", m.ffn_hidden_size, "TP", T);
+  if (m.num_layers % P) return why("num_layers", m.num_layers, "PP", P);
+  return Status::Ok();
+}
+
+int64_t PaddedVocab(const MegatronModel& m, uint32_t T) {
+  const int64_t v = m.vocab_size ? m.vocab_size : m.padded_vocab_size;
+  const int64_t mult = m.divisible_by * T;
+  return (v + mult - 1) / mult * mult;
+}
+
+std::string MegatronRankDir(uint32_t t, uint32_t p, uint32_t P) {
+  char buf[32];
+  if (P == 1) {
+    std::snprintf(buf, sizeof buf, "mp_rank_%02u", t);
+  } else {
+    std::snprintf(buf, sizeof buf, "mp_rank_%02u_%03u", t, p);
+  }
+  return buf;
+}
+
+}  // namespace ckptfs::reshard
