@@ -17,9 +17,11 @@ to the first byte of a view file (fresh mount: plan + CRCs) and the daemon's pea
   /usr/bin/python3 bench/bench_reshard.py --gib 2
 """
 import argparse
+import json
 import os
 import re
 import shutil
+import struct
 import subprocess
 import sys
 import time
@@ -57,6 +59,70 @@ def proc_field(pid, name, fname="status"):
         if line.startswith(name):
             return int(line.split()[1])
     return 0
+
+
+def write_safetensors(path, tensors):
+    """A safetensors file of {name: tensor} (bf16/fp32), as save_pretrained writes one."""
+    names = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32"}
+    header, offset = {"__metadata__": {"format": "pt"}}, 0
+    for name, t in tensors.items():
+        n = t.numel() * t.element_size()
+        header[name] = {"dtype": names[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + n]}
+        offset += n
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text)
+        for t in tensors.values():
+            f.write(t.contiguous().view(torch.uint8).numpy().tobytes())
+
+
+def offline_hf(root, cfg, T, P, out):
+    """The offline route to a Hugging Face directory: load every rank file, merge TP and PP, map
+    to HF's names (QKV split per query group, SwiGLU into gate and up, vocabulary unpadded) and
+    write the safetensors shards (one, under save_pretrained's 5 GB) and the index."""
+    ranks = {(t, p): torch.load(root / "iter_0000100" / mf.rank_name(t, p, P) / mf.FILE,
+                                map_location="cpu")["model"] for t in range(T) for p in range(P)}
+    per = cfg.num_layers // P
+    cat = lambda key, p, dim: torch.cat([ranks[(t, p)][key] for t in range(T)], dim)  # noqa: E731
+    sd = {"model.embed_tokens.weight":
+          cat("embedding.word_embeddings.weight", 0, 0)[:cfg.vocab_size]}
+    qh, hd, g = cfg.num_attention_heads // cfg.groups, cfg.head_dim, cfg.groups
+    for p in range(P):
+        for i in range(per):
+            pre, hf = f"decoder.layers.{i}.", f"model.layers.{p * per + i}."
+            qkv = cat(pre + "self_attention.linear_qkv.weight", p, 0).view(g, (qh + 2) * hd, -1)
+            sd[hf + "input_layernorm.weight"] = ranks[(0, p)][pre + "input_layernorm.weight"]
+            sd[hf + "self_attn.q_proj.weight"] = qkv[:, :qh * hd].reshape(-1, cfg.hidden_size)
+            sd[hf + "self_attn.k_proj.weight"] = qkv[:, qh * hd:(qh + 1) * hd].reshape(
+                -1, cfg.hidden_size)
+            sd[hf + "self_attn.v_proj.weight"] = qkv[:, (qh + 1) * hd:].reshape(-1, cfg.hidden_size)
+            sd[hf + "self_attn.o_proj.weight"] = cat(pre + "self_attention.linear_proj.weight", p, 1)
+            sd[hf + "post_attention_layernorm.weight"] = ranks[(0, p)][pre + "pre_mlp_layernorm.weight"]
+            halves = [ranks[(t, p)][pre + "mlp.linear_fc1.weight"].chunk(2) for t in range(T)]
+            sd[hf + "mlp.gate_proj.weight"] = torch.cat([h[0] for h in halves])
+            sd[hf + "mlp.up_proj.weight"] = torch.cat([h[1] for h in halves])
+            sd[hf + "mlp.down_proj.weight"] = cat(pre + "mlp.linear_fc2.weight", p, 1)
+    sd["model.norm.weight"] = ranks[(0, P - 1)]["decoder.final_layernorm.weight"]
+    out.mkdir(parents=True)
+    shard = "model-00001-of-00001.safetensors"
+    write_safetensors(out / shard, sd)
+    total = sum(t.numel() * t.element_size() for t in sd.values())
+    (out / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": total}, "weight_map": {k: shard for k in sorted(sd)}}))
+    os.sync()
+    return sd
+
+
+def read_whole(d):
+    """Reads every file under d to its end; the bytes read."""
+    n = 0
+    for f in sorted(d.iterdir()):
+        with open(f, "rb", buffering=0) as fh:
+            while chunk := fh.read(16 << 20):
+                n += len(chunk)
+    return n
 
 
 def main():
@@ -127,6 +193,28 @@ def main():
                             offline_written))
             print(f"tp4-pp2 -> {spec}: view {view_s:.1f} s, offline {offline_s:.1f} s, "
                   f"first byte {ttfb:.2f} s", flush=True)
+        # The hf view read whole vs the offline route to the same directory.
+        drop_caches()
+        written0, cache0 = proc_field(pid, "write_bytes", "io"), du(work / "cache")
+        t0 = time.perf_counter()
+        hf_bytes = read_whole(root / ".views" / "hf")
+        hf_view_s = time.perf_counter() - t0
+        hf_written = proc_field(pid, "write_bytes", "io") - written0
+        hf_cache = du(work / "cache") - cache0
+        drop_caches()
+        off = work / "offline-hf"
+        t0 = time.perf_counter()
+        offline_hf(root, cfg, 4, 2, off)
+        hf_offline_s = time.perf_counter() - t0
+        hf_offline_bytes = du(off)
+        # Both routes made the same tensors.
+        view_index = json.loads((root / ".views" / "hf" / "model.safetensors.index.json").read_text())
+        off_index = json.loads((off / "model.safetensors.index.json").read_text())
+        assert view_index["metadata"] == off_index["metadata"], (view_index, off_index)
+        assert sorted(view_index["weight_map"]) == sorted(off_index["weight_map"])
+        shutil.rmtree(off)
+        print(f"tp4-pp2 -> hf: view {hf_view_s:.1f} s ({hf_bytes / 2**30:.2f} GiB), offline "
+              f"{hf_offline_s:.1f} s", flush=True)
         rss = proc_field(pid, "VmHWM")
     finally:
         subprocess.run([args.bin, "umount", mnt], stdout=subprocess.DEVNULL)
@@ -138,6 +226,12 @@ def main():
         results_json.add(f"tp4-pp2->{spec}", v / o, subject="view", baseline="offline",
                          better="lower", goal=0.25, subject_s=v, baseline_s=o,
                          first_byte_s=ttfb, view_written=vw, offline_written=ow)
+    print(f"tp4-pp2->hf       view/offline = {hf_view_s / hf_offline_s:.2f}   (view "
+          f"{hf_view_s:.1f} s, offline {hf_offline_s:.1f} s; written: daemon {hf_written} B, "
+          f"cache dir +{max(hf_cache, 0)} B, offline {hf_offline_bytes / 2**30:.2f} GiB)")
+    results_json.add("tp4-pp2->hf", hf_view_s / hf_offline_s, subject="view", baseline="offline",
+                     better="lower", goal=0.25, subject_s=hf_view_s, baseline_s=hf_offline_s,
+                     view_written=hf_written, offline_written=hf_offline_bytes)
     print(f"daemon peak RSS = {rss / 1024:.0f} MiB (includes the source's save)")
     results_json.note("daemon_peak_rss_mib", round(rss / 1024))
     results_json.write()
