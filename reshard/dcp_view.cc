@@ -241,6 +241,8 @@ struct Node {
   std::vector<std::unique_ptr<Node>> list;
   size_t tensor = 0;  // kTensor: index into Metadata::tensors
   ValuePtr value;     // kValue
+  // kValue from a torch.save archive that holds storages: each storage's bytes by its key there.
+  std::map<std::string, std::string> storages;
 };
 
 std::string KeyId(const DcpKey& k) { return (k.index ? "i" : "s") + k.name; }
@@ -292,22 +294,29 @@ Status SetElement(Node* root, const std::vector<DcpKey>& path, std::unique_ptr<N
   return Status::Ok();
 }
 
-// Whether a value tree holds a persistent id (a storage, so a tensor or a bare storage).
-bool HoldsStorage(const ValuePtr& root) {
-  std::vector<const Value*> todo{root.get()};
+// The persistent ids (storage references) in a value tree, each node once, in the order a
+// depth-first walk meets them (the pickle's order for a tree without shared nodes).
+std::vector<Value*> PersIds(const ValuePtr& root) {
+  std::vector<Value*> out, todo{root.get()};
   std::unordered_set<const Value*> seen;
   while (!todo.empty()) {
-    const Value* v = todo.back();
+    Value* v = todo.back();
     todo.pop_back();
     if (!v || !seen.insert(v).second) continue;
-    if (v->kind == Kind::kPersId) return true;
-    for (const ValuePtr& x : v->items) todo.push_back(x.get());
-    for (const ValuePtr& x : v->list_items) todo.push_back(x.get());
-    for (const auto& [k, x] : v->pairs) todo.insert(todo.end(), {k.get(), x.get()});
-    for (const auto& [k, x] : v->dict_items) todo.insert(todo.end(), {k.get(), x.get()});
-    todo.insert(todo.end(), {v->callable.get(), v->args.get(), v->kwargs.get(), v->state.get()});
+    if (v->kind == Kind::kPersId) {
+      out.push_back(v);
+      continue;
+    }
+    std::vector<Value*> kids;
+    for (const ValuePtr& x : v->items) kids.push_back(x.get());
+    for (const auto& [k, x] : v->pairs) kids.insert(kids.end(), {k.get(), x.get()});
+    kids.insert(kids.end(), {v->callable.get(), v->args.get(), v->kwargs.get()});
+    for (const ValuePtr& x : v->list_items) kids.push_back(x.get());
+    for (const auto& [k, x] : v->dict_items) kids.insert(kids.end(), {k.get(), x.get()});
+    kids.push_back(v->state.get());
+    todo.insert(todo.end(), kids.rbegin(), kids.rend());
   }
-  return false;
+  return out;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -401,8 +410,11 @@ class Planner {
     return {DcpKey{fqn, false}};
   }
 
-  // The value of a non-tensor entry: the data.pkl tree of its torch.save archive.
-  Result<ValuePtr> ItemValue(const dcp::BytesEntry& b) const {
+  // The value of a non-tensor entry: the data.pkl tree of its torch.save archive, and the bytes
+  // of the storages it holds (an RNG state's tensors, Transformer Engine's extra state), which
+  // model.pt then holds as storages of its own, as dcp_to_torch_save's torch.load and save do.
+  Result<ValuePtr> ItemValue(const dcp::BytesEntry& b,
+                             std::map<std::string, std::string>* storages) const {
     auto it = items_.find(b.fqn);
     if (it == items_.end()) return Invalid("dcp view: the item of '" + b.fqn + "' was not read");
     const std::string& bytes = it->second;
@@ -415,8 +427,18 @@ class Planner {
       return Invalid("dcp view: the item of '" + b.fqn +
                      "' is not a torch.save archive: " + f.status().message());
     }
-    if (!f->pickle.tensors.empty() || HoldsStorage(f->root)) {
-      return Invalid("dcp view: the non-tensor entry '" + b.fqn + "' holds tensors");
+    for (const auto& [key, st] : f->pickle.storages) {
+      if (st.data_offset > bytes.size() || st.nbytes() > bytes.size() - st.data_offset) {
+        return Invalid("dcp view: a storage of the item of '" + b.fqn + "' lies past its end");
+      }
+      (*storages)[key] = bytes.substr(st.data_offset, st.nbytes());
+    }
+    for (const Value* pid : PersIds(f->root)) {
+      const ValuePtr& t = pid->pid;
+      if (!t || t->kind != Kind::kTuple || t->items.size() < 3 || !t->items[2] ||
+          t->items[2]->kind != Kind::kStr || !storages->count(t->items[2]->str)) {
+        return Invalid("dcp view: the item of '" + b.fqn + "' names a storage it does not hold");
+      }
     }
     return f->root;
   }
@@ -425,8 +447,20 @@ class Planner {
     switch (n.type) {
       case Node::Type::kNone:
         return pickle::MakeNone();
-      case Node::Type::kValue:
+      case Node::Type::kValue: {
+        // The item's storages get model.pt's next keys, in the order the tree names them.
+        std::map<std::string, std::string> renamed;
+        std::unordered_set<const Value*> done;  // a tuple two ids share is renamed once
+        for (Value* pid : PersIds(n.value)) {
+          if (!done.insert(pid->pid.get()).second) continue;
+          std::vector<ValuePtr>& t = pid->pid->items;
+          const std::string old = t[2]->str;
+          auto [it, fresh] = renamed.emplace(old, std::to_string(storage_of_.size()));
+          if (fresh) storage_of_.push_back(Storage{0, n.storages.at(old)});
+          t[2] = pickle::MakeStr(it->second);
+        }
         return n.value;
+      }
       case Node::Type::kTensor:
         return NewTensor(n.tensor);
       case Node::Type::kList: {
@@ -457,7 +491,7 @@ class Planner {
   ValuePtr NewTensor(size_t index) {
     const dcp::TensorEntry& t = md_.tensors[index];
     const std::string key = std::to_string(storage_of_.size());
-    storage_of_.push_back(index);
+    storage_of_.push_back(Storage{index, {}});
     if (!g_.rebuild_v2) {
       g_.rebuild_v2 = pickle::MakeGlobal("torch._utils", "_rebuild_tensor_v2");
       g_.rebuild_v3 = pickle::MakeGlobal("torch._utils", "_rebuild_tensor_v3");
@@ -509,7 +543,7 @@ class Planner {
       } else {
         const dcp::BytesEntry& b = md_.bytes[i];
         auto leaf = std::make_unique<Node>(Node::Type::kValue);
-        ASSIGN_OR_RETURN(leaf->value, ItemValue(b));
+        ASSIGN_OR_RETURN(leaf->value, ItemValue(b, &leaf->storages));
         RETURN_IF_ERROR(SetElement(&root, PathOf(b.fqn), std::move(leaf), b.fqn));
       }
     }
@@ -524,7 +558,12 @@ class Planner {
     for (size_t i = 0; i < storage_of_.size(); ++i) keys.push_back(std::to_string(i));
     std::sort(keys.begin(), keys.end());
     for (const std::string& k : keys) {
-      zip.AddGathers("data/" + k, gathers_[storage_of_[std::stoul(k)]]);
+      Storage& st = storage_of_[std::stoul(k)];
+      if (st.literal) {
+        zip.AddBytes("data/" + k, std::move(*st.literal));
+      } else {
+        zip.AddGathers("data/" + k, gathers_[st.tensor]);
+      }
     }
     zip.AddBytes("version", "3\n");
     return zip.Finish();
@@ -590,7 +629,13 @@ class Planner {
   // (path '\0' fqn) -> the chunks a file holds of that tensor, with the file's source index.
   std::unordered_map<std::string, std::vector<std::pair<uint32_t, const TensorInfo*>>> infos_;
   std::vector<std::vector<Gather>> gathers_;  // by tensor index
-  std::vector<size_t> storage_of_;            // storage key -> tensor index
+  // By storage key: a tensor of the checkpoint (its index), or the bytes of a storage held by an
+  // item.
+  struct Storage {
+    size_t tensor = 0;
+    std::optional<std::string> literal;
+  };
+  std::vector<Storage> storage_of_;
   struct {
     // Shared nodes, so the pickle names each global once, as Python's memo does.
     ValuePtr rebuild_v2, rebuild_v3, ordered_dict, storage, cpu;
