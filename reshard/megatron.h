@@ -41,9 +41,9 @@ struct MegatronModel {
   int64_t vocab_size = 0;  // args.vocab_size, 0 when absent
   int64_t divisible_by = 128;
   int64_t padded_vocab_size = 0;
-  int64_t args_vocab_size = 0;
-  bool distributed_optimizer = false;
-  bool mcore = false;  // megatron.core's model (args), not the legacy one  // args.use_distributed_optimizer: state in distrib_optim.pt  // args.vocab_size itself, 0 when absent or None
+  int64_t args_vocab_size = 0;          // args.vocab_size itself, 0 when absent or None
+  bool distributed_optimizer = false;    // args.use_distributed_optimizer: distrib_optim.pt
+  bool mcore = true;  // megatron.core's names (decoder.*); false: legacy (language_model.*)
   bool gqa = false;
   // Read for the hf view only (absent values stay empty; that view refuses them there).
   int64_t kv_channels = 0, max_position_embeddings = 0;
@@ -52,6 +52,10 @@ struct MegatronModel {
   double rotary_percent = 1.0;
   bool rotary_interleaved = false, add_bias_linear = false, add_qkv_bias = false;
   bool rope_scaling = false;
+  bool norm_1p = false;          // apply_layernorm_1p / layernorm_zero_centered_gamma: gamma - 1
+  bool rope_interpolation = false;  // rotary_seq_len_interpolation_factor set
+  bool no_rope_layers = false;      // no_rope_freq set: layers without rotary embeddings
+  std::string tokenizer_type;
   std::string dtype;  // of the parameters: bfloat16, float16 or float32 (args.bf16, args.fp16)
 };
 

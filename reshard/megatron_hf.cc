@@ -41,6 +41,8 @@ Result<Role> RoleOf(const std::string& name, int64_t layer, bool tied) {
     return Invalid("'" + name + "' is a bias: LlamaForCausalLM has none (the model is not of "
                    "the Llama family)");
   }
+  // Transformer Engine's extra state (an empty uint8 tensor without fp8): not a weight.
+  if (EndsWith(name, "._extra_state")) return Role::kSkip;
   if (layer < 0) {
     if (EndsWith(name, "word_embeddings_for_head.weight")) return Role::kSkip;  // tied copy
     if (EndsWith(name, "word_embeddings.weight")) return Role::kEmbed;
@@ -101,6 +103,14 @@ Status CheckMegatronHf(const MegatronModel& m) {
   if (m.rotary_percent != 1.0) return no("args.rotary_percent is not 1");
   if (m.rotary_interleaved) return no("args.rotary_interleaved is set");
   if (m.rope_scaling) return Invalid("args.use_rope_scaling is set: its scaling is not mapped");
+  if (m.rope_interpolation) {
+    return Invalid("args.rotary_seq_len_interpolation_factor is set: its scaling is not mapped");
+  }
+  if (m.no_rope_layers) return no("args.no_rope_freq leaves layers without rotary embeddings");
+  if (m.norm_1p) {
+    return no("args.apply_layernorm_1p or layernorm_zero_centered_gamma stores norm weights "
+              "as gamma - 1");
+  }
   if (!m.rotary_base) return Invalid("args.rotary_base is missing");
   if (!m.norm_epsilon) return Invalid("args.norm_epsilon is missing");
   if (m.max_position_embeddings <= 0) return Invalid("args.max_position_embeddings is missing");
@@ -254,7 +264,8 @@ Status HfPlanner::AddFc1(const MegatronTensor& t, const std::string& prefix) {
   ASSIGN_OR_RETURN(uint32_t itemsize, Itemsize(t));
   const int64_t ts = static_cast<int64_t>(t.shards.size());
   for (const Shard& sh : t.shards) {
-    if (sh.shape.size() != 2 || sh.shape[1] != shape_.hidden || sh.shape[0] * ts != 2 * shape_.ffn) {
+    if (sh.shape.size() != 2 || sh.shape[1] != shape_.hidden || sh.shape[0] * ts != 2 * shape_.ffn ||
+        shape_.ffn % ts != 0) {
       return Invalid("'" + t.name + "' is not SwiGLU's fc1 of ffn_hidden_size " +
                      std::to_string(shape_.ffn) + " over " + std::to_string(ts) + " TP ranks");
     }
@@ -303,7 +314,10 @@ Result<std::vector<ViewEntry>> HfPlanner::Run() {
   s.ffn = m.ffn_hidden_size;
   // args.vocab_size, when the checkpoint has it, is the tokenizer's: the padding goes. Without
   // it (a tokenizer set the size at run time) the padded rows stay, and config.json says so.
-  s.vocab = m.args_vocab_size > 0 ? m.args_vocab_size : src_.source_vocab_rows;
+  // NullTokenizer's size was args.vocab_size + 1 (its end-of-document id) before 2026 and is
+  // args.vocab_size since: the padded rows stay, as without args.vocab_size.
+  s.vocab = m.args_vocab_size > 0 && m.tokenizer_type != "NullTokenizer" ? m.args_vocab_size
+                                                                          : src_.source_vocab_rows;
   if (s.groups <= 0 || s.heads % s.groups != 0) {
     return Invalid("num_query_groups " + std::to_string(s.groups) + " does not divide the " +
                    std::to_string(s.heads) + " heads");
@@ -318,6 +332,7 @@ Result<std::vector<ViewEntry>> HfPlanner::Run() {
   for (const MegatronTensor& t : src_.tensors) {
     if (t.layer >= s.layers) return Invalid("'" + t.name + "' is past the model's layers");
     ASSIGN_OR_RETURN(Role role, RoleOf(t.name, t.layer, m.tied));
+    if (role == Role::kSkip) continue;
     if (t.layer >= 0) {
       const int k = static_cast<int>(role) - static_cast<int>(Role::kInNorm);
       if (k < 0 || k >= 6) return Invalid("'" + t.name + "' has no place in a decoder layer");

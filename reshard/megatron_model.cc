@@ -96,11 +96,18 @@ Result<MegatronModel> ReadMegatronModel(const TorchFile& f) {
   m.add_qkv_bias = BoolArg(d, "add_qkv_bias");
   m.dtype = BoolArg(d, "bf16") ? "bfloat16" : BoolArg(d, "fp16") ? "float16" : "float32";
   m.rope_scaling = BoolArg(d, "use_rope_scaling");
+  m.norm_1p = BoolArg(d, "apply_layernorm_1p") || BoolArg(d, "layernorm_zero_centered_gamma");
+  m.rope_interpolation = NumberArg(d, "rotary_seq_len_interpolation_factor").has_value();
+  if (ValuePtr v = Get(d, "no_rope_freq"); v && v->kind != Kind::kNone) m.no_rope_layers = true;
+  m.tokenizer_type = StrArg(d, "tokenizer_type").value_or("");
   m.distributed_optimizer = BoolArg(d, "use_distributed_optimizer");
-  // The naming era: megatron.core unless args say legacy (use_legacy_models, or before that the
-  // absence of use_mcore_models); the planner checks the names agree.
-  m.mcore = Get(d, "use_legacy_models") ? !BoolArg(d, "use_legacy_models")
-                                        : BoolArg(d, "use_mcore_models");
+  // The naming era, from the model's own keys: legacy models nest everything under
+  // 'language_model'. (args cannot tell: Megatron dropped use_legacy_models in 2026, and older
+  // legacy runs predate use_mcore_models.) A file without 'model' (torch_dist's common.pt) is
+  // megatron.core's.
+  if (ValuePtr model = Get(f.root, "model"); model && IsMapping(model)) {
+    m.mcore = !Get(model, "language_model");
+  }
   for (const char* uneven : {"decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
                              "num_layers_per_virtual_pipeline_stage"}) {
     if (IntArg(d, uneven)) return Invalid(std::string("args.") + uneven + " is not supported");

@@ -316,6 +316,12 @@ def test_tp_a_multiple_of_the_query_groups_is_for_megatron_core_only(mnt):
     assert "legacy" in errors and "num_query_groups 4" in errors, errors
     assert "tp8-pp1" in os.listdir(core / ".views")
     check_view(core, (2, 1), (8, 1))
+    # Megatron since 2026 records neither use_legacy_models nor use_mcore_models: the names tell.
+    bare = mnt / "bare"
+    make_source(bare, dict(era="mcore", num_query_groups=4,
+                           extra_args=dict(use_legacy_models=None, use_mcore_models=None)), (2, 1))
+    assert "tp8-pp1" in os.listdir(bare / ".views")
+    check_view(bare, (2, 1), (8, 1))
 
 
 def test_inspect_view_off_a_mount_says_it_needs_one(tmp_path):

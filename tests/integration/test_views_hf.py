@@ -120,10 +120,13 @@ def check_hf(root, cfg, full, tp):
     ("legacy", False, 4, (4, 1)),  # legacy names (input_norm, post_attention_norm, final_norm)
     ("mcore", False, 0, (2, 1)),  # no GQA: one group per head
     ("mcore", True, 2, (4, 2)),   # TP 4 a multiple of 2 query groups: a rank holds part of one
+    ("mcore-te", False, 4, (2, 2)),  # Transformer Engine's extra state (empty uint8 tensors)
 ])
 def test_hf_view_is_the_model_under_hf_names(mnt, era, untie, groups, shape):
     root = mnt / "ckpt"
-    cfg = mf.ModelConfig(era=era, untie=untie, num_query_groups=groups, **LLAMA)
+    te = dict(extra_state="empty") if era == "mcore-te" else {}
+    cfg = mf.ModelConfig(era=era.split("-")[0], untie=untie, num_query_groups=groups, **te,
+                         **LLAMA)
     full = mf.save_checkpoint(root, cfg, *shape)
     assert "hf" in os.listdir(root / ".views")
     view = check_hf(root, cfg, full, shape[0])
@@ -147,14 +150,21 @@ def test_hf_view_shards_by_size(make_mount):
         assert size <= 40000 or len(part) == 1, (f, size)
 
 
-def test_hf_view_keeps_the_padded_vocabulary_without_args_vocab_size(mnt):
+@pytest.mark.parametrize("kw", [
+    dict(args_vocab_size=False),  # a tokenizer set the size at run time
+    dict(extra_args=dict(tokenizer_type="NullTokenizer")),  # its size was vocab_size + 1
+])
+def test_hf_view_keeps_the_padded_vocabulary_when_the_true_size_is_unknown(mnt, kw):
     root = mnt / "ckpt"
-    cfg = mf.ModelConfig(era="mcore", untie=True, num_query_groups=4, args_vocab_size=False,
-                         **LLAMA)
+    cfg = mf.ModelConfig(era="mcore", untie=True, num_query_groups=4, **kw, **LLAMA)
     full = mf.save_checkpoint(root, cfg, 2, 1)
-    check_hf(root, cfg, full, 2)
+    SOURCE_TP[0] = 2
+    got, _ = load_view(root / ".views" / "hf")
     config = json.loads(read_file(root / ".views" / "hf" / "config.json"))
     assert config["vocab_size"] == cfg.padded_vocab(2)
+    rows = full.tensor("word", "w", "master", (full.vocab_rows, cfg.hidden_size))
+    want = rows[:cfg.padded_vocab(2)].to(torch.bfloat16)
+    assert torch.equal(got["model.embed_tokens.weight"].view(torch.int16), want.view(torch.int16))
 
 
 @pytest.mark.parametrize("kw,reason", [
@@ -162,6 +172,10 @@ def test_hf_view_keeps_the_padded_vocabulary_without_args_vocab_size(mnt):
     (dict(LLAMA, position_embedding_type="learned_absolute"), "not rope"),
     (dict(LLAMA, swiglu=False), "swiglu"),
     (dict(LLAMA, bias=True), "bias"),
+    (dict(LLAMA, extra_args=dict(apply_layernorm_1p=True)), "gamma - 1"),
+    (dict(LLAMA, extra_args=dict(rotary_seq_len_interpolation_factor=4)), "interpolation"),
+    (dict(LLAMA, extra_args=dict(no_rope_freq=4)), "no_rope_freq"),
+    (dict(LLAMA, extra_args=dict(rotary_base=None)), "args.rotary_base is missing"),
 ])
 def test_hf_view_refuses_a_model_that_is_not_llama(mnt, kw, reason):
     root = mnt / "ckpt"

@@ -84,7 +84,7 @@ import random
 import re
 import sys
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -130,6 +130,9 @@ class ModelConfig:
                                     # decay (wd_mult 1) first on every stage
     fused_adam: bool = False        # Transformer Engine / apex FusedAdam's state: 'step' an int in
                                     # each param group, per-parameter state exp_avg, exp_avg_sq only
+    # More args fields, or other values (None: the field is left out, as args of another
+    # Megatron version lack it, e.g. use_legacy_models since 2026).
+    extra_args: dict = field(default_factory=dict)
 
     @property
     def gqa(self):
@@ -443,8 +446,10 @@ def make_args(cfg, tps, pps, iteration):
         tokenizer_type="GPT2BPETokenizer", save="/ckpt", load="/ckpt", no_save_optim=False,
         no_save_rng=False, data_parallel_random_init=False,
         padded_vocab_size=cfg.padded_vocab(tps))
+    a.update(cfg.extra_args)
     for k, v in a.items():
-        setattr(ns, k, v)
+        if v is not None or k not in cfg.extra_args:
+            setattr(ns, k, v)
     return ns
 
 
@@ -900,7 +905,7 @@ def validate(src, T, P):
     if src.groups % T:
         # [MCORE] transformer_config: num_query_groups a multiple or a divisor of TP; then each
         # rank holds a plain dim-0 chunk of the fused QKV. [LEGACY] a multiple only.
-        mcore = getattr(src.args, "use_mcore_models", False)
+        mcore = "language_model" not in src.sd[(0, 0)]["model"]  # the names tell the era
         kv = getattr(src.args, "kv_channels", None) or src.args.hidden_size // src.heads
         if not mcore or T % src.groups or ((src.heads + 2 * src.groups) * kv) % T:
             raise ViewError(f"view {spec}: TP {T} does not divide num_query_groups {src.groups}")
