@@ -552,7 +552,8 @@ Status ViewTree::ReadDir(uint64_t ino, uint64_t offset,
           for (auto& [name, type] : names) {
             uint32_t T, P;
             ParseMegatronSpec(name, &T, &P);
-            if (model.ok() && reshard::CheckMegatronTarget(*model, T, P).ok()) {
+            if (model.ok() && !model->torch_dist &&
+                reshard::CheckMegatronTarget(*model, T, P).ok()) {
               valid.push_back({name, type});
             }
           }

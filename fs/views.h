@@ -23,6 +23,7 @@
 #include "common/log.h"
 #include "reshard/deepspeed.h"
 #include "reshard/megatron.h"
+#include "formats/dcp.h"
 #include "reshard/megatron_hf.h"
 #include "reshard/view_file.h"
 #include "store/store.h"
@@ -100,8 +101,15 @@ class ViewTree {
   Result<std::string> ReadReal(uint64_t ino, uint64_t max_len);
   // Asks the store to load the chunks of `source` after byte `reached` (readahead).
   void WarmAhead(Body& body, uint32_t source, uint64_t reached);
-  // The model's shape, from a rank file of the iteration the tracker names.
+  // The model's shape, from a rank file (or torch_dist's common state) of the iteration the
+  // tracker names.
   Result<reshard::MegatronModel> ReadModel(uint64_t root);
+  // A torch_dist iteration: its common state (args; `md`, its .metadata when already parsed), and
+  // its model tensors with the data files read into *sources.
+  Result<TorchFile> ReadTorchDistCommon(uint64_t iter, const std::string& iter_name,
+                                        const dcp::Metadata* md);
+  Result<reshard::MegatronTensors> ReadTorchDist(uint64_t root, const std::string& iter_name,
+                                                 Sources* sources);
 
   Store* store_;
   Logger log_;

@@ -2,8 +2,10 @@
 // tpT-ppP view, and the hf view.
 #include <sys/stat.h>
 
+#include "formats/dcp.h"
 #include "fs/views_internal.h"
 #include "reshard/megatron.h"
+#include "reshard/megatron_dist.h"
 #include "reshard/megatron_hf.h"
 
 namespace ckptfs::fs {
@@ -36,7 +38,14 @@ Result<reshard::MegatronSource> ViewTree::ReadMegatronIter(uint64_t root,
     if (ParseRankDir(item.name, &tp, &pp)) ranks.push_back({std::string(item.name), {tp, pp}});
     return true;
   }));
-  if (ranks.empty()) return Invalid(iter_name + " holds no mp_rank_* directories");
+  if (ranks.empty()) {
+    if (store_->Lookup(dir.ino, kTorchDistConfig).ok()) {
+      return Invalid(iter_name + " is a torch_dist checkpoint, which Megatron reshards itself "
+                     "when it loads it: its views are hf and " + iter_name +
+                     "/.views/consolidated");
+    }
+    return Invalid(iter_name + " holds no mp_rank_* directories");
+  }
   reshard::MegatronSource src;
   for (const auto& [name, tp_pp] : ranks) {
     src.tp = std::max(src.tp, tp_pp.first + 1);
@@ -87,10 +96,17 @@ Status ViewTree::PlanMegatronHf(Node* spec) {
   ASSIGN_OR_RETURN(spec->tracker, ReadReal(tr.ino, 4096));
   ASSIGN_OR_RETURN(std::string iter_name, TrackedIteration(spec->tracker));
   auto sources = std::make_shared<Sources>();
-  ASSIGN_OR_RETURN(reshard::MegatronSource src,
-                   ReadMegatronIter(spec->root, iter_name, sources.get()));
-  ASSIGN_OR_RETURN(std::vector<reshard::ViewEntry> entries,
-                   reshard::PlanMegatronHf(src, *rules_, hf_options_));
+  ASSIGN_OR_RETURN(InodeRecord iter, store_->Lookup(spec->root, iter_name));
+  std::vector<reshard::ViewEntry> entries;
+  if (store_->Lookup(iter.ino, kTorchDistConfig).ok()) {  // torch_dist: DCP, no rank files
+    ASSIGN_OR_RETURN(reshard::MegatronTensors tensors,
+                     ReadTorchDist(spec->root, iter_name, sources.get()));
+    ASSIGN_OR_RETURN(entries, reshard::PlanMegatronHf(std::move(tensors), hf_options_));
+  } else {
+    ASSIGN_OR_RETURN(reshard::MegatronSource src,
+                     ReadMegatronIter(spec->root, iter_name, sources.get()));
+    ASSIGN_OR_RETURN(entries, reshard::PlanMegatronHf(src, *rules_, hf_options_));
+  }
   PlanTree(spec, std::move(entries), std::move(sources));
   return Status::Ok();
 }
@@ -100,6 +116,12 @@ Result<reshard::MegatronModel> ViewTree::ReadModel(uint64_t root) {
   ASSIGN_OR_RETURN(std::string tracker, ReadReal(tr.ino, 4096));
   ASSIGN_OR_RETURN(std::string iter_name, TrackedIteration(tracker));
   ASSIGN_OR_RETURN(InodeRecord iter, store_->Lookup(root, iter_name));
+  if (store_->Lookup(iter.ino, kTorchDistConfig).ok()) {
+    ASSIGN_OR_RETURN(TorchFile common, ReadTorchDistCommon(iter.ino, iter_name, nullptr));
+    ASSIGN_OR_RETURN(reshard::MegatronModel m, reshard::ReadMegatronModel(common));
+    m.torch_dist = true;
+    return m;
+  }
   std::string first;
   RETURN_IF_ERROR(store_->ReadDir(iter.ino, 2, [&](const DirItem& item) {
     uint32_t t, p;
@@ -112,6 +134,53 @@ Result<reshard::MegatronModel> ViewTree::ReadModel(uint64_t root) {
   ASSIGN_OR_RETURN(auto m, store_->CommittedManifest(f.ino));
   ASSIGN_OR_RETURN(TorchFile tf, ReadTorchFile(m->size(), ReadAtOf(store_, m)));
   return reshard::ReadMegatronModel(tf);
+}
+
+Result<TorchFile> ViewTree::ReadTorchDistCommon(uint64_t iter, const std::string& iter_name,
+                                                const dcp::Metadata* md) {
+  // Megatron before 2026-07 wrote the common state (args, iteration, ...) to common.pt; since,
+  // it is the DCP item common_state/shard_0_1, torch.save([state]).
+  std::string bytes;
+  if (auto c = store_->Lookup(iter, kTorchDistCommon); c.ok()) {
+    ASSIGN_OR_RETURN(bytes, ReadReal(c->ino, kMaxSmallFile));
+  } else {
+    dcp::Metadata parsed;
+    if (!md) {
+      ASSIGN_OR_RETURN(InodeRecord rec, store_->Lookup(iter, kDcpMetadata));
+      ASSIGN_OR_RETURN(std::string meta, ReadReal(rec.ino, kMaxSmallFile));
+      ASSIGN_OR_RETURN(parsed, dcp::ParseMetadata(meta));
+      md = &parsed;
+    }
+    const dcp::BytesEntry* item = reshard::CommonStateItem(*md);
+    if (!item) return Invalid(iter_name + " has neither common.pt nor a common_state item");
+    if (item->storage.length > kMaxSmallFile) return Invalid("the common state is too large");
+    ASSIGN_OR_RETURN(InodeRecord f, store_->Lookup(iter, item->storage.relative_path));
+    ASSIGN_OR_RETURN(auto m, store_->CommittedManifest(f.ino));
+    ASSIGN_OR_RETURN(bytes, ReadAtOf(store_, m)(item->storage.offset, item->storage.length));
+  }
+  auto tf = reshard::ParseTorchDistCommon(bytes);
+  if (!tf.ok()) return Invalid(iter_name + ": " + tf.status().message());
+  return tf;
+}
+
+Result<reshard::MegatronTensors> ViewTree::ReadTorchDist(uint64_t root, const std::string& iter_name,
+                                                         Sources* sources) {
+  ASSIGN_OR_RETURN(InodeRecord iter, store_->Lookup(root, iter_name));
+  ASSIGN_OR_RETURN(InodeRecord meta_rec, store_->Lookup(iter.ino, kDcpMetadata));
+  ASSIGN_OR_RETURN(std::string meta_bytes, ReadReal(meta_rec.ino, kMaxSmallFile));
+  ASSIGN_OR_RETURN(dcp::Metadata md, dcp::ParseMetadata(meta_bytes));
+  std::vector<reshard::DcpDataFile> files;
+  for (const std::string& rel : md.Files()) {
+    auto rec = store_->Lookup(iter.ino, rel);
+    if (!rec.ok()) return Invalid(iter_name + ": data file " + rel + " named by .metadata is missing");
+    ASSIGN_OR_RETURN(auto m, store_->CommittedManifest(rec->ino));
+    const uint32_t index = sources->Add(rec->ino, m);
+    ASSIGN_OR_RETURN(FileDescription desc,
+                     dcp::DescribeDataFile(md, rel, m->size(), ReadAtOf(store_, m)));
+    files.push_back(reshard::DcpDataFile{rel, index, std::move(desc)});
+  }
+  ASSIGN_OR_RETURN(TorchFile common, ReadTorchDistCommon(iter.ino, iter_name, &md));
+  return reshard::ListTorchDistTensors(common, md, files);
 }
 
 }  // namespace ckptfs::fs

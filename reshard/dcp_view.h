@@ -53,8 +53,8 @@ using DcpKeyPaths = std::map<std::string, std::vector<DcpKey>>;  // by flattened
 // names starting with "model."), names sorted, __metadata__ {"format": "pt"}.
 //
 // Errors (kInvalid, naming the tensor or key): chunks that do not cover their tensor exactly or
-// are missing from the descriptions, a non-tensor item missing, unreadable or holding tensors or
-// storages, key paths that collide (a value where a container must be), a model tensor of a dtype
+// are missing from the descriptions, a non-tensor item missing or unreadable (one that holds
+// tensors keeps them: model.pt gets their storages), key paths that collide (a value where a container must be), a model tensor of a dtype
 // safetensors lacks, sizes that overflow.
 Result<DcpView> PlanDcpConsolidated(const dcp::Metadata& md, const std::vector<DcpDataFile>& files,
                                     const std::map<std::string, std::string>& bytes_items);

@@ -56,6 +56,7 @@ struct MegatronModel {
   bool rope_interpolation = false;  // rotary_seq_len_interpolation_factor set
   bool no_rope_layers = false;      // no_rope_freq set: layers without rotary embeddings
   std::string tokenizer_type;
+  bool torch_dist = false;  // the iteration is in the torch_dist format (set by its reader)
   std::string dtype;  // of the parameters: bfloat16, float16 or float32 (args.bf16, args.fp16)
 };
 
@@ -77,6 +78,9 @@ struct MegatronTensor {
   Rule rule = Rule::kReplicated;
   std::string dtype;          // torch's name: "bfloat16", ...
   std::vector<Shard> shards;  // by source TP rank
+  // SwiGLU's fc1 whose shards, joined, are all gate rows then all up rows (torch_dist); else
+  // each shard is its rank's gate rows then its up rows.
+  bool gate_up_whole = false;
 };
 struct MegatronTensors {
   MegatronModel model;

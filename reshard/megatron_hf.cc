@@ -270,11 +270,18 @@ Status HfPlanner::AddFc1(const MegatronTensor& t, const std::string& prefix) {
                      std::to_string(shape_.ffn) + " over " + std::to_string(ts) + " TP ranks");
     }
   }
-  const int64_t half = shape_.ffn / ts;
-  out_.push_back({prefix + "mlp.gate_proj.weight", t.dtype, {shape_.ffn, shape_.hidden},
-                  EveryBlock(t.shards, itemsize, 2 * half, 0, half)});
-  out_.push_back({prefix + "mlp.up_proj.weight", t.dtype, {shape_.ffn, shape_.hidden},
-                  EveryBlock(t.shards, itemsize, 2 * half, half, half)});
+  HfTensor gate{prefix + "mlp.gate_proj.weight", t.dtype, {shape_.ffn, shape_.hidden}, {}};
+  HfTensor up{prefix + "mlp.up_proj.weight", t.dtype, {shape_.ffn, shape_.hidden}, {}};
+  if (t.gate_up_whole) {
+    RowRange(t.shards, itemsize, 0, shape_.ffn, &gate.gathers);
+    RowRange(t.shards, itemsize, shape_.ffn, shape_.ffn, &up.gathers);
+  } else {
+    const int64_t half = shape_.ffn / ts;
+    gate.gathers = EveryBlock(t.shards, itemsize, 2 * half, 0, half);
+    up.gathers = EveryBlock(t.shards, itemsize, 2 * half, half, half);
+  }
+  out_.push_back(std::move(gate));
+  out_.push_back(std::move(up));
   return Status::Ok();
 }
 
@@ -415,6 +422,10 @@ Result<std::vector<ViewEntry>> HfPlanner::Run() {
 Result<std::vector<ViewEntry>> PlanMegatronHf(const MegatronSource& src, const Rules& rules,
                                               const HfOptions& options) {
   ASSIGN_OR_RETURN(MegatronTensors tensors, ListMegatronTensors(src, rules));
+  return PlanMegatronHf(std::move(tensors), options);
+}
+
+Result<std::vector<ViewEntry>> PlanMegatronHf(MegatronTensors tensors, const HfOptions& options) {
   return HfPlanner(std::move(tensors), options).Run();
 }
 

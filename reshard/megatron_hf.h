@@ -32,5 +32,8 @@ Status CheckMegatronHf(const MegatronModel& m);
 // tensor no HF name maps, one missing.
 Result<std::vector<ViewEntry>> PlanMegatronHf(const MegatronSource& src, const Rules& rules,
                                               const HfOptions& options = {});
+// The same from the model's tensors however they were read (ListMegatronTensors for per-rank
+// files, ListTorchDistTensors for torch_dist).
+Result<std::vector<ViewEntry>> PlanMegatronHf(MegatronTensors tensors, const HfOptions& options);
 
 }  // namespace ckptfs::reshard

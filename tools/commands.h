@@ -35,6 +35,9 @@ int Gc(const std::vector<std::string>& args);
 int ShowStatus(const std::vector<std::string>& args);
 
 int Fail(const std::string& msg);
+// The torch_dist iterations in directory `path` (itself, or its iter_* directories), described
+// for `ckptfs inspect`: backend, parallel sizes, model, sharded tensors. "" when there are none.
+std::string DescribeTorchDist(const std::string& path);
 // The largest attribute value the daemon answers with (the kernel's limit): the reports of
 // fsck and status are read into a buffer this size.
 inline constexpr size_t kMaxXattrValue = 64 * 1024;

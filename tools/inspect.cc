@@ -176,7 +176,7 @@ int InspectDir(const std::string& path, bool as_json) {
   if (ec) return Fail(path + ": " + ec.message());
   auto found = layout::Detect(listing);
   if (!found.ok()) return Fail(path + ": " + found.status().ToString());
-  const std::string text = layout::Describe(*found);
+  const std::string text = layout::Describe(*found) + DescribeTorchDist(path);
   if (as_json) {
     json::Object o;
     o.emplace_back("directory", json::Value::String(path));

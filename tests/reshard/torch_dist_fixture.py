@@ -6,7 +6,7 @@ writes it; every fact below was read in its source:
 - [CONFIG] dist_checkpointing/core.py save_config: rank 0 writes metadata.json,
   asdict(CheckpointingConfig): sharded_backend torch_dist version 1, common_backend torch version 1.
 - [COMMON] strategies/common.py TorchCommonSaveStrategy.save_common: rank 0 torch.save()s
-  common.pt, the state dict with every ShardedTensor/ShardedObject taken out: args (the
+  common.pt (since 2026-07: the DCP item common_state/shard_0_1 instead, --common-in-dcp), the state dict with every ShardedTensor/ShardedObject taken out: args (the
   argparse.Namespace), checkpoint_version 3.0, iteration, num_floating_point_operations_so_far,
   content_metadata. (No optimizer here: the fixture saves the model only, as --no-save-optim.)
 - [FILES] strategies/torch.py: each global rank writes `__{rank}_{k}.distcp`, k counting its
@@ -149,8 +149,18 @@ def rank_items(full, T, P, t, p):
     return objs, tensors
 
 
-def write_checkpoint(root, cfg, T, P, iteration=100):
-    """Writes ROOT/iter_NNNNNNN in the torch_dist format and the tracker; returns the FullModel."""
+def common_state(cfg, T, P, iteration):
+    args = mf.make_args(cfg, T, P, iteration)
+    args.ckpt_format = "torch_dist"
+    return {"args": args, "checkpoint_version": 3.0, "iteration": iteration,
+            "num_floating_point_operations_so_far": 0, "content_metadata": {}}
+
+
+def write_checkpoint(root, cfg, T, P, iteration=100, common_in_dcp=False):
+    """Writes ROOT/iter_NNNNNNN in the torch_dist format and the tracker; returns the FullModel.
+    common_in_dcp: as Megatron since 2026-07 (commit 40b1fd37c1) writes it: no common.pt, the
+    common state the DCP item common_state/shard_0_1 (torch.save([state]), rank 0), and
+    metadata.json without the common backend."""
     cfg.check(T, P)
     full = mf.FullModel(cfg)
     C = dcp_classes("torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING")
@@ -164,6 +174,8 @@ def write_checkpoint(root, cfg, T, P, iteration=100):
             rank = t + T * p  # DP 1: Megatron's order tp, (cp, ep, dp), pp
             rel = f"__{rank}_0.distcp"
             objs, tensors = rank_items(full, T, P, t, p)
+            if common_in_dcp and rank == 0:
+                objs.insert(0, ("common_state/shard_0_1", [common_state(cfg, T, P, iteration)]))
             data, items = bytearray(), []
             for key, value in objs:
                 blob = torch_save_bytes(value)
@@ -194,16 +206,13 @@ def write_checkpoint(root, cfg, T, P, iteration=100):
     metadata.all_local_plans = plans
     with open(d / ".metadata", "wb") as f:
         pickle.dump(metadata, f, protocol=4)
-    (d / "metadata.json").write_text(json.dumps({
-        "sharded_backend": "torch_dist", "sharded_backend_version": 1,
-        "common_backend": "torch", "common_backend_version": 1}))
-    args = mf.make_args(cfg, T, P, iteration)
-    args.ckpt_format = "torch_dist"
-    common = {"args": args, "checkpoint_version": 3.0, "iteration": iteration,
-              "num_floating_point_operations_so_far": 0, "content_metadata": {}}
-    buf = io.BytesIO()
-    torch.save(common, buf)
-    (d / "common.pt").write_bytes(buf.getvalue())
+    config = {"sharded_backend": "torch_dist", "sharded_backend_version": 1}
+    if not common_in_dcp:
+        config.update(common_backend="torch", common_backend_version=1)
+        buf = io.BytesIO()
+        torch.save(common_state(cfg, T, P, iteration), buf)
+        (d / "common.pt").write_bytes(buf.getvalue())
+    (d / "metadata.json").write_text(json.dumps(config))
     (pathlib.Path(root) / mf.TRACKER).write_text(str(iteration))
     return full
 
@@ -252,11 +261,14 @@ def main(argv=None):
     ap.add_argument("--pp", type=int, default=1)
     ap.add_argument("--iteration", type=int, default=100)
     ap.add_argument("--config", default="{}", help="ModelConfig fields as JSON")
+    ap.add_argument("--common-in-dcp", action="store_true",
+                    help="the common state as a DCP item, as Megatron writes it since 2026-07")
     a = ap.parse_args(argv)
+    # DP 1: the files are written as one data-parallel replica writes them (rank = tp + TP * pp).
     kw = dict(era="mcore", swiglu=True, normalization="RMSNorm", position_embedding_type="rope",
-              bias=False)
+              bias=False, data_parallel_size=1)
     kw.update(json.loads(a.config))
-    write_checkpoint(a.root, mf.ModelConfig(**kw), a.tp, a.pp, a.iteration)
+    write_checkpoint(a.root, mf.ModelConfig(**kw), a.tp, a.pp, a.iteration, a.common_in_dcp)
 
 
 if __name__ == "__main__":

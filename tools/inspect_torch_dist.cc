@@ -1,0 +1,108 @@
+// `ckptfs inspect DIR` for megatron.core's torch_dist iterations: the backend, the parallel sizes
+// and the model from the common state's args, and every sharded tensor at its global shape.
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "formats/dcp.h"
+#include "reshard/megatron_args.h"
+#include "reshard/megatron_dist.h"
+#include "reshard/torch_out.h"
+#include "tools/commands.h"
+
+namespace ckptfs {
+namespace {
+
+Result<std::string> ReadAll(const std::filesystem::path& p, uint64_t offset = 0,
+                            uint64_t len = UINT64_MAX) {
+  std::ifstream f(p, std::ios::binary);
+  if (!f) return NotFound(p.string() + ": cannot be read");
+  f.seekg(static_cast<std::streamoff>(offset));
+  std::ostringstream s;
+  if (len == UINT64_MAX) {
+    s << f.rdbuf();
+    return s.str();
+  }
+  std::string out(len, '\0');
+  if (!f.read(out.data(), static_cast<std::streamsize>(len))) return Corrupt(p.string() + ": short");
+  return out;
+}
+
+std::string Shape(const std::vector<int64_t>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+Result<std::string> Describe(const std::filesystem::path& dir) {
+  ASSIGN_OR_RETURN(std::string config, ReadAll(dir / "metadata.json"));
+  ASSIGN_OR_RETURN(std::string meta, ReadAll(dir / ".metadata"));
+  ASSIGN_OR_RETURN(dcp::Metadata md, dcp::ParseMetadata(meta));
+  std::string common;
+  if (std::filesystem::exists(dir / "common.pt")) {
+    ASSIGN_OR_RETURN(common, ReadAll(dir / "common.pt"));
+  } else if (const dcp::BytesEntry* item = reshard::CommonStateItem(md)) {
+    ASSIGN_OR_RETURN(common, ReadAll(dir / item->storage.relative_path, item->storage.offset,
+                                     item->storage.length));
+  } else {
+    return Invalid("neither common.pt nor a common_state item");
+  }
+  ASSIGN_OR_RETURN(TorchFile tf, reshard::ParseTorchDistCommon(common));
+  ASSIGN_OR_RETURN(reshard::MegatronModel m, reshard::ReadMegatronModel(tf));
+  const pickle::ValuePtr args = reshard::ArgsDict(reshard::Get(tf.root, "args"));
+  auto size = [&](const char* key) {
+    auto v = reshard::IntArg(args, key);
+    return v ? std::to_string(*v) : std::string("?");
+  };
+  while (!config.empty() && (config.back() == '\n' || config.back() == ' ')) config.pop_back();
+  std::string out = "torch_dist " + dir.filename().string() + ": " + config + "\n";
+  out += "  saved at TP " + size("tensor_model_parallel_size") + " x PP " +
+         size("pipeline_model_parallel_size") + " x DP " + size("data_parallel_size") + ", " +
+         std::to_string(md.Files().size()) + " data files\n";
+  out += "  model: " + std::to_string(m.num_layers) + " layers, hidden " +
+         std::to_string(m.hidden_size) + ", " + std::to_string(m.heads) + " heads in " +
+         std::to_string(m.query_groups) + " query groups, ffn " + std::to_string(m.ffn_hidden_size) +
+         (m.swiglu ? " (SwiGLU)" : "") + ", vocabulary " +
+         (m.args_vocab_size ? std::to_string(m.args_vocab_size) : std::string("?")) +
+         " padded to " + std::to_string(m.padded_vocab_size) + "\n";
+  char line[512];
+  std::snprintf(line, sizeof line, "  %-9s %-22s %6s  %s\n", "dtype", "global shape", "chunks",
+                "key");
+  out += line;
+  for (const dcp::TensorEntry& t : md.tensors) {
+    std::snprintf(line, sizeof line, "  %-9s %-22s %6zu  %s\n", t.dtype.c_str(),
+                  Shape(t.size).c_str(), t.chunks.size(), t.fqn.c_str());
+    out += line;
+  }
+  out += "  " + std::to_string(md.bytes.size()) + " sharded objects (extra state, RNG, ...)\n";
+  return out;
+}
+
+}  // namespace
+
+std::string DescribeTorchDist(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::vector<fs::path> dirs;
+  std::error_code ec;
+  if (fs::exists(fs::path(path) / "metadata.json", ec)) dirs.push_back(path);
+  for (auto it = fs::directory_iterator(path, ec); !ec && it != fs::end(it); it.increment(ec)) {
+    if (it->is_directory(ec) && fs::exists(it->path() / "metadata.json", ec) &&
+        fs::exists(it->path() / ".metadata", ec)) {
+      dirs.push_back(it->path());
+    }
+  }
+  std::sort(dirs.begin(), dirs.end());
+  std::string out;
+  for (const fs::path& d : dirs) {
+    auto text = Describe(d);
+    out += text.ok() ? "\n" + *text
+                     : "\ntorch_dist " + d.filename().string() + ": " + text.status().message() +
+                           "\n";
+  }
+  return out;
+}
+
+}  // namespace ckptfs
