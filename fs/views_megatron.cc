@@ -153,6 +153,10 @@ Result<TorchFile> ViewTree::ReadTorchDistCommon(uint64_t iter, const std::string
     }
     const dcp::BytesEntry* item = reshard::CommonStateItem(*md);
     if (!item) return Invalid(iter_name + " has neither common.pt nor a common_state item");
+    if (!item->storage.transforms.empty()) {
+      return Invalid(iter_name + ": the common state is stored transformed (" +
+                     item->storage.transforms[0] + ")");
+    }
     if (item->storage.length > kMaxSmallFile) return Invalid("the common state is too large");
     ASSIGN_OR_RETURN(InodeRecord f, store_->Lookup(iter, item->storage.relative_path));
     ASSIGN_OR_RETURN(auto m, store_->CommittedManifest(f.ino));

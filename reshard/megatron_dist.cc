@@ -9,6 +9,12 @@ namespace {
 
 constexpr std::string_view kLayers = "decoder.layers.";
 
+std::string ShapeText(const std::vector<int64_t>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
 bool IsModelKey(const std::string& fqn) {
   return fqn.starts_with("embedding.") || fqn.starts_with("decoder.") ||
          fqn.starts_with("output_layer.");
@@ -59,7 +65,8 @@ Result<MegatronTensor> Join(std::string name, int64_t layer, const std::string& 
   }
   if (split < 0) {
     if (chunks.size() != 1) return Invalid("'" + t.name + "' is saved twice");
-    t.rule = Rule::kReplicated;
+    // One chunk: TP 1 (a vocabulary still padded, to make_vocab_size_divisible_by), or replicated.
+    t.rule = vocab ? Rule::kVocab : Rule::kReplicated;
   } else if (split == 0) {
     t.rule = vocab ? Rule::kVocab : Rule::kColumn;
   } else if (split == 1) {
@@ -75,7 +82,7 @@ Result<MegatronTensor> Join(std::string name, int64_t layer, const std::string& 
 
 const dcp::BytesEntry* CommonStateItem(const dcp::Metadata& md) {
   for (const dcp::BytesEntry& b : md.bytes) {
-    if (b.fqn.starts_with("common_state/")) return &b;
+    if (b.fqn == "common_state/shard_0_1") return &b;
   }
   return nullptr;
 }
@@ -106,12 +113,30 @@ Result<MegatronTensors> ListTorchDistTensors(const TorchFile& common, const dcp:
   }
   for (const dcp::TensorEntry& t : md.tensors) {
     if (!IsModelKey(t.fqn)) continue;
-    const bool stacked = t.fqn.starts_with(kLayers) && t.size.size() >= 2 &&
-                         t.size[0] == out.model.num_layers;
+    // Homogeneous layers are stacked on a leading layer axis (decoder.layers.X [L, ...]); other
+    // blocks save each layer under its own key (decoder.layers.N.X).
+    int64_t own_layer = -1;
+    if (t.fqn.starts_with(kLayers)) {
+      const std::string rest = t.fqn.substr(kLayers.size());
+      const size_t dot = rest.find('.');
+      if (dot != std::string::npos && dot > 0 &&
+          rest.find_first_not_of("0123456789") == dot) {
+        own_layer = std::stoll(rest.substr(0, dot));
+      }
+    }
+    const bool stacked = t.fqn.starts_with(kLayers) && own_layer < 0;
+    if (stacked && (t.size.size() < 2 || t.size[0] != out.model.num_layers)) {
+      return Invalid("'" + t.fqn + "' is not stacked over the model's " +
+                     std::to_string(out.model.num_layers) + " layers (shape " +
+                     ShapeText(t.size) + ")");
+    }
+    if (own_layer >= out.model.num_layers) {
+      return Invalid("'" + t.fqn + "' is past the model's " +
+                     std::to_string(out.model.num_layers) + " layers");
+    }
     std::map<int64_t, std::vector<Found>> by_layer;  // -1: not stacked
     for (const dcp::Chunk& c : t.chunks) {
-      const std::string where = "the chunk at " + std::to_string(c.offsets.empty() ? 0 : c.offsets[0]) +
-                                " of '" + t.fqn + "'";
+      const std::string where = "the chunk at " + ShapeText(c.offsets) + " of '" + t.fqn + "'";
       const bool whole = c.sizes == t.size && std::all_of(c.offsets.begin(), c.offsets.end(),
                                                           [](int64_t o) { return o == 0; });
       const TensorInfo* info = nullptr;
@@ -145,8 +170,8 @@ Result<MegatronTensors> ListTorchDistTensors(const TorchFile& common, const dcp:
     const bool gate_up = out.model.swiglu && t.fqn.ends_with("mlp.linear_fc1.weight");
     if (vocab && !t.size.empty()) out.source_vocab_rows = t.size[0];
     if (!stacked) {
-      ASSIGN_OR_RETURN(MegatronTensor mt, Join(t.fqn, -1, t.dtype, t.size, by_layer[-1], vocab,
-                                               gate_up));
+      ASSIGN_OR_RETURN(MegatronTensor mt, Join(t.fqn, own_layer, t.dtype, t.size, by_layer[-1],
+                                               vocab, gate_up));
       out.tensors.push_back(std::move(mt));
       continue;
     }
@@ -163,6 +188,16 @@ Result<MegatronTensors> ListTorchDistTensors(const TorchFile& common, const dcp:
       out.tensors.push_back(std::move(mt));
     }
   }
+  // Layer by layer, as the model runs (the metadata has each stacked key's layers together):
+  // the embeddings, each layer's tensors, then the final norm and the output layer.
+  auto place = [&](const MegatronTensor& t) {
+    if (t.layer >= 0) return t.layer;
+    return t.name.starts_with("embedding.") ? int64_t{-1} : out.model.num_layers;
+  };
+  std::stable_sort(out.tensors.begin(), out.tensors.end(),
+                   [&](const MegatronTensor& a, const MegatronTensor& b) {
+                     return place(a) < place(b);
+                   });
   return out;
 }
 

@@ -264,8 +264,10 @@ Status HfPlanner::AddFc1(const MegatronTensor& t, const std::string& prefix) {
   ASSIGN_OR_RETURN(uint32_t itemsize, Itemsize(t));
   const int64_t ts = static_cast<int64_t>(t.shards.size());
   for (const Shard& sh : t.shards) {
+    // Per rank [gate; up] halves need ffn / ts whole; torch_dist's whole gate-then-up rows
+    // need only the rows to add up.
     if (sh.shape.size() != 2 || sh.shape[1] != shape_.hidden || sh.shape[0] * ts != 2 * shape_.ffn ||
-        shape_.ffn % ts != 0) {
+        (!t.gate_up_whole && shape_.ffn % ts != 0)) {
       return Invalid("'" + t.name + "' is not SwiGLU's fc1 of ffn_hidden_size " +
                      std::to_string(shape_.ffn) + " over " + std::to_string(ts) + " TP ranks");
     }

@@ -16,8 +16,17 @@
 namespace ckptfs {
 namespace {
 
+constexpr uint64_t kMaxRead = 64 << 20;  // .metadata, common state: small files
+
+// The file's bytes [offset, offset + len), or all of it; at most kMaxRead either way.
 Result<std::string> ReadAll(const std::filesystem::path& p, uint64_t offset = 0,
                             uint64_t len = UINT64_MAX) {
+  std::error_code ec;
+  const uint64_t size = std::filesystem::file_size(p, ec);
+  if (ec) return NotFound(p.string() + ": " + ec.message());
+  if (len == UINT64_MAX ? size > kMaxRead : (len > kMaxRead || offset > size || len > size - offset)) {
+    return Invalid(p.string() + ": the range to read lies past its end or is too large");
+  }
   std::ifstream f(p, std::ios::binary);
   if (!f) return NotFound(p.string() + ": cannot be read");
   f.seekg(static_cast<std::streamoff>(offset));
@@ -45,8 +54,11 @@ Result<std::string> Describe(const std::filesystem::path& dir) {
   if (std::filesystem::exists(dir / "common.pt")) {
     ASSIGN_OR_RETURN(common, ReadAll(dir / "common.pt"));
   } else if (const dcp::BytesEntry* item = reshard::CommonStateItem(md)) {
-    ASSIGN_OR_RETURN(common, ReadAll(dir / item->storage.relative_path, item->storage.offset,
-                                     item->storage.length));
+    const std::filesystem::path rel(item->storage.relative_path);
+    if (rel.is_absolute() || rel.filename() != rel || !item->storage.transforms.empty()) {
+      return Invalid("the common state item's storage is not a plain file beside .metadata");
+    }
+    ASSIGN_OR_RETURN(common, ReadAll(dir / rel, item->storage.offset, item->storage.length));
   } else {
     return Invalid("neither common.pt nor a common_state item");
   }

@@ -22,11 +22,12 @@ LLAMA = dict(era="mcore", swiglu=True, normalization="RMSNorm", position_embeddi
              bias=False)
 
 
-def write(root, tp, pp, common_in_dcp=False, **kw):
+def write(root, tp, pp, common_in_dcp=False, per_layer_keys=False, **kw):
     """The torch_dist checkpoint of ModelConfig(LLAMA + kw) at TP x PP, and that config."""
+    flags = (["--common-in-dcp"] if common_in_dcp else []) + (
+        ["--per-layer-keys"] if per_layer_keys else [])
     subprocess.run(["/usr/bin/python3", str(FIXTURE), str(root), "--tp", str(tp), "--pp", str(pp),
-                    "--config", json.dumps(kw)] + (["--common-in-dcp"] if common_in_dcp else []),
-                   check=True, timeout=300)
+                    "--config", json.dumps(kw)] + flags, check=True, timeout=300)
     return mf.ModelConfig(**{**LLAMA, **kw})
 
 
@@ -104,12 +105,17 @@ def hf_reference(want, cfg):
     (dict(num_query_groups=4, untie=True), (2, 2), False),
     (dict(num_query_groups=2, extra_state="empty"), (4, 1), False),
     (dict(num_query_groups=4), (2, 1), True),  # Megatron since 2026-07: no common.pt
+    (dict(num_query_groups=4, untie=True), (1, 2), False),  # TP 1: one chunk, still padded
+    (dict(num_query_groups=4, ffn_hidden_size=100), (4, 1), False),  # F / TP = 25: odd halves
+    (dict(num_query_groups=4, per_layer_keys=True), (2, 2), False),  # decoder.layers.N.X keys
 ])
 def test_hf_view_of_a_torch_dist_checkpoint(mnt, expected, kw, shape, common_in_dcp):
     sys.path.insert(0, str(REPO_ROOT / "tests" / "integration"))
     from test_views_hf import load_view
     root = mnt / "ckpt"
-    cfg = write(root, *shape, common_in_dcp, **kw)
+    kw = dict(kw)
+    per_layer_keys = kw.pop("per_layer_keys", False)
+    cfg = write(root, *shape, common_in_dcp, per_layer_keys, **kw)
     assert (root / "iter_0000100" / "common.pt").exists() != common_in_dcp
     views = sorted(os.listdir(root / ".views"))
     assert views == ["hf"], views  # Megatron reshards torch_dist itself: no tpT-ppP views

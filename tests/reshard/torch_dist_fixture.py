@@ -10,7 +10,8 @@ writes it; every fact below was read in its source:
   argparse.Namespace), checkpoint_version 3.0, iteration, num_floating_point_operations_so_far,
   content_metadata. (No optimizer here: the fixture saves the model only, as --no-save-optim.)
 - [FILES] strategies/torch.py: each global rank writes `__{rank}_{k}.distcp`, k counting its
-  non-empty write buckets (here one per rank); a file holds its bytes items first, then its
+  non-empty write buckets (thread_count 2: up to two files a rank, items spread by size; here one
+  file a rank, in state-dict order, which readers do not depend on); a file holds its bytes items first, then its
   tensors, each a whole torch.save archive of the chunk; `.metadata` is the pickled DCP Metadata
   with planner_data None (flatten_state_dict False) and two attributes megatron.core adds:
   mcore_data ({key: {}}) and all_local_plans (the ranks' MCoreSavePlan objects).
@@ -73,13 +74,12 @@ def planner_classes(md):
         tensor_data: Any = None
 
     @dataclasses.dataclass(frozen=True)
-    class MCoreSavePlan:
+    class MCoreSavePlan:  # torch's SavePlan and megatron.core's mcore_data
         items: list
         storage_data: Any = None
         planner_data: Any = None
         usable: bool = True
-        mappings: Any = None
-        shapes_validation_sharded_tensors: Any = ()
+        mcore_data: Any = None
 
     place(pl, TensorWriteData)
     place(pl, WriteItem)
@@ -90,9 +90,11 @@ def planner_classes(md):
     return WriteItemType, TensorWriteData, WriteItem, MCoreSavePlan
 
 
-def rank_items(full, T, P, t, p):
+def rank_items(full, T, P, t, p, per_layer_keys=False):
     """Rank (t, p)'s (bytes items, tensor items): (key, value) and (key, global shape, offsets,
-    chunk), main replicas only, in the order the model's state dict has them."""
+    chunk), main replicas only, in the order the model's state dict has them. per_layer_keys: each
+    layer under its own key without the layer axis (decoder.layers.N.X), as megatron.core saves
+    blocks whose layers differ (TransformerBlock.sharded_state_dict, non-homogeneous layers)."""
     cfg = full.cfg
     if cfg.bias or cfg.normalization != "RMSNorm" or cfg.position_embedding_type != "rope":
         raise ValueError("the torch_dist fixture writes Llama-family models (RMSNorm, rope, "
@@ -136,9 +138,18 @@ def rank_items(full, T, P, t, p):
         tensors.append((lay + "mlp.linear_fc2.weight", [L, H, F], [l, 0, t * F // T],
                         shard(f"{l}.fc2.w", "row")[None]))
         if t == 0:
+            te = ("self_attention.core_attention",) if cfg.extra_state != "none" else ()
             for m in ("self_attention.linear_qkv", "self_attention.linear_proj",
-                      "mlp.linear_fc1", "mlp.linear_fc2"):
+                      "mlp.linear_fc1", "mlp.linear_fc2") + te:
                 objs.append((f"{lay}{m}._extra_state/shard_{l}_{L}", [extra()]))
+    if per_layer_keys:
+        def unstack(item):
+            key, shape, offsets, chunk = item
+            if not key.startswith("decoder.layers.") or len(shape) < 2 or shape[0] != L:
+                return item
+            return ("decoder.layers." + f"{offsets[0]}." + key[len("decoder.layers."):],
+                    shape[1:], offsets[1:], chunk[0].clone())
+        tensors = [unstack(x) for x in tensors]
     if p == P - 1:
         if t == 0:
             tensors.append(("decoder.final_layernorm.weight", [H], [0],
@@ -156,7 +167,7 @@ def common_state(cfg, T, P, iteration):
             "num_floating_point_operations_so_far": 0, "content_metadata": {}}
 
 
-def write_checkpoint(root, cfg, T, P, iteration=100, common_in_dcp=False):
+def write_checkpoint(root, cfg, T, P, iteration=100, common_in_dcp=False, per_layer_keys=False):
     """Writes ROOT/iter_NNNNNNN in the torch_dist format and the tracker; returns the FullModel.
     common_in_dcp: as Megatron since 2026-07 (commit 40b1fd37c1) writes it: no common.pt, the
     common state the DCP item common_state/shard_0_1 (torch.save([state]), rank 0), and
@@ -173,7 +184,7 @@ def write_checkpoint(root, cfg, T, P, iteration=100, common_in_dcp=False):
         for t in range(T):
             rank = t + T * p  # DP 1: Megatron's order tp, (cp, ep, dp), pp
             rel = f"__{rank}_0.distcp"
-            objs, tensors = rank_items(full, T, P, t, p)
+            objs, tensors = rank_items(full, T, P, t, p, per_layer_keys)
             if common_in_dcp and rank == 0:
                 objs.insert(0, ("common_state/shard_0_1", [common_state(cfg, T, P, iteration)]))
             data, items = bytearray(), []
@@ -199,7 +210,7 @@ def write_checkpoint(root, cfg, T, P, iteration=100, common_in_dcp=False):
                                                        torch.Size(shape))))
                 data += blob
             (d / rel).write_bytes(data)
-            plans.append(MCoreSavePlan(items, mappings={}))
+            plans.append(MCoreSavePlan(items, mcore_data={}))
     metadata = Metadata(sdm, planner_data=None, storage_data=storage,
                         storage_meta=C.StorageMeta(str(d), "save-uuid"))
     metadata.mcore_data = {k: {} for k in dict.fromkeys(keys) if "/shard_" not in k}
@@ -261,6 +272,8 @@ def main(argv=None):
     ap.add_argument("--pp", type=int, default=1)
     ap.add_argument("--iteration", type=int, default=100)
     ap.add_argument("--config", default="{}", help="ModelConfig fields as JSON")
+    ap.add_argument("--per-layer-keys", action="store_true",
+                    help="each layer under its own key (non-homogeneous blocks)")
     ap.add_argument("--common-in-dcp", action="store_true",
                     help="the common state as a DCP item, as Megatron writes it since 2026-07")
     a = ap.parse_args(argv)
@@ -268,7 +281,8 @@ def main(argv=None):
     kw = dict(era="mcore", swiglu=True, normalization="RMSNorm", position_embedding_type="rope",
               bias=False, data_parallel_size=1)
     kw.update(json.loads(a.config))
-    write_checkpoint(a.root, mf.ModelConfig(**kw), a.tp, a.pp, a.iteration, a.common_in_dcp)
+    write_checkpoint(a.root, mf.ModelConfig(**kw), a.tp, a.pp, a.iteration, a.common_in_dcp,
+                     a.per_layer_keys)
 
 
 if __name__ == "__main__":
