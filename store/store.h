@@ -349,6 +349,7 @@ class Store final : private ChunkSink {
     // writer. Never held together with mu.
     std::mutex qmu;
     std::condition_variable qcv;                   // signalled when the queue shrinks
+    std::condition_variable released;  // with mu: a staging file's writer count went down
     std::deque<QueuedWrite> queue;                 // guarded by qmu
     uint64_t queued_bytes = 0;                     // guarded by qmu
     bool draining = false;                         // guarded by qmu: a drain task is scheduled
@@ -373,6 +374,9 @@ class Store final : private ChunkSink {
       std::string name;  // under <cache_dir>/passthrough/
       std::unordered_map<uint64_t, bool> handles;  // fh -> may write
       int writers = 0;
+      // Writer handles whose close (FLUSH) committed the bytes; the kernel sends their RELEASE
+      // after close(2) has returned, so a reader may come first (see Seal's wait_release).
+      std::unordered_set<uint64_t> closed;
       bool dirty = false;     // its bytes are not (yet) the committed manifest's
       bool recorded = false;  // a staged record names it (the file's committed bytes)
       bool durable = false;   // fsync recorded it: its later records are made durable too
@@ -493,7 +497,10 @@ class Store final : private ChunkSink {
   // Queues a seal of ino (pinning the file until it ran).
   void ScheduleSeal(uint64_t ino);
   // Cuts the staged bytes of ino into chunks and commits them. REQUIRES: f pinned.
-  Status Seal(uint64_t ino, OpenFile& f);
+  // wait_release: when every writer of the live staging file has closed it and only their
+  // releases are outstanding, wait for them (up to kReleaseWait) and seal, so that a reader
+  // after a close sees that close's bytes. Without it such a file is left to its release.
+  Status Seal(uint64_t ino, OpenFile& f, bool wait_release = false);
   // At open: drops staged records whose bytes did not survive (see StagedRecord) and returns
   // the inodes whose staged bytes are to be sealed. REQUIRES: inside txn, ns_mu_ held.
   Result<std::vector<uint64_t>> RecoverStaged(MetaStore::Txn& txn, std::vector<ChunkId>* freed);

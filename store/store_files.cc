@@ -428,7 +428,10 @@ Status Store::Flush(uint64_t ino, uint64_t fh) {
     // A passthrough writer's close commits its staging file as the file's new bytes.
     std::lock_guard lock(f->mu);
     if (f->stage && fh != 0 && f->stage->handles.count(fh)) {
-      return f->stage->handles[fh] ? StageCommit(ino, *f, false) : Status::Ok();
+      if (!f->stage->handles[fh]) return Status::Ok();
+      RETURN_IF_ERROR(StageCommit(ino, *f, false));
+      f->stage->closed.insert(fh);
+      return Status::Ok();
     }
   }
   if (InSession(*f, fh)) {

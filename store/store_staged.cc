@@ -27,6 +27,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -39,6 +40,11 @@
 namespace ckptfs {
 
 namespace {
+
+// How long a reader of a just-closed staged file waits for its writers' releases (Seal's
+// wait_release). The kernel sends RELEASE right after close(2) returns; this bounds the wait
+// should it be queued behind other background requests.
+constexpr auto kReleaseWait = std::chrono::seconds(2);
 
 }  // namespace
 
@@ -213,8 +219,12 @@ Result<bool> Store::ReleaseStaged(uint64_t ino, OpenFile& f, uint64_t fh) {
   OpenFile::Stage& s = *f.stage;
   const bool writer = s.handles[fh];
   s.handles.erase(fh);
+  s.closed.erase(fh);
   Status st;
-  if (writer) --s.writers;
+  if (writer) {
+    --s.writers;
+    f.released.notify_all();
+  }
   TrackWriters(f);
   bool seal = false;
   if (writer && s.writers == 0 && s.dirty) {
@@ -270,7 +280,7 @@ Status Store::SealAll() {
   return first;
 }
 
-Status Store::Seal(uint64_t ino, OpenFile& f) {
+Status Store::Seal(uint64_t ino, OpenFile& f, bool wait_release) {
   std::lock_guard one(f.seal_mu);
   // What is sealed is the record's staging file: the file's committed bytes. It may be the live
   // stage (then no writer may have it open), or a version a new writer is replacing.
@@ -284,7 +294,19 @@ Status Store::Seal(uint64_t ino, OpenFile& f) {
   bool live;
   uint64_t epoch = 0;
   {
-    std::lock_guard lock(f.mu);
+    std::unique_lock lock(f.mu);
+    auto closed_all = [&] {  // live, and every writer handle has been closed
+      if (!f.stage || f.stage->name != rec->name || f.stage->writers == 0) return false;
+      for (const auto& [fh, writes] : f.stage->handles) {
+        if (writes && !f.stage->closed.count(fh)) return false;
+      }
+      return true;
+    };
+    if (wait_release && closed_all()) {
+      f.released.wait_for(lock, kReleaseWait, [&] {
+        return !f.stage || f.stage->name != rec->name || f.stage->writers == 0;
+      });
+    }
     live = f.stage && f.stage->name == rec->name;
     if (live) {
       if (f.stage->writers > 0) return Status::Ok();  // being written: sealed after its close
@@ -406,7 +428,7 @@ Status Store::EnsureSealed(uint64_t ino) {
     if (!rec) return Status::Ok();
   }
   auto f = PinFile(ino);
-  Status st = Seal(ino, *f);
+  Status st = Seal(ino, *f, /*wait_release=*/true);
   if (UnpinFile(ino)) (void)ReapIfOrphan(ino);
   return st;
 }

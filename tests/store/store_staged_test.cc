@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "store/store.h"
@@ -63,6 +65,44 @@ TEST_F(StoreStagedTest, CloseCommitsTheStagingFileAndTheSealCutsItIntoSharedChun
 
   Reopen();
   EXPECT_TRUE(ReadFile(ino) == data);
+}
+
+TEST_F(StoreStagedTest, AReaderBetweenACloseAndItsReleaseSeesTheClosedBytes) {
+  // The kernel sends RELEASE after close(2) has returned: a reader (a view, a computed attribute)
+  // may ask for the committed manifest in between. It must get what the close committed.
+  const Bytes data = test::RandomBytes(1 << 20, 7);
+  uint64_t fh = 0;
+  bool keep = true;
+  int fd = -1;
+  auto rec = store_->CreateFile(kRootIno, "late-release", 0644, who_, &fh, &keep, &fd);
+  ASSERT_TRUE(rec.ok()) << rec.status().ToString();
+  ASSERT_EQ(::pwrite(fd, data.data(), data.size(), 0), static_cast<ssize_t>(data.size()));
+  ASSERT_TRUE(store_->Flush(rec->ino, fh).ok());
+  std::thread release([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    EXPECT_TRUE(store_->Release(rec->ino, fh).ok());
+  });
+  auto m = store_->CommittedManifest(rec->ino);
+  release.join();
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ((*m)->size(), data.size()) << "the reader got the version before the close";
+  EXPECT_TRUE(ReadFile(rec->ino) == data);
+
+  // A writer that has not closed is still writing: the reader gets the last committed version
+  // (here the bytes above), not a file cut while it changes.
+  uint64_t fh2 = 0;
+  int fd2 = -1;
+  ASSERT_TRUE(store_->Open(rec->ino, true, &fh2, nullptr, true, &fd2).ok());
+  ASSERT_GE(fd2, 0);
+  const Bytes more = test::RandomBytes(4096, 8);
+  ASSERT_EQ(::pwrite(fd2, more.data(), more.size(), 0), static_cast<ssize_t>(more.size()));
+  auto during = store_->CommittedManifest(rec->ino);
+  ASSERT_TRUE(during.ok());
+  EXPECT_EQ((*during)->size(), data.size());
+  ASSERT_TRUE(store_->Flush(rec->ino, fh2).ok());
+  ASSERT_TRUE(store_->Release(rec->ino, fh2).ok());
+  ASSERT_TRUE(store_->EnsureSealed(rec->ino).ok());
+  EXPECT_TRUE(ReadFile(rec->ino) == more);
 }
 
 TEST_F(StoreStagedTest, ReadersShareTheStagingFileAndAWriterOfCommittedBytesTakesTheDaemonsPath) {
