@@ -125,6 +125,12 @@ Status ServeMount(Store* store, const Config& cfg, const std::function<void()>& 
   if (!se) return Invalid("libfuse rejected the mount options: " + opts);
   ctx.session = se;
   Status result;
+  // libfuse installs its SIGINT and SIGTERM handlers only where the signal is at its default:
+  // a daemon started from a script's background job (SIGINT ignored there) would then ignore
+  // `kill -INT` and never unmount cleanly. The daemon has left that terminal's process group, so
+  // these two go back to their defaults first. SIGHUP keeps what it was given (nohup).
+  ::signal(SIGINT, SIG_DFL);
+  ::signal(SIGTERM, SIG_DFL);
   if (fuse_set_signal_handlers(se) != 0) {
     fuse_session_destroy(se);
     return Internal("cannot install signal handlers");
