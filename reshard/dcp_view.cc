@@ -13,6 +13,31 @@
 #include "formats/torch_file.h"
 
 namespace ckptfs::reshard {
+
+DcpChunkIndex::DcpChunkIndex(const std::vector<DcpDataFile>& files) {
+  for (const DcpDataFile& f : files) {
+    for (const TensorInfo& t : f.desc.tensors) {
+      infos_[f.relative_path + '\0' + t.name].push_back({f.source, &t});
+    }
+  }
+}
+
+const TensorInfo* DcpChunkIndex::Find(const dcp::TensorEntry& t, const dcp::Chunk& c,
+                                      uint32_t* source) const {
+  const bool whole = c.sizes == t.size && std::all_of(c.offsets.begin(), c.offsets.end(),
+                                                      [](int64_t o) { return o == 0; });
+  const TensorInfo* info = nullptr;
+  if (auto it = infos_.find(c.storage.relative_path + '\0' + t.fqn); it != infos_.end()) {
+    for (const auto& [src, ti] : it->second) {
+      if (ti->shape == c.sizes &&
+          (ti->global_offset == c.offsets || (ti->global_offset.empty() && whole))) {
+        info = ti;
+        *source = src;
+      }
+    }
+  }
+  return info;
+}
 namespace {
 
 using pickle::Kind;
@@ -328,7 +353,6 @@ class Planner {
       : md_(md), paths_(paths), files_(files), items_(items) {}
 
   Result<DcpView> Run() {
-    RETURN_IF_ERROR(IndexFiles());
     gathers_.resize(md_.tensors.size());
     for (size_t i = 0; i < md_.tensors.size(); ++i) {
       ASSIGN_OR_RETURN(gathers_[i], Assemble(md_.tensors[i]));
@@ -340,14 +364,6 @@ class Planner {
   }
 
  private:
-  Status IndexFiles() {
-    for (const DcpDataFile& f : files_) {
-      for (const TensorInfo& t : f.desc.tensors) {
-        infos_[f.relative_path + '\0' + t.name].push_back({f.source, &t});
-      }
-    }
-    return Status::Ok();
-  }
 
   Result<std::vector<Gather>> Assemble(const dcp::TensorEntry& t) {
     const uint64_t e = DtypeSize(t.dtype);
@@ -370,19 +386,8 @@ class Planner {
           return Invalid("dcp view: " + where + " lies outside it");
         }
       }
-      const bool whole = c.sizes == t.size && std::all_of(c.offsets.begin(), c.offsets.end(),
-                                                          [](int64_t o) { return o == 0; });
-      const TensorInfo* info = nullptr;
       uint32_t source = 0;
-      if (auto it = infos_.find(c.storage.relative_path + '\0' + t.fqn); it != infos_.end()) {
-        for (const auto& [src, ti] : it->second) {
-          if (ti->shape == c.sizes &&
-              (ti->global_offset == c.offsets || (ti->global_offset.empty() && whole))) {
-            info = ti;
-            source = src;
-          }
-        }
-      }
+      const TensorInfo* info = chunks_.Find(t, c, &source);
       if (!info) {
         return Invalid("dcp view: " + where + " is not in the description of " +
                        c.storage.relative_path);
@@ -626,8 +631,7 @@ class Planner {
   const DcpKeyPaths& paths_;
   const std::vector<DcpDataFile>& files_;
   const std::map<std::string, std::string>& items_;
-  // (path '\0' fqn) -> the chunks a file holds of that tensor, with the file's source index.
-  std::unordered_map<std::string, std::vector<std::pair<uint32_t, const TensorInfo*>>> infos_;
+  DcpChunkIndex chunks_{files_};
   std::vector<std::vector<Gather>> gathers_;  // by tensor index
   // By storage key: a tensor of the checkpoint (its index), or the bytes of a storage held by an
   // item.

@@ -15,6 +15,8 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -28,6 +30,19 @@ struct DcpDataFile {
   std::string relative_path;  // as the metadata names it
   uint32_t source = 0;        // the index Part::source uses for this file
   FileDescription desc;       // dcp::DescribeDataFile of the file
+};
+
+// Where the files' descriptions put each chunk: by (relative path, tensor name).
+class DcpChunkIndex {
+ public:
+  explicit DcpChunkIndex(const std::vector<DcpDataFile>& files);
+  // The description of chunk c of tensor t (matched by its shape and global offset; a chunk that
+  // is the whole tensor also by shape alone), and the source index of its file; nullptr when no
+  // description holds it.
+  const TensorInfo* Find(const dcp::TensorEntry& t, const dcp::Chunk& c, uint32_t* source) const;
+
+ private:
+  std::unordered_map<std::string, std::vector<std::pair<uint32_t, const TensorInfo*>>> infos_;
 };
 
 struct DcpView {

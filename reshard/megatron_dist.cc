@@ -105,12 +105,7 @@ Result<MegatronTensors> ListTorchDistTensors(const TorchFile& common, const dcp:
   MegatronTensors out;
   ASSIGN_OR_RETURN(out.model, ReadMegatronModel(common));
   out.legacy = false;
-  std::map<std::string, std::vector<std::pair<uint32_t, const TensorInfo*>>> infos;
-  for (const DcpDataFile& f : files) {
-    for (const TensorInfo& t : f.desc.tensors) {
-      infos[f.relative_path + '\0' + t.name].push_back({f.source, &t});
-    }
-  }
+  const DcpChunkIndex chunks(files);
   for (const dcp::TensorEntry& t : md.tensors) {
     if (!IsModelKey(t.fqn)) continue;
     // Homogeneous layers are stacked on a leading layer axis (decoder.layers.X [L, ...]); other
@@ -137,19 +132,8 @@ Result<MegatronTensors> ListTorchDistTensors(const TorchFile& common, const dcp:
     std::map<int64_t, std::vector<Found>> by_layer;  // -1: not stacked
     for (const dcp::Chunk& c : t.chunks) {
       const std::string where = "the chunk at " + ShapeText(c.offsets) + " of '" + t.fqn + "'";
-      const bool whole = c.sizes == t.size && std::all_of(c.offsets.begin(), c.offsets.end(),
-                                                          [](int64_t o) { return o == 0; });
-      const TensorInfo* info = nullptr;
       uint32_t source = 0;
-      if (auto it = infos.find(c.storage.relative_path + '\0' + t.fqn); it != infos.end()) {
-        for (const auto& [src, ti] : it->second) {
-          if (ti->shape == c.sizes &&
-              (ti->global_offset == c.offsets || (ti->global_offset.empty() && whole))) {
-            info = ti;
-            source = src;
-          }
-        }
-      }
+      const TensorInfo* info = chunks.Find(t, c, &source);
       if (!info) return Invalid(where + " is not in the description of " + c.storage.relative_path);
       if (!info->stride.empty() && info->stride != ContiguousStride(c.sizes)) {
         return Invalid(where + " is not contiguous");
