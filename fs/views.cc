@@ -109,6 +109,11 @@ ViewTree::Node* ViewTree::AddChild(Node* parent, std::string name, int type) {
   return nodes_.back().get();
 }
 
+Result<std::string> ViewTree::ReadTracker(uint64_t root) {
+  ASSIGN_OR_RETURN(InodeRecord tr, store_->Lookup(root, kTracker));
+  return ReadReal(tr.ino, 4096);
+}
+
 Result<std::string> ViewTree::ReadReal(uint64_t ino, uint64_t max_len) {
   ASSIGN_OR_RETURN(auto m, store_->CommittedManifest(ino));
   if (m->size() > max_len) return Invalid("file too large to read whole");
@@ -377,8 +382,7 @@ Status ViewTree::MakeSpec(Node* views, const std::string& spec, Node** out) {
                     "without leading zeros) and hf");
   }
   // Plan the iteration the tracker names now, so that an impossible spec fails here.
-  ASSIGN_OR_RETURN(InodeRecord tr, store_->Lookup(views->root, kTracker));
-  ASSIGN_OR_RETURN(std::string tracker, ReadReal(tr.ino, 4096));
+  ASSIGN_OR_RETURN(std::string tracker, ReadTracker(views->root));
   ASSIGN_OR_RETURN(std::string iter_name, TrackedIteration(tracker));
   Node* n = AddChild(views, spec, kSpecDir);
   n->spec = spec;
@@ -403,21 +407,17 @@ bool ViewTree::Fresh(const Node& n) {
     }
     return true;
   };
-  if (n.type == kFile && !n.tracker.empty()) {
-    auto tr = store_->Lookup(n.root, kTracker);
-    auto bytes = tr.ok() ? ReadReal(tr->ino, 4096) : Result<std::string>(tr.status());
+  auto same_tracker = [&] {
+    auto bytes = ReadTracker(n.root);
     return bytes.ok() && *bytes == n.tracker;
-  }
+  };
+  if (n.type == kFile && !n.tracker.empty()) return same_tracker();
   if (n.type == kIterDir) return n.plan.empty() || same(n.plan[0]->sources);
   if (n.type == kSpecDir && n.kind == Kind::kDeepSpeed) {
     std::string latest;
     return DeepSpeedTag(n.root, &latest).ok() && latest == n.tracker && same(n.sources);
   }
-  if (n.type == kSpecDir && n.kind == Kind::kMegatronHf) {
-    auto tr = store_->Lookup(n.root, kTracker);
-    auto bytes = tr.ok() ? ReadReal(tr->ino, 4096) : Result<std::string>(tr.status());
-    return bytes.ok() && *bytes == n.tracker && same(n.sources);
-  }
+  if (n.type == kSpecDir && n.kind == Kind::kMegatronHf) return same_tracker() && same(n.sources);
   if (n.type == kSpecDir && n.kind == Kind::kDcp) {
     for (const auto& [name, ino] : n.children) {
       const Node* f = nodes_[ino & ~kViewInoBit].get();
@@ -463,8 +463,7 @@ Result<InodeRecord> ViewTree::Lookup(uint64_t parent, std::string_view name_view
     case kSpecDir: {
       if (dir->kind != Kind::kMegatron) return NotFound(name);
       if (name == kTracker) {
-        ASSIGN_OR_RETURN(InodeRecord tr, store_->Lookup(dir->root, kTracker));
-        ASSIGN_OR_RETURN(std::string bytes, ReadReal(tr.ino, 4096));
+        ASSIGN_OR_RETURN(std::string bytes, ReadTracker(dir->root));
         made = AddChild(dir, name, kFile);
         made->tracker = bytes;
         made->body = std::make_shared<Body>();

@@ -99,6 +99,8 @@ class ViewTree {
   // *latest (if given) gets the file's bytes.
   Result<std::string> DeepSpeedTag(uint64_t root, std::string* latest);
   Result<std::string> ReadReal(uint64_t ino, uint64_t max_len);
+  // The bytes of Megatron's tracker file in `root`.
+  Result<std::string> ReadTracker(uint64_t root);
   // Asks the store to load the chunks of `source` after byte `reached` (readahead).
   void WarmAhead(Body& body, uint32_t source, uint64_t reached);
   // The model's shape, from a rank file (or torch_dist's common state) of the iteration the

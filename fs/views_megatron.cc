@@ -92,8 +92,7 @@ Status ViewTree::PlanMegatronIter(Node* iter) {
 
 Status ViewTree::PlanMegatronHf(Node* spec) {
   if (spec->planned) return Status::Ok();
-  ASSIGN_OR_RETURN(InodeRecord tr, store_->Lookup(spec->root, kTracker));
-  ASSIGN_OR_RETURN(spec->tracker, ReadReal(tr.ino, 4096));
+  ASSIGN_OR_RETURN(spec->tracker, ReadTracker(spec->root));
   ASSIGN_OR_RETURN(std::string iter_name, TrackedIteration(spec->tracker));
   auto sources = std::make_shared<Sources>();
   ASSIGN_OR_RETURN(InodeRecord iter, store_->Lookup(spec->root, iter_name));
@@ -112,8 +111,7 @@ Status ViewTree::PlanMegatronHf(Node* spec) {
 }
 
 Result<reshard::MegatronModel> ViewTree::ReadModel(uint64_t root) {
-  ASSIGN_OR_RETURN(InodeRecord tr, store_->Lookup(root, kTracker));
-  ASSIGN_OR_RETURN(std::string tracker, ReadReal(tr.ino, 4096));
+  ASSIGN_OR_RETURN(std::string tracker, ReadTracker(root));
   ASSIGN_OR_RETURN(std::string iter_name, TrackedIteration(tracker));
   ASSIGN_OR_RETURN(InodeRecord iter, store_->Lookup(root, iter_name));
   if (store_->Lookup(iter.ino, kTorchDistConfig).ok()) {

@@ -17,27 +17,20 @@ from conftest import (CKPTFS_BIN, REPO_ROOT, check_reads_are_stable, expect_errn
 
 sys.path.insert(0, str(REPO_ROOT / "tests" / "reshard"))
 import megatron_fixture as mf  # noqa: E402
+from test_views_dcp import read_safetensors as dcp_read_safetensors  # noqa: E402
 
 LLAMA = dict(swiglu=True, normalization="RMSNorm", position_embedding_type="rope", bias=False)
-DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
 
 
 def read_safetensors(path):
-    """{name: tensor} of a safetensors file, parsed here (8-byte length, JSON header, data)."""
-    data = read_file(path)
-    n = struct.unpack("<Q", data[:8])[0]
-    header = json.loads(data[8:8 + n])
-    base = 8 + n
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            assert info == {"format": "pt"}
-            continue
-        a, b = info["data_offsets"]
-        t = torch.frombuffer(bytearray(data[base + a:base + b]), dtype=DTYPES[info["dtype"]])
-        out[name] = t.reshape(info["shape"])
-    ends = sorted(v["data_offsets"][1] for k, v in header.items() if k != "__metadata__")
-    assert base + ends[-1] == len(data), "bytes after the last tensor"
+    """{name: tensor} of a safetensors file, by test_views_dcp.py's reader, and the hf view's
+    own promises: the header's metadata, no bytes after the last tensor."""
+    header, out = dcp_read_safetensors(path)
+    assert header.pop("__metadata__") == {"format": "pt"}
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+    ends = sorted(v["data_offsets"][1] for v in header.values())
+    assert 8 + n + ends[-1] == os.path.getsize(path), "bytes after the last tensor"
     return out
 
 
