@@ -10,7 +10,8 @@ pkgs=(
   python3-torch python3-numpy python3-pytest attr psmisc procps util-linux e2fsprogs
   libcurl4-openssl-dev libssl-dev openssl zlib1g-dev python3-botocore python3-boto3
   ceph-mon ceph-osd radosgw ceph-common curl
-  # The Prometheus exporter (-o metrics=) and the Prometheus server its test scrapes it with.
+  # The Prometheus exporter (-o metrics=) and the Prometheus server its test scrapes it with;
+  # matplotlib for bench/plot.py.
   prometheus-cpp-dev prometheus python3-matplotlib
   # The set-id and systemd-unit mount tests: setcap, systemd-escape.
   libcap2-bin systemd
