@@ -3,6 +3,7 @@
 import json
 import re
 import subprocess
+import sys
 
 import pytest
 
@@ -14,7 +15,7 @@ BENCH = REPO_ROOT / "bench"
 def test_dedup_benchmark_writes_what_it_prints_and_plot_draws_it(workdir):
     out_json, plots = workdir / "dedup.json", workdir / "plots"
     chunk_bench = CKPTFS_BIN.resolve().parent.parent / "bench" / "chunk_bench"
-    r = subprocess.run(["/usr/bin/python3", str(BENCH / "bench_dedup.py"), "--mib", "4",
+    r = subprocess.run([sys.executable, str(BENCH / "bench_dedup.py"), "--mib", "4",
                         "--dir", str(workdir / "bench"), "--bin", str(CKPTFS_BIN),
                         "--chunk-bench", str(chunk_bench), "--json", str(out_json)],
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
@@ -34,7 +35,7 @@ def test_dedup_benchmark_writes_what_it_prints_and_plot_draws_it(workdir):
     # Tensor-aware chunking stores eight identical ranks about once.
     assert got["dp-ranks (tensor)"]["ratio"] < 1.1
 
-    r = subprocess.run(["/usr/bin/python3", str(BENCH / "plot.py"), str(out_json), "--out",
+    r = subprocess.run([sys.executable, str(BENCH / "plot.py"), str(out_json), "--out",
                         str(plots)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                        timeout=120)
     assert r.returncode == 0, r.stdout
@@ -47,7 +48,7 @@ def test_dedup_benchmark_writes_what_it_prints_and_plot_draws_it(workdir):
 def test_plot_refuses_a_result_without_figures(workdir):
     empty = workdir / "empty.json"
     empty.write_text(json.dumps({"bench": "fs", "figures": []}))
-    r = subprocess.run(["/usr/bin/python3", str(BENCH / "plot.py"), str(empty), "--out",
+    r = subprocess.run([sys.executable, str(BENCH / "plot.py"), str(empty), "--out",
                         str(workdir / "plots")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                        text=True, timeout=120)
     assert r.returncode != 0

@@ -55,7 +55,7 @@ def test_consolidated_view(mnt, fixture):
     assert sorted(os.listdir(view)) == ["model.pt", "model.safetensors"]
 
     # model.pt: a sound zip that torch.load reads to exactly the saved state dict.
-    p = subprocess.run(["/usr/bin/python3", str(CHECK), str(view / "model.pt"), str(DATA)],
+    p = subprocess.run([sys.executable, str(CHECK), str(view / "model.pt"), str(DATA)],
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stdout
     with zipfile.ZipFile(view / "model.pt") as z:

@@ -192,18 +192,28 @@ def test_hf_view_follows_a_new_save(mnt):
     check_hf(root, cfg2, full2, 2)
 
 
-def test_hf_view_loads_with_ckptfs_gpu(mnt):
+def gpu_devices():
+    """"cpu", and "cuda" where torch sees a GPU (the GPU node runs that case)."""
+    return ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="torch sees no GPU on this machine"))]
+
+
+@pytest.mark.parametrize("device", gpu_devices())
+def test_hf_view_loads_with_ckptfs_gpu(mnt, device):
     os.environ.setdefault("CKPTFS_GPU_LIB",
                           str(CKPTFS_BIN.resolve().parent.parent / "gpu" / "libckptfs_gpu.so"))
     sys.path.insert(0, str(REPO_ROOT / "gpu"))
     import ckptfs_gpu
+    if device == "cuda":
+        assert ckptfs_gpu.has_hip(), "libckptfs_gpu.so was built without a GPU runtime"
     root = mnt / "ckpt"
     cfg = mf.ModelConfig(era="mcore", untie=True, num_query_groups=4, **LLAMA)
     full = mf.save_checkpoint(root, cfg, 2, 2)
     SOURCE_TP[0] = 2
     want = expected(cfg, full)
     shard = root / ".views" / "hf" / "model-00001-of-00001.safetensors"
-    got = ckptfs_gpu.load(str(shard), device="cpu")
+    got = ckptfs_gpu.load(str(shard), device=device)
     assert sorted(got) == sorted(want)
     for name, t in want.items():
-        assert torch.equal(got[name].view(torch.int16), t.view(torch.int16)), name
+        assert got[name].device.type == device, name
+        assert torch.equal(got[name].cpu().view(torch.int16), t.view(torch.int16)), name

@@ -26,7 +26,7 @@ def write(root, tp, pp, common_in_dcp=False, per_layer_keys=False, **kw):
     """The torch_dist checkpoint of ModelConfig(LLAMA + kw) at TP x PP, and that config."""
     flags = (["--common-in-dcp"] if common_in_dcp else []) + (
         ["--per-layer-keys"] if per_layer_keys else [])
-    subprocess.run(["/usr/bin/python3", str(FIXTURE), str(root), "--tp", str(tp), "--pp", str(pp),
+    subprocess.run([sys.executable, str(FIXTURE), str(root), "--tp", str(tp), "--pp", str(pp),
                     "--config", json.dumps(kw)] + flags, check=True, timeout=300)
     return mf.ModelConfig(**{**LLAMA, **kw})
 
@@ -42,7 +42,7 @@ def expected(workdir):
     """expected(kw, tp): {key: tensor} of the model at its global shapes, from its pieces."""
     def make(cfg_kw, tp):
         out = workdir / "expected.pt"
-        subprocess.run(["/usr/bin/python3", "-c", GLOBAL, str(REPO_ROOT / "tests" / "reshard"),
+        subprocess.run([sys.executable, "-c", GLOBAL, str(REPO_ROOT / "tests" / "reshard"),
                         json.dumps({**LLAMA, **cfg_kw}), str(tp), str(out)], check=True,
                        timeout=300)
         return torch.load(out)
