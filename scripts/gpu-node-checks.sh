@@ -11,7 +11,8 @@
 #   bench-fs    bench/bench_fs.py (save, write, read, load: the mount against a plain directory)
 #   bench-gpu   bench/bench_gpu_load.py (ckptfs_gpu.load against torch.load, to host and GPU)
 #   torch       the torch, format and view mount tests with this machine's torch
-# Sizes: GIB (default 2) for both benchmarks, REPEAT (default 3) for bench_fs.
+# STEPS (default "gpu bench-fs bench-gpu torch") picks steps; GIB (default 2) sizes both
+# benchmarks, REPEAT (default 3) and BENCH_FS_ONLY (default: every figure) go to bench_fs.
 set -uo pipefail
 bundle=$(readlink -f "${1:?usage: scripts/gpu-node-checks.sh BUNDLE OUT}")
 out=$(readlink -f "${2:?usage: scripts/gpu-node-checks.sh BUNDLE OUT}")
@@ -25,9 +26,12 @@ gib=${GIB:-2}
 repeat=${REPEAT:-3}
 pytest=("$py" -m pytest -p no:cacheprovider -rs -v)
 
+steps=" ${STEPS:-gpu bench-fs bench-gpu torch} "
+
 step() {  # step NAME SECONDS COMMAND...: runs it under a time limit, its output in OUT/NAME.log
   local name=$1 limit=$2 start rc
   shift 2
+  [[ $steps == *" $name "* ]] || return 0
   start=$(date +%s)
   timeout -k 10 "$limit" "$@" >"$out/$name.log" 2>&1
   rc=$?
@@ -54,7 +58,7 @@ step gpu "${GPU_LIMIT:-150}" "${pytest[@]}" tests/integration/test_gpu_loader.py
   tests/integration/test_views_hf_transformers.py \
   "tests/integration/test_views_hf.py::test_hf_view_loads_with_ckptfs_gpu"
 step bench-fs "${BENCH_FS_LIMIT:-240}" "$py" bench/bench_fs.py --gib "$gib" --repeat "$repeat" \
-  --bin "$CKPTFS_BIN" --json "$out/bench-fs.json"
+  --bin "$CKPTFS_BIN" --json "$out/bench-fs.json" ${BENCH_FS_ONLY:+--only "$BENCH_FS_ONLY"}
 step bench-gpu "${BENCH_GPU_LIMIT:-120}" "$py" bench/bench_gpu_load.py --gib "$gib" \
   --bin "$CKPTFS_BIN" --lib "$CKPTFS_GPU_LIB" --json "$out/bench-gpu.json"
 step torch "${TORCH_LIMIT:-150}" "${pytest[@]}" tests/integration/test_torch.py \
