@@ -32,7 +32,7 @@ def from_pretrained(view):
 @pytest.mark.parametrize("era,untie,groups,shape", [
     ("mcore", True, 4, (2, 2)),   # GQA, untied head, TP 2 x PP 2
     ("mcore", False, 2, (4, 1)),  # tied embeddings; TP 4 a multiple of the 2 query groups
-    ("mcore-te", True, 0, (2, 1)),  # Transformer Engine's extra state; one group per head
+    ("mcore", True, 0, (2, 1)),   # no GQA: one group per head
 ])
 def test_from_pretrained_logits_equal_megatrons(mnt, era, untie, groups, shape):
     root = mnt / "ckpt"
