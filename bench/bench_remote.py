@@ -31,6 +31,10 @@ import time
 
 import boto3
 import torch
+
+# DeepSpeed's and Megatron's checkpoints hold more than tensors (args, numpy values); the
+# frameworks load them with weights_only=False, torch >= 2.6's default being True.
+os.environ.setdefault("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
 from boto3.s3.transfer import TransferConfig
 
 import benchjson  # noqa: E402  (bench/, the script's own folder)

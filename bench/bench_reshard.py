@@ -29,6 +29,10 @@ from pathlib import Path
 
 import torch
 
+# DeepSpeed's and Megatron's checkpoints hold more than tensors (args, numpy values); the
+# frameworks load them with weights_only=False, torch >= 2.6's default being True.
+os.environ.setdefault("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "reshard"))
 import megatron_fixture as mf  # noqa: E402
