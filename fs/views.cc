@@ -497,10 +497,15 @@ Result<InodeRecord> ViewTree::Lookup(uint64_t parent, std::string_view name_view
       break;
     }
     case kRankDir: {
-      if (name != kRankFile) return NotFound(name);
       Node* iter = Get(dir->parent);
+      size_t at = size_t{dir->p} * dir->T + dir->t;
+      if (name == kDistribFile && iter->plan.size() == 2 * size_t{dir->T} * dir->P) {
+        at += size_t{dir->T} * dir->P;
+      } else if (name != kRankFile) {
+        return NotFound(name);
+      }
       made = AddChild(dir, name, kFile);
-      made->body = iter->plan[size_t{dir->p} * dir->T + dir->t];
+      made->body = iter->plan[at];
       break;
     }
     default:
@@ -591,6 +596,10 @@ Status ViewTree::ReadDir(uint64_t ino, uint64_t offset,
         break;
       case kRankDir:
         names.push_back({std::string(kRankFile), S_IFREG});
+        if (const Node* iter = Get(n->parent);
+            iter && iter->plan.size() == 2 * size_t{n->T} * n->P) {
+          names.push_back({std::string(kDistribFile), S_IFREG});
+        }
         break;
     }
   }

@@ -23,6 +23,7 @@ inline constexpr size_t kMaxViewErrors = 64;
 inline constexpr std::string_view kTracker = "latest_checkpointed_iteration.txt";
 inline constexpr std::string_view kDcpMetadata = ".metadata";
 inline constexpr std::string_view kRankFile = "model_optim_rng.pt";
+inline constexpr std::string_view kDistribFile = "distrib_optim.pt";  // the distributed optimizer
 inline constexpr std::string_view kTorchDistConfig = "metadata.json";  // dist_checkpointing's
 inline constexpr std::string_view kTorchDistCommon = "common.pt";
 inline constexpr std::string_view kDsLatest = "latest";  // DeepSpeed's tag file

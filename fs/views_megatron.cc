@@ -68,6 +68,14 @@ Result<reshard::MegatronSource> ViewTree::ReadMegatronIter(uint64_t root,
                                               iter_name + "/" + name + "/" +
                                                   std::string(kRankFile),
                                               &rf.extra_records));
+    if (auto df = store_->Lookup(rd.ino, kDistribFile); df.ok()) {
+      ASSIGN_OR_RETURN(auto dm, store_->CommittedManifest(df->ino));
+      rf.distrib_source = sources->Add(df->ino, dm);
+      ASSIGN_OR_RETURN(rf.distrib, ReadSourceTorch(store_, sources, rf.distrib_source,
+                                                   iter_name + "/" + name + "/" +
+                                                       std::string(kDistribFile),
+                                                   &rf.distrib_extra_records));
+    }
     src.ranks.push_back(std::move(rf));
   }
   return src;
@@ -78,7 +86,10 @@ Status ViewTree::PlanMegatronIter(Node* iter) {
   auto sources = std::make_shared<Sources>();
   ASSIGN_OR_RETURN(reshard::MegatronSource src,
                    ReadMegatronIter(iter->root, iter->name, sources.get()));
-  ASSIGN_OR_RETURN(auto files, reshard::PlanMegatron(src, iter->T, iter->P, *rules_));
+  std::vector<reshard::ViewFile> distrib;
+  ASSIGN_OR_RETURN(auto files, reshard::PlanMegatron(src, iter->T, iter->P, *rules_, &distrib));
+  // plan[p * T + t]: model_optim_rng.pt; plan[T * P + p * T + t]: distrib_optim.pt, if any.
+  for (auto& f : distrib) files.push_back(std::move(f));
   for (auto& f : files) {
     auto b = std::make_shared<Body>();
     b->file = std::move(f);

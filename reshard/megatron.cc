@@ -3,11 +3,13 @@
 #include <cctype>
 #include <cstdio>
 #include <map>
+#include <numeric>
 #include <optional>
 #include <unordered_map>
 
 #include "formats/pickle.h"
 #include "reshard/megatron_args.h"
+#include "reshard/megatron_distopt.h"
 #include "reshard/torch_out.h"
 
 namespace ckptfs::reshard {
@@ -69,6 +71,10 @@ struct Decoded {
   std::vector<int> group_class;  // per group: 1 when it holds the no-weight-decay parameters
   // Per entry index (tensors only): the Adam state index and group, or -1.
   std::vector<int64_t> opt_index, opt_group, opt_pos;
+  // The distributed optimizer: distrib_optim.pt, and per entry index the parameter's first
+  // element in its flat tensors (-1: not a parameter).
+  std::optional<DistOptSource> dist;
+  std::vector<int64_t> dist_offset;
 };
 
 Status Flatten(Decoded* d, const ValuePtr& m, std::vector<std::string>* path, int depth) {
@@ -197,7 +203,7 @@ class Planner {
   Planner(const MegatronSource& src, uint32_t T, uint32_t P, const Rules& rules)
       : src_(src), T_(T), P_(P), rules_(rules) {}
 
-  Result<std::vector<ViewFile>> Run();
+  Result<std::vector<ViewFile>> Run(std::vector<ViewFile>* distrib);
   // The source's model tensors, whole (the shards of each), for views of another format.
   Result<MegatronTensors> Tensors();
 
@@ -207,7 +213,13 @@ class Planner {
   Decoded& File(uint32_t tp, uint32_t pp) { return files_[pp * src_.tp + tp]; }
   Status DecodeAll();
   Status BuildGlobals();
-  Result<ViewFile> PlanFile(uint32_t t, uint32_t p);
+  // The source's distributed-optimizer layouts (dist_offset), checked against its files.
+  Status LayOutSourceDistOpt();
+  bool SharedEmbedding(const std::string& name, bool head, uint32_t p, uint32_t P) const;
+  // Rank (t, p)'s model_optim_rng.pt, and its distrib_optim.pt when `distrib` is given.
+  Result<ViewFile> PlanFile(uint32_t t, uint32_t p, ViewFile* distrib);
+  Result<ViewFile> PlanDistOpt(uint32_t t, uint32_t p, const Decoded& primary,
+                               const std::vector<const Global*>& params);
 
   // Building one target file.
   using Out = TorchOut;
@@ -257,7 +269,19 @@ Status Planner::DecodeAll() {
     if (!IsMapping(d.model)) return Invalid("rank file has no 'model' dict");
     std::vector<std::string> path;
     RETURN_IF_ERROR(Flatten(&d, d.model, &path, 0));
-    if (!model_only_) RETURN_IF_ERROR(DecodeOptimizer(&d, rules_, model_.swiglu));
+    if (model_only_) continue;
+    if (model_.distributed_optimizer) {
+      const std::string where = "rank (" + std::to_string(r.tp) + ", " + std::to_string(r.pp) +
+                                ")'s distrib_optim.pt";
+      if (!r.distrib) {
+        return Invalid("args.use_distributed_optimizer is set but rank (" + std::to_string(r.tp) +
+                       ", " + std::to_string(r.pp) + ") has no distrib_optim.pt");
+      }
+      ASSIGN_OR_RETURN(DistOptSource ds, ReadDistOpt(*r.distrib, r.distrib_source, where));
+      d.dist = std::move(ds);
+    } else {
+      RETURN_IF_ERROR(DecodeOptimizer(&d, rules_, model_.swiglu));
+    }
   }
   for (bool s : seen) {
     if (!s) return Invalid("a rank file of the source grid is missing");
@@ -399,7 +423,91 @@ Result<ValuePtr> Planner::ReshardTensor(
   return out->NewTensor(*first->node, std::move(gathers), shape, ContiguousStride(shape), nbytes);
 }
 
-Result<ViewFile> Planner::PlanFile(uint32_t t, uint32_t p) {
+bool Planner::SharedEmbedding(const std::string& name, bool head, uint32_t p, uint32_t P) const {
+  // Megatron marks the tied copies shared_embedding only when they live on different stages.
+  if (!model_.tied || P < 2) return false;
+  return (p == 0 && name.ends_with("word_embeddings.weight")) ||
+         (p == P - 1 && (head || name.ends_with("output_layer.weight")));
+}
+
+Status Planner::LayOutSourceDistOpt() {
+  for (Decoded& d : files_) {
+    std::vector<DistOptParam> params;
+    std::vector<size_t> which;
+    int64_t total = 0;
+    for (size_t i = 0; i < d.entries.size(); ++i) {
+      const ModelEntry& e = d.entries[i];
+      if (!e.tensor) continue;
+      const std::string name = Join(e.path);
+      ASSIGN_OR_RETURN(Rule rule, rules_.Classify("model." + name, model_.swiglu));
+      if (rule == Rule::kExtraState) continue;
+      int64_t numel = 1;
+      for (int64_t x : e.tensor->shape) numel *= x;
+      params.push_back({numel, SharedEmbedding(name, false, d.rank->pp, src_.pp)});
+      which.push_back(i);
+      total += numel;
+    }
+    ASSIGN_OR_RETURN(auto size, DistOptBucketSize(d.root ? Get(d.root, "args") : nullptr,
+                                                  d.rank->pp, total));
+    DistOptLayout layout = LayoutDistOpt(params, size);
+    if (layout.numel_unpadded != d.dist->numel_unpadded) {
+      return Invalid("rank (" + std::to_string(d.rank->tp) + ", " + std::to_string(d.rank->pp) +
+                     ")'s parameters lay out to " + std::to_string(layout.numel_unpadded) +
+                     " elements in Megatron's buffer, but its distrib_optim.pt holds " +
+                     std::to_string(d.dist->numel_unpadded) +
+                     ": the checkpoint was not written with the layout its args describe");
+    }
+    d.dist_offset.assign(d.entries.size(), -1);
+    for (size_t k = 0; k < which.size(); ++k) d.dist_offset[which[k]] = layout.offset[k];
+  }
+  for (const Decoded& d : files_) {
+    if (d.dist->states.size() != files_[0].dist->states.size()) {
+      return Invalid("the ranks' distrib_optim.pt hold different optimizer states");
+    }
+    for (size_t s = 0; s < d.dist->states.size(); ++s) {
+      if (d.dist->states[s].first != files_[0].dist->states[s].first) {
+        return Invalid("the ranks' distrib_optim.pt hold different optimizer states");
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+Result<ViewFile> Planner::PlanDistOpt(uint32_t t, uint32_t p, const Decoded& primary,
+                                      const std::vector<const Global*>& params) {
+  const size_t nstates = primary.dist->states.size();
+  std::vector<std::vector<std::vector<Gather>>> gathers(nstates);
+  std::vector<DistOptParam> layout_params;
+  std::vector<int64_t> numels;
+  for (const Global* g : params) {
+    const std::string name = Join(g->path);
+    std::vector<int64_t> shape;
+    for (size_t s = 0; s < nstates; ++s) {
+      std::vector<Shard> shards;
+      for (uint32_t k = 0; k < src_.tp; ++k) {
+        const Decoded& d = files_[g->stage * src_.tp + k];
+        const int64_t off = d.dist_offset[g->entry[k]];
+        if (off < 0) return Invalid("'" + name + "' has no distributed optimizer state");
+        shards.push_back(Shard{d.dist->source,
+                               d.dist->states[s].second->offset + static_cast<uint64_t>(off) * 4,
+                               d.entries[g->entry[k]].tensor->shape});
+      }
+      gathers[s].emplace_back();
+      RETURN_IF_ERROR(PlanShard(name + " " + primary.dist->states[s].first, g->rule, shards, 4, t,
+                                T_, vocab_, &gathers[s].back(), &shape));
+    }
+    int64_t numel = 1;
+    for (int64_t x : shape) numel *= x;
+    numels.push_back(numel);
+    layout_params.push_back({numel, SharedEmbedding(name, g->place == Global::kHead, p, P_)});
+  }
+  const int64_t total = std::accumulate(numels.begin(), numels.end(), int64_t{0});
+  ASSIGN_OR_RETURN(auto size, DistOptBucketSize(Get(primary.root, "args"), p, total));
+  DistOptLayout layout = LayoutDistOpt(layout_params, size);
+  return WriteDistOpt(*primary.dist, layout, numels, gathers, primary.rank->distrib_extra_records);
+}
+
+Result<ViewFile> Planner::PlanFile(uint32_t t, uint32_t p, ViewFile* distrib) {
   const uint32_t ptp = static_cast<uint32_t>(uint64_t{t} * src_.tp / T_);
   const uint32_t ppp = static_cast<uint32_t>(uint64_t{p} * src_.pp / P_);
   const Decoded& primary = File(ptp, ppp);
@@ -423,6 +531,7 @@ Result<ViewFile> Planner::PlanFile(uint32_t t, uint32_t p) {
   ValuePtr model = EmptyLike(primary.model);
   std::map<std::string, ValuePtr> made{{"", model}};
   std::vector<std::pair<const Global*, ValuePtr>> params;  // (entry, target tensor) in order
+  std::vector<const Global*> dist_params;  // the parameters, in order (distributed optimizer)
   for (const Global* g : mine) {
     std::vector<std::string> path = g->path;
     if (g->layer) path = WithLayer(path, *g->layer, g->layer->number - p * per_stage);
@@ -461,6 +570,7 @@ Result<ViewFile> Planner::PlanFile(uint32_t t, uint32_t p) {
                                            },
                                            name));
       params.emplace_back(g, leaf);
+      if (g->rule != Rule::kExtraState) dist_params.push_back(g);
     }
     Put(parent, pickle::MakeStr(path.back()), leaf);
   }
@@ -661,6 +771,9 @@ Result<ViewFile> Planner::PlanFile(uint32_t t, uint32_t p) {
     }
   }
 
+  if (distrib && primary.dist) {
+    ASSIGN_OR_RETURN(*distrib, PlanDistOpt(t, p, primary, dist_params));
+  }
   return out.Finish(primary.rank->file->prefix, root, primary.rank->extra_records);
 }
 
@@ -686,6 +799,7 @@ Status Planner::Prepare() {
     }
   }
   RETURN_IF_ERROR(BuildGlobals());
+  if (model_.distributed_optimizer && !model_only_) RETURN_IF_ERROR(LayOutSourceDistOpt());
   if (!model_only_ && legacy_ && model_.query_groups % T_ != 0) {
     return Invalid("TP " + std::to_string(T_) + " does not divide the query groups " +
                    std::to_string(model_.query_groups) + " of a legacy model (language_model.*)");
@@ -693,13 +807,16 @@ Status Planner::Prepare() {
   return Status::Ok();
 }
 
-Result<std::vector<ViewFile>> Planner::Run() {
+Result<std::vector<ViewFile>> Planner::Run(std::vector<ViewFile>* distrib) {
   RETURN_IF_ERROR(Prepare());
   std::vector<ViewFile> out;
+  if (distrib) distrib->clear();
   for (uint32_t p = 0; p < P_; ++p) {
     for (uint32_t t = 0; t < T_; ++t) {
-      ASSIGN_OR_RETURN(ViewFile f, PlanFile(t, p));
+      ViewFile d;
+      ASSIGN_OR_RETURN(ViewFile f, PlanFile(t, p, model_.distributed_optimizer ? &d : nullptr));
       out.push_back(std::move(f));
+      if (distrib && model_.distributed_optimizer) distrib->push_back(std::move(d));
     }
   }
   return out;
@@ -741,8 +858,8 @@ Result<MegatronTensors> ListMegatronTensors(const MegatronSource& src, const Rul
 }
 
 Result<std::vector<ViewFile>> PlanMegatron(const MegatronSource& src, uint32_t T, uint32_t P,
-                                           const Rules& rules) {
-  return Planner(src, T, P, rules).Run();
+                                           const Rules& rules, std::vector<ViewFile>* distrib) {
+  return Planner(src, T, P, rules).Run(distrib);
 }
 
 }  // namespace ckptfs::reshard

@@ -26,6 +26,10 @@ struct MegatronRankFile {
   // The archive's records other than data.pkl and data/*: (name after the prefix, bytes), in
   // archive order. Copied into the target files.
   std::vector<std::pair<std::string, std::string>> extra_records;
+  // distrib_optim.pt beside it (the distributed optimizer's state), when there is one.
+  std::shared_ptr<const TorchFile> distrib;
+  uint32_t distrib_source = 0;
+  std::vector<std::pair<std::string, std::string>> distrib_extra_records;
 };
 
 struct MegatronSource {
@@ -93,8 +97,11 @@ struct MegatronTensors {
 Result<MegatronTensors> ListMegatronTensors(const MegatronSource& src, const Rules& rules);
 
 // Plans every target file of TP=T, PP=P: result[p * T + t] is rank (t, p)'s model_optim_rng.pt,
-// CRCs pending. Errors (kInvalid, naming the parameter or the reason): see docs/views.md.
+// CRCs pending; with the distributed optimizer (args.use_distributed_optimizer), (*distrib)[p * T
+// + t] its distrib_optim.pt. Errors (kInvalid, naming the parameter or the reason): see
+// docs/views.md.
 Result<std::vector<ViewFile>> PlanMegatron(const MegatronSource& src, uint32_t T, uint32_t P,
-                                           const Rules& rules);
+                                           const Rules& rules,
+                                           std::vector<ViewFile>* distrib = nullptr);
 
 }  // namespace ckptfs::reshard

@@ -122,8 +122,9 @@ Result<MegatronModel> ReadMegatronModel(const TorchFile& f) {
 
 Status CheckMegatronTarget(const MegatronModel& m, uint32_t T, uint32_t P) {
   if (T == 0 || P == 0) return Invalid("TP and PP must be at least 1");
-  if (m.distributed_optimizer) {
-    return Invalid("the distributed optimizer's checkpoints (distrib_optim.pt) are not supported");
+  if (m.distributed_optimizer && !m.mcore) {
+    return Invalid("the distributed optimizer's state (distrib_optim.pt) of a legacy model "
+                   "(language_model.*) is not resharded");
   }
   auto why = [&](const std::string& what, int64_t n, const char* axis, uint32_t x) {
     return Invalid(std::string(axis) + " " + std::to_string(x) + " does not divide " + what + " " +

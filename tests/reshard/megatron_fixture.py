@@ -90,10 +90,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import megatron_distopt
 import sharing
 
 TRACKER = "latest_checkpointed_iteration.txt"
 FILE = "model_optim_rng.pt"
+DISTRIB_FILE = "distrib_optim.pt"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -130,6 +132,9 @@ class ModelConfig:
                                     # decay (wd_mult 1) first on every stage
     fused_adam: bool = False        # Transformer Engine / apex FusedAdam's state: 'step' an int in
                                     # each param group, per-parameter state exp_avg, exp_avg_sq only
+    distributed_optimizer: bool = False  # --use-distributed-optimizer: the parameter state in
+                                    # distrib_optim.pt (megatron_distopt.py); bucketing from
+                                    # extra_args overlap_grad_reduce, ddp_bucket_size, ...
     # More args fields, or other values (None: the field is left out, as args of another
     # Megatron version lack it, e.g. use_legacy_models since 2026).
     extra_args: dict = field(default_factory=dict)
@@ -435,7 +440,10 @@ def make_args(cfg, tps, pps, iteration):
         untie_embeddings_and_output_weights=cfg.untie, add_bias_linear=cfg.bias,
         add_qkv_bias=False, tensor_model_parallel_size=tps, pipeline_model_parallel_size=pps,
         virtual_pipeline_model_parallel_size=None, context_parallel_size=1,
-        expert_model_parallel_size=1, sequence_parallel=False, use_distributed_optimizer=False,
+        expert_model_parallel_size=1, sequence_parallel=False,
+        use_distributed_optimizer=cfg.distributed_optimizer, overlap_grad_reduce=False,
+        ddp_bucket_size=None, ddp_num_buckets=None, ddp_pad_buckets_for_high_nccl_busbw=False,
+        accumulate_allreduce_grads_in_fp32=True,
         world_size=tps * pps * cfg.data_parallel_size, rank=0,
         transformer_pipeline_model_parallel_size=pps, data_parallel_size=cfg.data_parallel_size,
         bf16=True, fp16=False, params_dtype=torch.bfloat16, optimizer="adam", lr=LR, min_lr=MIN_LR,
@@ -523,6 +531,14 @@ def build_rank(full, tps, pps, t, p, iteration):
             g["params"] = params_
     optimizer = {"optimizer": inner,
                  "fp32_from_fp16_params": [[masters[i] for i in idxs] for idxs in groups.values()]}
+    distrib = None
+    if cfg.distributed_optimizer:
+        states = {"param": [p_[4] for p_ in params],
+                  "exp_avg": [opt.state[p_[4]]["exp_avg"] for p_ in params],
+                  "exp_avg_sq": [opt.state[p_[4]]["exp_avg_sq"] for p_ in params]}
+        optimizer, distrib, _ = megatron_distopt.rank_state(
+            cfg, pps, p, [(p_[0], p_[1].numel()) for p_ in params], states,
+            opt.state_dict()["param_groups"], iteration)
     sched = {"max_lr": LR, "lr_warmup_steps": 10, "num_steps": iteration * 8,
              "lr_decay_style": "cosine", "lr_decay_steps": 80 * max(iteration, 1),
              "min_lr": MIN_LR, "start_wd": WD, "end_wd": WD, "wd_incr_style": "constant",
@@ -537,10 +553,12 @@ def build_rank(full, tps, pps, t, p, iteration):
         "rng_state": _rng_state(cfg.seed * 1000 + rank),
         "num_floating_point_operations_so_far": 123456789.0 * iteration,
     }
-    on_gpu = [p_[1] for p_ in params] + list(masters.values())
-    for st in optimizer["optimizer"]["state"].values():
-        on_gpu += [st["exp_avg"], st["exp_avg_sq"]]
-    return sd, on_gpu
+    on_gpu = [p_[1] for p_ in params]
+    if not cfg.distributed_optimizer:
+        on_gpu += list(masters.values())
+        for st in optimizer["optimizer"]["state"].values():
+            on_gpu += [st["exp_avg"], st["exp_avg_sq"]]
+    return sd, on_gpu, distrib
 
 
 class _LocationTagger:
@@ -579,7 +597,7 @@ def save_checkpoint(root, cfg, tp, pp, iteration=100, release=False, full=None):
     full = full or FullModel(cfg)
     for p in range(pp):
         for t in range(tp):
-            sd, on_gpu = build_rank(full, tp, pp, t, p, iteration)
+            sd, on_gpu, distrib = build_rank(full, tp, pp, t, p, iteration)
             d = rank_dir(root, iteration, t, p, pp, release)
             d.mkdir(parents=True, exist_ok=True)
             if cfg.cuda_locations:
@@ -588,6 +606,8 @@ def save_checkpoint(root, cfg, tp, pp, iteration=100, release=False, full=None):
                     torch.save(sd, d / FILE)
             else:
                 torch.save(sd, d / FILE)
+            if distrib is not None:  # [SAVE] of megatron_distopt.py
+                torch.save(distrib, d / DISTRIB_FILE)
     with open(Path(root) / TRACKER, "w") as f:  # [CKPT] save_checkpoint: str(iteration)
         f.write("release" if release else str(iteration))
     return full
