@@ -83,8 +83,9 @@ class ViewTree {
   Status PlanMegatronIter(Node* iter);  // REQUIRES: mu_ held
   Status PlanMegatronHf(Node* spec);    // REQUIRES: mu_ held
   // The rank files of iteration directory `iter_name` of `root`, read into *sources.
+  // `with_distrib`: also the distributed optimizer's distrib_optim.pt files (tpT-ppP views).
   Result<reshard::MegatronSource> ReadMegatronIter(uint64_t root, const std::string& iter_name,
-                                                   Sources* sources);
+                                                   Sources* sources, bool with_distrib = false);
   Status PlanDcp(Node* spec);           // REQUIRES: mu_ held
   Status PlanDeepSpeed(Node* spec);     // REQUIRES: mu_ held
   // Makes spec's tree of `entries` (directories as their paths name them), reading `sources`,

@@ -29,7 +29,8 @@ bool ParseRankDir(std::string_view n, uint32_t* tp, uint32_t* pp) {
 
 Result<reshard::MegatronSource> ViewTree::ReadMegatronIter(uint64_t root,
                                                            const std::string& iter_name,
-                                                           Sources* sources) {
+                                                           Sources* sources,
+                                                           bool with_distrib) {
   ASSIGN_OR_RETURN(InodeRecord dir, store_->Lookup(root, iter_name));
   // The rank files, as the directory names them.
   std::vector<std::pair<std::string, std::pair<uint32_t, uint32_t>>> ranks;
@@ -68,7 +69,7 @@ Result<reshard::MegatronSource> ViewTree::ReadMegatronIter(uint64_t root,
                                               iter_name + "/" + name + "/" +
                                                   std::string(kRankFile),
                                               &rf.extra_records));
-    if (auto df = store_->Lookup(rd.ino, kDistribFile); df.ok()) {
+    if (auto df = store_->Lookup(rd.ino, kDistribFile); with_distrib && df.ok()) {
       ASSIGN_OR_RETURN(auto dm, store_->CommittedManifest(df->ino));
       rf.distrib_source = sources->Add(df->ino, dm);
       ASSIGN_OR_RETURN(rf.distrib, ReadSourceTorch(store_, sources, rf.distrib_source,
@@ -85,7 +86,7 @@ Status ViewTree::PlanMegatronIter(Node* iter) {
   if (iter->planned) return Status::Ok();
   auto sources = std::make_shared<Sources>();
   ASSIGN_OR_RETURN(reshard::MegatronSource src,
-                   ReadMegatronIter(iter->root, iter->name, sources.get()));
+                   ReadMegatronIter(iter->root, iter->name, sources.get(), true));
   std::vector<reshard::ViewFile> distrib;
   ASSIGN_OR_RETURN(auto files, reshard::PlanMegatron(src, iter->T, iter->P, *rules_, &distrib));
   // plan[p * T + t]: model_optim_rng.pt; plan[T * P + p * T + t]: distrib_optim.pt, if any.

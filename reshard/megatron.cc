@@ -3,7 +3,6 @@
 #include <cctype>
 #include <cstdio>
 #include <map>
-#include <numeric>
 #include <optional>
 #include <unordered_map>
 
@@ -242,6 +241,7 @@ class Planner {
   std::vector<Global> globals_;
   bool legacy_ = false;
   bool model_only_ = false;  // Tensors(): the model's tensors only, no target, no optimizer
+  bool has_distrib_ = false;  // every source rank has a distrib_optim.pt
   VocabSizes vocab_;
 };
 
@@ -274,6 +274,8 @@ Status Planner::DecodeAll() {
       const std::string where = "rank (" + std::to_string(r.tp) + ", " + std::to_string(r.pp) +
                                 ")'s distrib_optim.pt";
       if (!r.distrib) {
+        // Saved with --no-save-optim: no optimizer entry, no distrib_optim.pt. The model alone.
+        if (!IsMapping(Get(d.root, "optimizer"))) continue;
         return Invalid("args.use_distributed_optimizer is set but rank (" + std::to_string(r.tp) +
                        ", " + std::to_string(r.pp) + ") has no distrib_optim.pt");
       }
@@ -447,8 +449,8 @@ Status Planner::LayOutSourceDistOpt() {
       which.push_back(i);
       total += numel;
     }
-    ASSIGN_OR_RETURN(auto size, DistOptBucketSize(d.root ? Get(d.root, "args") : nullptr,
-                                                  d.rank->pp, total));
+    ASSIGN_OR_RETURN(auto size, DistOptBucketSize(params, d.root ? Get(d.root, "args") : nullptr,
+                                                  d.rank->pp));
     DistOptLayout layout = LayoutDistOpt(params, size);
     if (layout.numel_unpadded != d.dist->numel_unpadded) {
       return Invalid("rank (" + std::to_string(d.rank->tp) + ", " + std::to_string(d.rank->pp) +
@@ -501,8 +503,7 @@ Result<ViewFile> Planner::PlanDistOpt(uint32_t t, uint32_t p, const Decoded& pri
     numels.push_back(numel);
     layout_params.push_back({numel, SharedEmbedding(name, g->place == Global::kHead, p, P_)});
   }
-  const int64_t total = std::accumulate(numels.begin(), numels.end(), int64_t{0});
-  ASSIGN_OR_RETURN(auto size, DistOptBucketSize(Get(primary.root, "args"), p, total));
+  ASSIGN_OR_RETURN(auto size, DistOptBucketSize(layout_params, Get(primary.root, "args"), p));
   DistOptLayout layout = LayoutDistOpt(layout_params, size);
   return WriteDistOpt(*primary.dist, layout, numels, gathers, primary.rank->distrib_extra_records);
 }
@@ -799,7 +800,15 @@ Status Planner::Prepare() {
     }
   }
   RETURN_IF_ERROR(BuildGlobals());
-  if (model_.distributed_optimizer && !model_only_) RETURN_IF_ERROR(LayOutSourceDistOpt());
+  if (model_.distributed_optimizer && !model_only_) {
+    size_t with = 0;
+    for (const Decoded& d : files_) with += d.dist.has_value();
+    if (with != 0 && with != files_.size()) {
+      return Invalid("some ranks have a distrib_optim.pt and some do not");
+    }
+    has_distrib_ = with != 0;
+    if (has_distrib_) RETURN_IF_ERROR(LayOutSourceDistOpt());
+  }
   if (!model_only_ && legacy_ && model_.query_groups % T_ != 0) {
     return Invalid("TP " + std::to_string(T_) + " does not divide the query groups " +
                    std::to_string(model_.query_groups) + " of a legacy model (language_model.*)");
@@ -814,9 +823,9 @@ Result<std::vector<ViewFile>> Planner::Run(std::vector<ViewFile>* distrib) {
   for (uint32_t p = 0; p < P_; ++p) {
     for (uint32_t t = 0; t < T_; ++t) {
       ViewFile d;
-      ASSIGN_OR_RETURN(ViewFile f, PlanFile(t, p, model_.distributed_optimizer ? &d : nullptr));
+      ASSIGN_OR_RETURN(ViewFile f, PlanFile(t, p, distrib && has_distrib_ ? &d : nullptr));
       out.push_back(std::move(f));
-      if (distrib && model_.distributed_optimizer) distrib->push_back(std::move(d));
+      if (distrib && has_distrib_) distrib->push_back(std::move(d));
     }
   }
   return out;

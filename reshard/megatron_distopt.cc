@@ -112,8 +112,15 @@ DistOptLayout LayoutDistOpt(const std::vector<DistOptParam>& params,
   return out;
 }
 
-Result<std::optional<int64_t>> DistOptBucketSize(const ValuePtr& args, uint32_t pp,
-                                                 int64_t num_parameters) {
+Result<std::optional<int64_t>> DistOptBucketSize(const std::vector<DistOptParam>& params,
+                                                 const ValuePtr& args, uint32_t pp) {
+  int64_t num_parameters = 0;
+  bool aligned = true;
+  for (const DistOptParam& p : params) {
+    num_parameters += p.numel;
+    aligned &= p.numel % 64 == 0;
+  }
+  if (aligned) return std::optional<int64_t>();
   ValuePtr d = ArgsDict(args);
   if (!d) return Invalid("the rank file has no args");
   if (!Get(d, "overlap_grad_reduce")) {

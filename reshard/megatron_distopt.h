@@ -48,11 +48,13 @@ struct DistOptLayout {
 DistOptLayout LayoutDistOpt(const std::vector<DistOptParam>& params,
                             std::optional<int64_t> bucket_size);
 
-// The bucket size of pipeline stage `pp`'s model chunk (nullopt: one bucket), from the args of
-// the run (Megatron's resolve_ddp_bucket_size). Errors (kInvalid): args without a setting the
-// size depends on.
-Result<std::optional<int64_t>> DistOptBucketSize(const pickle::ValuePtr& args, uint32_t pp,
-                                                 int64_t num_parameters);
+// The bucket size of pipeline stage `pp`'s model chunk of `params` (nullopt: one bucket), from
+// the args of the run (Megatron's resolve_ddp_bucket_size). Where every parameter is a multiple
+// of 64 elements, nullopt without looking: where buckets close then moves no offset (the usual
+// case: hidden sizes are multiples of 64). Errors (kInvalid): args without a setting the size
+// depends on.
+Result<std::optional<int64_t>> DistOptBucketSize(const std::vector<DistOptParam>& params,
+                                                 const pickle::ValuePtr& args, uint32_t pp);
 
 // The target's distrib_optim.pt: shaped like `like`, every state's flat tensor made of each
 // parameter's gathers (gathers[state][param], registration order) at `layout`'s offsets, zeros

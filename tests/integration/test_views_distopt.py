@@ -146,3 +146,40 @@ def test_view_refuses_what_it_cannot_lay_out(mnt):
     expect_errno(errno.EINVAL, os.stat, missing / ".views" / "tp1-pp1")
     errors = os.getxattr(missing / ".views", "user.ckptfs.view_errors").decode()
     assert "has no distrib_optim.pt" in errors, errors
+
+
+def test_without_the_settings_the_layout_does_not_depend_on(mnt, workdir):
+    # Every parameter a multiple of 64 elements (no biases): any bucketing lays them out alike,
+    # so args without overlap_grad_reduce (an older Megatron's) are no reason to refuse.
+    root = mnt / "ckpt"
+    cfg = mf.ModelConfig(distributed_optimizer=True, bias=False,
+                         extra_args=dict(overlap_grad_reduce=None))
+    full = mf.save_checkpoint(root, cfg, 2, 1)
+    check_view(root, cfg, full, (1, 2), workdir, dp=2)
+
+
+def test_a_checkpoint_saved_without_its_optimizer_serves_the_model(mnt, workdir):
+    # --no-save-optim: no 'optimizer' in the rank files and no distrib_optim.pt.
+    root = mnt / "ckpt"
+    cfg = mf.ModelConfig(distributed_optimizer=True)
+    full = mf.save_checkpoint(root, cfg, 2, 1)
+    for t in range(2):
+        d = root / ITER / mf.rank_name(t, 0, 1)
+        os.unlink(d / mf.DISTRIB_FILE)
+        sd = load(d / mf.FILE)
+        del sd["optimizer"]
+        sd["args"].no_save_optim = True
+        torch.save(sd, d / mf.FILE)
+    ref = workdir / "ref"
+    mf.save_checkpoint(ref, cfg, 1, 2, full=full)
+    view = root / ".views" / "tp1-pp2" / ITER
+    for p in range(2):
+        rank = mf.rank_name(0, p, 2)
+        assert os.listdir(view / rank) == [mf.FILE]
+        expect_errno(errno.ENOENT, os.stat, view / rank / mf.DISTRIB_FILE)
+        got, want = load(view / rank / mf.FILE), load(ref / ITER / rank / mf.FILE)
+        assert "optimizer" not in got
+        for k, v in want["model"].items():
+            if torch.is_tensor(v):
+                assert torch.equal(got["model"][k].view(torch.uint8).reshape(-1),
+                                   v.view(torch.uint8).reshape(-1)), (rank, k)

@@ -63,7 +63,7 @@ TEST(DistOptBucketSize, FollowsTheArgsAndRefusesWithoutThem) {
   using pickle::MakeBool;
   using pickle::MakeInt;
   auto size = [](const pickle::ValuePtr& a, uint32_t pp, int64_t n) {
-    auto r = DistOptBucketSize(a, pp, n);
+    auto r = DistOptBucketSize({{n - 1}, {1}}, a, pp);
     EXPECT_TRUE(r.ok()) << r.status().ToString();
     return r.ok() ? r->value_or(-1) : -2;
   };
@@ -76,8 +76,13 @@ TEST(DistOptBucketSize, FollowsTheArgsAndRefusesWithoutThem) {
                  0, 100), 5);
   EXPECT_EQ(size(Args({{"overlap_grad_reduce", MakeBool(true)}, {"ddp_num_buckets", MakeInt(3)}}),
                  0, 100), 33);
-  EXPECT_FALSE(DistOptBucketSize(Args({}), 0, 100).ok());
-  EXPECT_FALSE(DistOptBucketSize(Args({{"overlap_grad_reduce", MakeBool(true)}}), 0, 100).ok());
+  const std::vector<DistOptParam> odd = {{100}};
+  EXPECT_FALSE(DistOptBucketSize(odd, Args({}), 0).ok());
+  EXPECT_FALSE(DistOptBucketSize(odd, Args({{"overlap_grad_reduce", MakeBool(true)}}), 0).ok());
+  // Parameters of multiples of 64 elements lay out alike in any buckets: no args needed.
+  auto aligned = DistOptBucketSize({{64}, {4096}}, Args({}), 0);
+  ASSERT_TRUE(aligned.ok()) << aligned.status().ToString();
+  EXPECT_FALSE(aligned->has_value());
 }
 
 }  // namespace
