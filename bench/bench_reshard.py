@@ -14,6 +14,11 @@ mount. For each target shape:
 Prints `view/offline` time ratios (goal <= 0.25), the temporary bytes each route writes, the time
 to the first byte of a view file (fresh mount: plan + CRCs) and the daemon's peak RSS.
 
+A second checkpoint of the same model saved with the distributed optimizer (distrib_optim.pt
+beside every rank file, buckets from overlap_grad_reduce) goes to tp2-pp2 the same two ways, the
+offline route here a lower bound of a conversion: torch.load of every source file, the target
+files written from the model in memory (the fixture's generator: no merging), torch.load of them.
+
   /usr/bin/python3 bench/bench_reshard.py --gib 2
 """
 import argparse
@@ -119,6 +124,47 @@ def offline_hf(root, cfg, T, P, out):
     return sd
 
 
+def distopt_case(root, cfg, work, pid, T, P):
+    """tp4-pp2 -> tpT-ppP of a distributed-optimizer checkpoint: (view s, offline s, first byte
+    s, daemon written, cache growth, offline written)."""
+    full = mf.save_checkpoint(root, cfg, 4, 2)
+    os.sync()
+    src = root / "iter_0000100"
+    names = (mf.FILE, mf.DISTRIB_FILE)
+    print(f"distributed optimizer: {du(root) / 2**30:.2f} GiB at TP 4 x PP 2", flush=True)
+    drop_caches()
+    written0, cache0 = proc_field(pid, "write_bytes", "io"), du(work / "cache")
+    view = root / ".views" / f"tp{T}-pp{P}" / "iter_0000100"
+    t0 = time.perf_counter()
+    with open(view / mf.rank_name(0, 0, P) / mf.DISTRIB_FILE, "rb") as f:
+        f.read(1)
+    ttfb = time.perf_counter() - t0
+    for p in range(P):
+        for t in range(T):
+            for name in names:
+                torch.load(view / mf.rank_name(t, p, P) / name)
+    view_s = time.perf_counter() - t0
+    vw, cg = proc_field(pid, "write_bytes", "io") - written0, du(work / "cache") - cache0
+    drop_caches()
+    off = work / "offline-distopt"
+    t0 = time.perf_counter()
+    for p in range(2):
+        for t in range(4):
+            for name in names:
+                torch.load(src / mf.rank_name(t, p, 2) / name)
+    mf.save_checkpoint(off, cfg, T, P, full=full)
+    for p in range(P):
+        for t in range(T):
+            for name in names:
+                torch.load(off / "iter_0000100" / mf.rank_name(t, p, P) / name)
+    offline_s = time.perf_counter() - t0
+    ow = du(off)
+    shutil.rmtree(off)
+    print(f"tp4-pp2 -> tp{T}-pp{P} (distributed optimizer): view {view_s:.1f} s, offline "
+          f"{offline_s:.1f} s, first byte {ttfb:.2f} s", flush=True)
+    return view_s, offline_s, ttfb, vw, cg, ow
+
+
 def read_whole(d):
     """Reads every file under d to its end; the bytes read."""
     n = 0
@@ -219,6 +265,10 @@ def main():
         shutil.rmtree(off)
         print(f"tp4-pp2 -> hf: view {hf_view_s:.1f} s ({hf_bytes / 2**30:.2f} GiB), offline "
               f"{hf_offline_s:.1f} s", flush=True)
+        dcfg = mf.ModelConfig(**{**cfg.__dict__, "distributed_optimizer": True,
+                                 "extra_args": dict(overlap_grad_reduce=True)})
+        shutil.rmtree(root)
+        dist = distopt_case(mnt / "ckpt-distopt", dcfg, work, pid, 2, 2)
         rss = proc_field(pid, "VmHWM")
     finally:
         subprocess.run([args.bin, "umount", mnt], stdout=subprocess.DEVNULL)
@@ -236,6 +286,13 @@ def main():
     results_json.add("tp4-pp2->hf", hf_view_s / hf_offline_s, subject="view", baseline="offline",
                      better="lower", goal=0.25, subject_s=hf_view_s, baseline_s=hf_offline_s,
                      view_written=hf_written, offline_written=hf_offline_bytes)
+    v, o, ttfb, vw, cg, ow = dist
+    print(f"tp4-pp2->tp2-pp2 distributed optimizer view/offline = {v / o:.2f}   (view {v:.1f} s, "
+          f"offline {o:.1f} s; written: daemon {vw} B, cache dir +{max(cg, 0)} B, offline "
+          f"{ow / 2**30:.2f} GiB; first byte {ttfb:.2f} s)")
+    results_json.add("distopt tp4-pp2->tp2-pp2", v / o, subject="view", baseline="offline",
+                     better="lower", goal=0.25, subject_s=v, baseline_s=o, first_byte_s=ttfb,
+                     view_written=vw, offline_written=ow)
     print(f"daemon peak RSS = {rss / 1024:.0f} MiB (includes the source's save)")
     results_json.note("daemon_peak_rss_mib", round(rss / 1024))
     results_json.write()
