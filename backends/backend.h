@@ -47,6 +47,11 @@ class Backend {
   // Stores data[0..len) as `key`, replacing any object of that name. OK means durable in the
   // backend and visible to every client.
   virtual Status Put(const std::string& key, const void* data, size_t len) = 0;
+  // Stores `key` only if there is no object of that name: kExists when there is. Of concurrent
+  // calls for one key, exactly one stores its bytes. Not idempotent like Put: a call retried
+  // after a lost answer may get kExists for its own earlier success, so a caller that must know
+  // reads the object back and compares. (S3: PUT with If-None-Match: *.)
+  virtual Status PutIfAbsent(const std::string& key, const void* data, size_t len) = 0;
 
   // Reads up to `len` bytes of `key` starting at `offset` into buf. Returns the number of bytes
   // read: `len`, or fewer when the object ends first (0 when offset is at or past its end).

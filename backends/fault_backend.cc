@@ -262,6 +262,13 @@ Status FaultBackend::Put(const std::string& key, const void* data, size_t len) {
   return base_->Put(key, data, len);
 }
 
+Status FaultBackend::PutIfAbsent(const std::string& key, const void* data, size_t len) {
+  // Faults as Put's, except damage: a conditional create is for small records, checked whole.
+  Plan plan = Begin(kOpPut);
+  if (plan.fail) return IoError("injected fault: put " + key + " to " + Describe());
+  return base_->PutIfAbsent(key, data, len);
+}
+
 Result<size_t> FaultBackend::Get(const std::string& key, uint64_t offset, void* buf, size_t len) {
   Plan plan = Begin(kOpGet);
   if (plan.fail) return IoError("injected fault: get " + key + " from " + Describe());

@@ -91,6 +91,7 @@ class FaultBackend : public Backend {
   FaultCounts counts() const;
 
   Status Put(const std::string& key, const void* data, size_t len) override;
+  Status PutIfAbsent(const std::string& key, const void* data, size_t len) override;
   Result<size_t> Get(const std::string& key, uint64_t offset, void* buf, size_t len) override;
   // GetObject is deliberately the default (Head, then Get), even when the wrapped backend has
   // its own: it goes through the faulty Head and Get, so a truncated body shows up as the

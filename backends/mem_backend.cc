@@ -39,6 +39,20 @@ Status MemBackend::Put(const std::string& key, const void* data, size_t len) {
   return Status::Ok();
 }
 
+Status MemBackend::PutIfAbsent(const std::string& key, const void* data, size_t len) {
+  RETURN_IF_ERROR(CheckKey(key));
+  auto bytes = std::make_shared<const std::string>(static_cast<const char*>(data), len);
+  std::lock_guard lock(mu_);
+  stats_.puts++;
+  Object& slot = objects_[key];
+  if (slot.bytes) return Status(Code::kExists, key + " exists in " + name_);
+  slot.bytes = std::move(bytes);
+  slot.generation = ++puts_ever_;
+  stored_bytes_ += len;
+  stats_.put_bytes += len;
+  return Status::Ok();
+}
+
 Result<size_t> MemBackend::Get(const std::string& key, uint64_t offset, void* buf, size_t len) {
   RETURN_IF_ERROR(CheckKey(key));
   Bytes bytes;

@@ -39,6 +39,7 @@ class MemBackend : public Backend {
   explicit MemBackend(std::string name = "");
 
   Status Put(const std::string& key, const void* data, size_t len) override;
+  Status PutIfAbsent(const std::string& key, const void* data, size_t len) override;
   Result<size_t> Get(const std::string& key, uint64_t offset, void* buf, size_t len) override;
   Result<std::string> GetObject(const std::string& key) override;
   Result<ObjectInfo> Head(const std::string& key) override;

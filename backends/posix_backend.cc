@@ -228,14 +228,24 @@ Status PosixBackend::WriteTemp(const std::string& tmp, const void* data, size_t 
 }
 
 Status PosixBackend::Put(const std::string& key, const void* data, size_t len) {
+  return Place(key, data, len, false);
+}
+
+Status PosixBackend::PutIfAbsent(const std::string& key, const void* data, size_t len) {
+  return Place(key, data, len, true);
+}
+
+Status PosixBackend::Place(const std::string& key, const void* data, size_t len, bool exclusive) {
   RETURN_IF_ERROR(CheckKey(key));
   const std::string path = PathOf(key);
   const std::string tmp = temp_dir_ + "/" + temp_tag_ + "." + std::to_string(temp_seq_++);
+  const char* how = exclusive ? "linking " : "renaming ";
   Status s = WriteTemp(tmp, data, len);
-  // The rename comes first: the parents usually exist, and a mkdir is a metadata round trip on a
-  // parallel filesystem. ENOENT means a parent is missing, or was pruned by a concurrent Delete
-  // since our last mkdir; then make them and rename again, holding off this process's pruning
-  // (another node's can still strike: retry, backing off so that two loops fall out of step).
+  // The rename (link) comes first: the parents usually exist, and a mkdir is a metadata round
+  // trip on a parallel filesystem. ENOENT means a parent is missing, or was pruned by a
+  // concurrent Delete since our last mkdir; then make them and try again, holding off this
+  // process's pruning (another node's can still strike: retry, backing off so that two loops
+  // fall out of step).
   for (int attempt = 0; s.ok(); ++attempt) {
     std::shared_lock<std::shared_mutex> no_pruning;
     if (attempt > 0) {
@@ -247,21 +257,29 @@ Status PosixBackend::Put(const std::string& key, const void* data, size_t len) {
       s = MakeParents(key);
       if (!s.ok()) break;
     }
-    if (::rename(tmp.c_str(), path.c_str()) == 0) {
+    // link(2) is atomic and exclusive, also on NFS and Lustre: of concurrent creates, one wins.
+    if ((exclusive ? ::link(tmp.c_str(), path.c_str()) : ::rename(tmp.c_str(), path.c_str())) ==
+        0) {
       no_pruning = {};
+      if (exclusive) ::unlink(tmp.c_str());
       if (options_.fsync) s = SyncDir(Parent(path));
       return s.ok() ? s : Status(s.code(), "storing " + key + ": " + s.message());
     }
     int err = errno;
+    if (exclusive && err == EEXIST) {
+      s = Status(Code::kExists, key + " exists in " + Describe());
+      break;
+    }
     if (err != ENOENT) {
-      s = Errno(err, "renaming " + tmp + " to " + path);
+      s = Errno(err, how + tmp + " to " + path);
     } else if (attempt + 1 == kMaxRenameAttempts) {
       // Not kNotFound: the caller asked to create something. The temporary file itself may be
       // what vanished (removed as stale after this Put stalled past stale_temp_age).
-      s = IoError("renaming " + tmp + " to " + path + ": " + std::strerror(err));
+      s = IoError(how + tmp + " to " + path + ": " + std::strerror(err));
     }
   }
   ::unlink(tmp.c_str());
+  if (s.code() == Code::kExists) return s;
   return Status(s.code(), "storing " + key + " in " + Describe() + ": " + s.message());
 }
 

@@ -48,6 +48,8 @@ class PosixBackend : public Backend {
                                                     const PosixBackendOptions& options = {});
 
   Status Put(const std::string& key, const void* data, size_t len) override;
+  // link(2) of a complete temporary file: atomic and exclusive, also on NFS and Lustre.
+  Status PutIfAbsent(const std::string& key, const void* data, size_t len) override;
   Result<size_t> Get(const std::string& key, uint64_t offset, void* buf, size_t len) override;
   // One open file, so never the kCorrupt of the default when a Put replaces the object meanwhile.
   Result<std::string> GetObject(const std::string& key) override;
@@ -76,6 +78,8 @@ class PosixBackend : public Backend {
                         const std::string& key) const;
   Status MakeParents(const std::string& key) const;
   Status WriteTemp(const std::string& tmp, const void* data, size_t len) const;
+  // Put (rename over the key) or PutIfAbsent (link, kExists when the key exists).
+  Status Place(const std::string& key, const void* data, size_t len, bool exclusive);
   Status SyncDir(const std::string& dir) const;
   void PruneParents(const std::string& key) const;
   Status Walk(const std::string& dir, const std::string& key_prefix, const std::string& prefix,

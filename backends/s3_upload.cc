@@ -35,6 +35,26 @@ Status S3Backend::Put(const std::string& key, const void* data, size_t len) {
   return client_->Error(call, resp);
 }
 
+Status S3Backend::PutIfAbsent(const std::string& key, const void* data, size_t len) {
+  RETURN_IF_ERROR(CheckKey(key));
+  if (len > options_.multipart_part_bytes) {
+    return Invalid("a conditional put of " + key + " is larger than one part");
+  }
+  S3Call call{.method = "PUT",
+              .key = FullKey(key),
+              .headers = {{"if-none-match", "*"}},
+              .body = data,
+              .body_len = len};
+  HttpResponse resp;
+  RETURN_IF_ERROR(client_->Send(call, &resp));
+  if (resp.status == 200) return Status::Ok();
+  // 412: the key exists. 409 (ConditionalRequestConflict): a concurrent conditional write of it
+  // is in flight; it will exist, or be free again.
+  if (resp.status == 412) return Status(Code::kExists, key + " exists in " + describe_);
+  if (resp.status == 409) return Status(Code::kBusy, "conditional put of " + key + ": conflict");
+  return client_->Error(call, resp);
+}
+
 Status S3Backend::PutMultipart(const std::string& key, const char* data, size_t len) {
   const std::string full = FullKey(key);
   uint64_t part =

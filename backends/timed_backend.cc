@@ -36,6 +36,10 @@ Status TimedBackend::Put(const std::string& key, const void* data, size_t len) {
   return Timed(BackendRequest::kPut, [&] { return base_->Put(key, data, len); });
 }
 
+Status TimedBackend::PutIfAbsent(const std::string& key, const void* data, size_t len) {
+  return Timed(BackendRequest::kPut, [&] { return base_->PutIfAbsent(key, data, len); });
+}
+
 Result<size_t> TimedBackend::Get(const std::string& key, uint64_t offset, void* buf, size_t len) {
   return Timed(BackendRequest::kGet, [&] { return base_->Get(key, offset, buf, len); });
 }

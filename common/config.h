@@ -95,6 +95,10 @@ struct Config {
   double remote_timeout_s = 600;
   // Seconds between two looks at what other nodes published to the backend (0: never).
   double sync_interval_s = 1.0;
+  // Seconds between two full listings of the backend's files/ and dirs/ (store/journal.h): the
+  // passes between read only the journal's new entries. 0: a full listing every pass (buckets
+  // also written by ckptfs versions without the journal).
+  double sync_full_interval_s = 600;
   // Garbage collection (docs/gc.md): the longest a publish may take from reading gc/round to its
   // record's PUT; a collector's --grace must be longer than every mount's gc_window.
   double gc_window_s = 300;

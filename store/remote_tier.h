@@ -5,6 +5,8 @@
 //                             the chunk first, never rewritten, shared by every file and node
 //   files/<path>              a committed file: its attributes and manifest (FileRecord)
 //   dirs/<path>               an empty marker for a directory made with mkdir
+//   journal/<20-digit seq>    one per change of files/ or dirs/, written after it (the farthest
+//                             tier only; store/journal.h, docs/journal.md)
 //
 // Every namespace change that the backend must see is queued in LMDB (MetaStore remote_ops) in
 // the same transaction as the change itself, so a crash or a restart loses none: the queue is
@@ -35,6 +37,7 @@
 #include "common/metrics.h"
 #include "common/status.h"
 #include "common/thread_pool.h"
+#include "store/journal.h"
 #include "store/manifest.h"
 #include "store/meta_store.h"
 
@@ -91,6 +94,9 @@ class RemoteTier {
   // tier's keep= policy. An error is logged and the call repeated at the next idle moment.
   // Call before Start.
   void SetIdleWork(std::function<Status()> fn) { idle_work_ = std::move(fn); }
+  // The farthest tier (the namespace): every change of files/ and dirs/ is announced in the
+  // journal once it is in the bucket. Call before Start.
+  void SetJournal(NamespaceJournal* journal) { journal_ = journal; }
 
   // Starts the worker on the queue as it is in LMDB.
   void Start();
@@ -156,6 +162,7 @@ class RemoteTier {
   double gc_window_s_ = 300;
   std::function<void(uint64_t ino)> on_published_;
   std::function<Status()> idle_work_;
+  NamespaceJournal* journal_ = nullptr;
   std::atomic<uint64_t> gc_generation_{0};
   struct GcView {
     bool read = false;                          // gc/round was read at least once

@@ -48,6 +48,7 @@
 #include "common/metrics.h"
 #include "common/thread_pool.h"
 #include "store/file_writer.h"
+#include "store/journal.h"
 #include "store/meta_store.h"
 #include "store/retention.h"
 
@@ -606,6 +607,19 @@ class Store final : private ChunkSink {
   std::condition_variable sync_cv_;
   bool sync_stop_ = false;  // guarded by sync_mu_
   std::map<std::string, std::string> synced_;
+  // The namespace's journal (store/journal.h) in the farthest tier, the entry the sync has read
+  // up to (none: the next pass lists everything), keys whose application is to be tried again,
+  // and when the last full listing was (sync thread only).
+  std::unique_ptr<NamespaceJournal> journal_;
+  std::optional<uint64_t> journal_cursor_;
+  std::set<std::string> journal_retry_;
+  std::chrono::steady_clock::time_point last_full_sync_;
+  // One full pass (a listing of files/ and dirs/), and one pass over the journal's new entries
+  // (*gap: the entries after the cursor are gone; relist).
+  Status FullSync(const SyncProgress& progress, bool* listed);
+  Status JournalSync(bool* gap);
+  // Applies the bucket's current state of one key (files/<path> or dirs/<path>).
+  Status SyncKey(const std::string& key);
   // Last members: destroyed first, so their threads are joined before anything they use goes.
   std::unique_ptr<ThreadPool> read_pool_;
   std::unique_ptr<ThreadPool> write_pool_;

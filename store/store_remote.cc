@@ -134,6 +134,10 @@ Status Store::AttachRemote(std::vector<std::unique_ptr<Backend>> tiers) {
     if (t + 1 < n && static_cast<size_t>(t) < cfg_.tier_keep.size() && cfg_.tier_keep[t] > 0) {
       tier->SetIdleWork([this, t] { return ApplyTierPolicy(t); });
     }
+    if (t + 1 == n) {  // the farthest tier is the namespace: its changes go in its journal
+      journal_ = std::make_unique<NamespaceJournal>(backends_[t].get(), node);
+      tier->SetJournal(journal_.get());
+    }
     remotes_.push_back(std::move(tier));
   }
   RETURN_IF_ERROR(QueueUnpublished());
@@ -425,6 +429,99 @@ Status Store::InitialSync(double timeout_s, const SyncProgress& progress) {
 
 Status Store::SyncFromRemote(const SyncProgress& progress, bool* listed) {
   if (remotes_.empty()) return Status::Ok();
+  const auto now = std::chrono::steady_clock::now();
+  const bool due = cfg_.sync_full_interval_s <= 0 ||
+                   now - last_full_sync_ >= std::chrono::duration<double>(cfg_.sync_full_interval_s);
+  if (journal_cursor_ && !due) {
+    bool gap = false;
+    Status st = JournalSync(&gap);
+    if (!gap) {
+      if (listed) *listed = true;
+      return st;
+    }
+    log_->info("the journal in {} was truncated past what this node read: listing everything",
+               sync_backend().Describe());
+  }
+  // A full pass. The journal's newest entry first: what changes while the listing runs is read
+  // from the journal after it (applying a change twice ends in the same state).
+  // (With sync_full_interval 0 every pass lists: the journal is not read.)
+  uint64_t head = 0;
+  if (cfg_.sync_full_interval_s > 0) {
+    ASSIGN_OR_RETURN(head, journal_->Head());
+  }
+  bool ok_listing = false;
+  Status st = FullSync(progress, &ok_listing);
+  if (listed) *listed = ok_listing;
+  if (ok_listing && cfg_.sync_full_interval_s > 0) {
+    journal_cursor_ = head;
+    last_full_sync_ = now;
+  }
+  return st;
+}
+
+Status Store::JournalSync(bool* gap) {
+  ASSIGN_OR_RETURN(NamespaceJournal::Batch b, journal_->ReadAfter(*journal_cursor_));
+  if (b.gap) {
+    *gap = true;
+    return Status::Ok();
+  }
+  // Each key once, at its last place, in journal order (a directory's removal comes after its
+  // files'): the bucket's state now is what gets applied.
+  std::vector<std::string> keys(journal_retry_.begin(), journal_retry_.end());
+  keys.insert(keys.end(), b.keys.begin(), b.keys.end());
+  std::map<std::string, size_t> last;
+  for (size_t i = 0; i < keys.size(); ++i) last[keys[i]] = i;
+  Status first;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const std::string& key = keys[i];
+    if (last[key] != i) continue;
+    Status st = SyncKey(key);
+    if (st.ok() || st.code() == Code::kExists) {
+      journal_retry_.erase(key);
+    } else {
+      journal_retry_.insert(key);
+      if (st.code() != Code::kBusy && first.ok()) first = Status(st.code(), key + ": " + st.message());
+    }
+  }
+  journal_cursor_ = b.last;
+  return first;
+}
+
+Status Store::SyncKey(const std::string& key) {
+  if (key.rfind("dirs/", 0) == 0) {
+    auto h = sync_backend().Head(key);
+    if (h.ok()) {
+      RETURN_IF_ERROR(ApplyRemoteDir(key.substr(5)));
+      synced_[key] = h->version.empty() ? std::to_string(h->size) : h->version;
+      return Status::Ok();
+    }
+    if (h.status().code() != Code::kNotFound) return h.status();
+    synced_.erase(key);
+    return ApplyRemoteRmdir(key.substr(5));
+  }
+  if (key.rfind("files/", 0) != 0) return Status::Ok();  // no key of the namespace
+  const uint64_t gc_generation = sync_tier().gc_generation();
+  auto bytes = sync_backend().GetObject(key);
+  if (!bytes.ok()) {
+    if (bytes.status().code() != Code::kNotFound) return bytes.status();
+    synced_.erase(key);
+    return ApplyRemoteDelete(key.substr(6));
+  }
+  auto rec = FileRecord::Decode(*bytes);
+  if (!rec.ok()) {
+    // Not applied: read again at the next pass (the damage may have been on the way).
+    if (!journal_retry_.count(key)) {
+      log_->error("{} in {}: {}", key, sync_backend().Describe(), rec.status().ToString());
+    }
+    return rec.status();
+  }
+  // The listing's version is not known from a GET: the next full pass reads it once more.
+  synced_[key] = "";
+  return rec->origin == node_id_ ? Status::Ok()
+                                 : ApplyRemoteFile(key.substr(6), *rec, gc_generation);
+}
+
+Status Store::FullSync(const SyncProgress& progress, bool* listed) {
   // One listing of each tree; what changed since the last pass is applied.
   std::map<std::string, std::string> seen;
   for (const char* tree : {"dirs/", "files/"}) {
@@ -436,7 +533,9 @@ Status Store::SyncFromRemote(const SyncProgress& progress, bool* listed) {
   if (listed) *listed = true;
   Status first;
   auto note = [&](const Status& st, const std::string& key) {
-    if (!st.ok() && first.ok()) first = Status(st.code(), key + ": " + st.message());
+    if (st.ok()) return;
+    journal_retry_.insert(key);  // the passes over the journal try it again
+    if (first.ok()) first = Status(st.code(), key + ": " + st.message());
   };
   size_t done = 0;
   for (const auto& [key, version] : seen) {
@@ -464,6 +563,7 @@ Status Store::SyncFromRemote(const SyncProgress& progress, bool* listed) {
         log_->error("{} in {}: {}", key, sync_backend().Describe(), rec.status().ToString());
       }
       synced_[key] = damaged;
+      journal_retry_.insert(key);
       continue;
     }
     Status st = rec->origin == node_id_ ? Status::Ok() : ApplyRemoteFile(key.substr(6), *rec, gc_generation);
@@ -471,6 +571,8 @@ Status Store::SyncFromRemote(const SyncProgress& progress, bool* listed) {
       synced_[key] = version;
     } else if (st.code() != Code::kBusy) {
       note(st, key);
+    } else {
+      journal_retry_.insert(key);
     }
   }
   // Keys gone since the last pass: another node deleted or moved them. Files first, then the

@@ -14,6 +14,7 @@
 
 #include "backends/open.h"
 #include "store/gc.h"
+#include "store/journal.h"
 #include "tools/commands.h"
 #include "tools/progress.h"
 
@@ -31,7 +32,7 @@ int Error(const std::string& msg) {
 
 constexpr char kUsage[] =
     "usage: ckptfs gc --backend URL [--s3-endpoint URL] (--dry-run | --grace DURATION)\n"
-    "                 [--deadline DURATION]\n";
+    "                 [--deadline DURATION] [--journal-keep N]\n";
 
 int Usage() {
   std::fprintf(stderr, "%s", kUsage);
@@ -56,6 +57,7 @@ int Gc(const std::vector<std::string>& args) {
   BackendSpec spec;
   GcOptions opts;
   bool dry_run = false, grace_given = false;
+  uint64_t journal_keep = 100000;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--help" || a == "-h") {
@@ -69,6 +71,9 @@ int Gc(const std::vector<std::string>& args) {
           "One collector at a time per backend. --dry-run only counts what a round would free.\n"
           "Memory is bounded by a 256th of the references (the rest waits in temporary files\n"
           "under $TMPDIR) plus 16 bytes per condemned chunk.\n"
+          "The namespace's change journal (docs/journal.md) is cut to its newest N entries\n"
+          "(--journal-keep, default 100000); a mount that has read less than that lists the\n"
+          "bucket once instead.\n"
           "Exit status: 0 done, 1 a record could not be read (nothing was deleted) or some\n"
           "condemned chunks were left for the next round, 2 bad arguments or a backend error.\n",
           kUsage);
@@ -80,6 +85,10 @@ int Gc(const std::vector<std::string>& args) {
       spec.s3_endpoint = args[++i];
     } else if (a == "--dry-run") {
       dry_run = true;
+    } else if (a == "--journal-keep" && i + 1 < args.size()) {
+      char* end = nullptr;
+      journal_keep = std::strtoull(args[++i].c_str(), &end, 10);
+      if (!end || *end != '\0' || journal_keep == 0) return Usage();
     } else if ((a == "--grace" || a == "--deadline") && i + 1 < args.size()) {
       const double v = ParseDuration(args[++i]);
       if (v <= 0) return Usage();
@@ -136,6 +145,13 @@ int Gc(const std::vector<std::string>& args) {
   }
   std::printf("references read  %lu; at most %zu chunk ids in memory at once\n", n(r.references),
               r.peak_ids);
+  if (!dry_run) {
+    NamespaceJournal journal(&b, "gc");
+    auto dropped = journal.Truncate(journal_keep);
+    if (!dropped.ok()) return Error("cutting the journal: " + dropped.status().ToString());
+    std::printf("journal entries  %lu dropped (the newest %lu kept)\n", n(*dropped),
+                n(journal_keep));
+  }
   std::printf("seconds          %.1f\n",
               std::chrono::duration<double>(Clock::now() - started).count());
   // This process's own high-water mark (getrusage would count the process it was forked from).

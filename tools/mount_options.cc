@@ -135,6 +135,9 @@ Status ApplyOption(const std::string& opt, Config& cfg, GivenKeys& given, int de
     if (key == "upload_threads") return (cfg.upload_threads = std::stoul(val)), Status::Ok();
     if (key == "remote_timeout") return (cfg.remote_timeout_s = std::stod(val)), Status::Ok();
     if (key == "sync_interval") return (cfg.sync_interval_s = std::stod(val)), Status::Ok();
+    if (key == "sync_full_interval") {
+      return (cfg.sync_full_interval_s = std::stod(val)), Status::Ok();
+    }
     if (key == "gc_window") return (cfg.gc_window_s = std::stod(val)), Status::Ok();
     if (key == "mount_timeout") return (cfg.mount_timeout_s = std::stod(val)), Status::Ok();
     if (key == "writeback_cache") return (cfg.writeback_cache = val != "0"), Status::Ok();

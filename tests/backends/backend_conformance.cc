@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <limits>
 #include <mutex>
@@ -532,6 +533,57 @@ TEST_P(BackendConformanceTest, ConcurrentPutsAndDeletesOfDifferentKeys) {
       ASSERT_TRUE(got.ok()) << key_of(t, j) << ": " << got.status().ToString();
       EXPECT_TRUE(*got == data_of(t, j)) << key_of(t, j);
     }
+  }
+}
+
+TEST_P(BackendConformanceTest, PutIfAbsentCreatesOnlyWhatIsAbsent) {
+  const std::string k = K("x/once");
+  ASSERT_TRUE(backend().PutIfAbsent(k, "first", 5).ok());
+  Status again = backend().PutIfAbsent(k, "second", 6);
+  EXPECT_EQ(again.code(), Code::kExists) << again.ToString();
+  auto got = backend().GetObject(k);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, "first");
+  // After a delete the name is free again.
+  ASSERT_TRUE(backend().Delete(k).ok());
+  ASSERT_TRUE(backend().PutIfAbsent(k, "third", 5).ok());
+  EXPECT_EQ(*backend().GetObject(k), "third");
+}
+
+TEST_P(BackendConformanceTest, ConcurrentPutIfAbsentHasOneWinnerPerKey) {
+  // 8 threads race for each of 12 keys: exactly one create of each succeeds, and the object
+  // holds the winner's bytes (the journal's numbers rest on this).
+  constexpr int kThreads = 8, kKeys = 12;
+  std::mutex mu;
+  std::vector<std::vector<int>> winners(kKeys);
+  std::vector<std::string> errors;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int j = 0; j < kKeys; ++j) {
+        const std::string data = "writer " + std::to_string(t);
+        Status s;
+        for (int attempt = 0; attempt < 50; ++attempt) {
+          s = backend().PutIfAbsent(K("race/" + std::to_string(j)), data.data(), data.size());
+          if (s.code() != Code::kBusy) break;  // a concurrent create in flight: ask again
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+        std::lock_guard lock(mu);
+        if (s.ok()) {
+          winners[j].push_back(t);
+        } else if (s.code() != Code::kExists) {
+          errors.push_back(s.ToString());
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(errors, std::vector<std::string>{});
+  for (int j = 0; j < kKeys; ++j) {
+    ASSERT_EQ(winners[j].size(), 1u) << "key " << j;
+    auto got = backend().GetObject(K("race/" + std::to_string(j)));
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_EQ(*got, "writer " + std::to_string(winners[j][0])) << "key " << j;
   }
 }
 

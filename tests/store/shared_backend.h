@@ -36,6 +36,12 @@ class SharedBackend : public Backend {
     if (on_put) on_put(k);
     return st;
   }
+  Status PutIfAbsent(const std::string& k, const void* d, size_t n) override {
+    if (Fails()) return Status(Code::kIo, "injected fault: put " + k);
+    Status st = m_->PutIfAbsent(k, d, n);
+    if (on_put) on_put(k);
+    return st;
+  }
   Result<size_t> Get(const std::string& k, uint64_t o, void* b, size_t n) override {
     if (Fails()) return Status(Code::kIo, "injected fault: get " + k);
     auto r = m_->Get(k, o, b, n);
