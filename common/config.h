@@ -95,6 +95,11 @@ struct Config {
   double remote_timeout_s = 600;
   // Seconds between two looks at what other nodes published to the backend (0: never).
   double sync_interval_s = 1.0;
+  // What the first open of a file whose chunks are off the local tier pulls in behind it
+  // (fs/warm.cc): "checkpoint" (the whole checkpoint it belongs to: one job on one node reads
+  // it all), "file" (the file alone: a node of a many-node job reads only its own ranks, and
+  // warming every rank on every node would fetch the checkpoint once per node), "off".
+  std::string warm = "checkpoint";
   // Seconds between two full listings of the backend's files/ and dirs/ (store/journal.h): the
   // passes between read only the journal's new entries. 0: a full listing every pass (buckets
   // also written by ckptfs versions without the journal).

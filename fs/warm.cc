@@ -54,7 +54,14 @@ bool IsCheckpointFile(std::string_view name) {
 
 void WarmOnOpen(Context& ctx, fuse_ino_t ino) {
   Store* store = ctx.store;
-  if (!store->remote()) return;  // every chunk is local
+  if (!store->remote() || ctx.cfg.warm == "off") return;  // every chunk is local, or asked not to
+  if (ctx.cfg.warm == "file") {
+    Status st = store->WarmCheckpoint(ino, ino, false);
+    if (!st.ok() && st.code() != Code::kNotFound) {
+      ctx.log->warn("inode {}: warming it: {}", ino, st.ToString());
+    }
+    return;
+  }
   auto parent = store->ParentOf(ino);
   if (!parent.ok()) return;
   const auto& [dir, name] = *parent;

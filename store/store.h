@@ -612,7 +612,9 @@ class Store final : private ChunkSink {
   // and when the last full listing was (sync thread only).
   std::unique_ptr<NamespaceJournal> journal_;
   std::optional<uint64_t> journal_cursor_;
-  std::set<std::string> journal_retry_;
+  std::vector<std::string> journal_retry_;  // in the order they failed, each once
+  void RetryKey(const std::string& key);
+  std::set<std::string> journal_damaged_;  // damaged records already reported
   std::chrono::steady_clock::time_point last_full_sync_;
   // One full pass (a listing of files/ and dirs/), and one pass over the journal's new entries
   // (*gap: the entries after the cursor are gone; relist).

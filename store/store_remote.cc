@@ -466,25 +466,37 @@ Status Store::JournalSync(bool* gap) {
     return Status::Ok();
   }
   // Each key once, at its last place, in journal order (a directory's removal comes after its
-  // files'): the bucket's state now is what gets applied.
-  std::vector<std::string> keys(journal_retry_.begin(), journal_retry_.end());
+  // files'): the bucket's state now is what gets applied. Keys that failed before go first.
+  std::vector<std::string> keys;
+  keys.swap(journal_retry_);
   keys.insert(keys.end(), b.keys.begin(), b.keys.end());
   std::map<std::string, size_t> last;
   for (size_t i = 0; i < keys.size(); ++i) last[keys[i]] = i;
   Status first;
+  bool file_failed = false;
   for (size_t i = 0; i < keys.size(); ++i) {
     const std::string& key = keys[i];
     if (last[key] != i) continue;
+    // A directory after a file that failed waits with it: its removal needs the file gone.
+    if (file_failed && key.rfind("dirs/", 0) == 0) {
+      RetryKey(key);
+      continue;
+    }
     Status st = SyncKey(key);
-    if (st.ok() || st.code() == Code::kExists) {
-      journal_retry_.erase(key);
-    } else {
-      journal_retry_.insert(key);
+    if (!st.ok() && st.code() != Code::kExists) {
+      RetryKey(key);
+      file_failed |= key.rfind("files/", 0) == 0;
       if (st.code() != Code::kBusy && first.ok()) first = Status(st.code(), key + ": " + st.message());
     }
   }
   journal_cursor_ = b.last;
   return first;
+}
+
+void Store::RetryKey(const std::string& key) {
+  if (std::find(journal_retry_.begin(), journal_retry_.end(), key) == journal_retry_.end()) {
+    journal_retry_.push_back(key);
+  }
 }
 
 Status Store::SyncKey(const std::string& key) {
@@ -510,13 +522,14 @@ Status Store::SyncKey(const std::string& key) {
   auto rec = FileRecord::Decode(*bytes);
   if (!rec.ok()) {
     // Not applied: read again at the next pass (the damage may have been on the way).
-    if (!journal_retry_.count(key)) {
+    if (journal_damaged_.insert(key).second) {
       log_->error("{} in {}: {}", key, sync_backend().Describe(), rec.status().ToString());
     }
     return rec.status();
   }
   // The listing's version is not known from a GET: the next full pass reads it once more.
   synced_[key] = "";
+  journal_damaged_.erase(key);
   return rec->origin == node_id_ ? Status::Ok()
                                  : ApplyRemoteFile(key.substr(6), *rec, gc_generation);
 }
@@ -534,7 +547,7 @@ Status Store::FullSync(const SyncProgress& progress, bool* listed) {
   Status first;
   auto note = [&](const Status& st, const std::string& key) {
     if (st.ok()) return;
-    journal_retry_.insert(key);  // the passes over the journal try it again
+    RetryKey(key);  // the passes over the journal try it again
     if (first.ok()) first = Status(st.code(), key + ": " + st.message());
   };
   size_t done = 0;
@@ -563,7 +576,7 @@ Status Store::FullSync(const SyncProgress& progress, bool* listed) {
         log_->error("{} in {}: {}", key, sync_backend().Describe(), rec.status().ToString());
       }
       synced_[key] = damaged;
-      journal_retry_.insert(key);
+      RetryKey(key);
       continue;
     }
     Status st = rec->origin == node_id_ ? Status::Ok() : ApplyRemoteFile(key.substr(6), *rec, gc_generation);
@@ -572,7 +585,7 @@ Status Store::FullSync(const SyncProgress& progress, bool* listed) {
     } else if (st.code() != Code::kBusy) {
       note(st, key);
     } else {
-      journal_retry_.insert(key);
+      RetryKey(key);
     }
   }
   // Keys gone since the last pass: another node deleted or moved them. Files first, then the

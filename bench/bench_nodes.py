@@ -1,0 +1,171 @@
+#!/usr/bin/python3
+"""Eight nodes on one bucket (radosgw on 127.0.0.1, scripts/rgw.sh): eight mounts, each with its
+own cache directory, as eight nodes of a cluster (docs/journal.md). Measured in this run:
+
+  visible      a file closed on one node until the other seven see it (stat), for each node in
+               turn: median and max over the 56 pairs, with the sync every sync_interval (1 s)
+  storm-same   eight cold mounts, two readers each, torch.load of one checkpoint at once:
+               aggregate throughput against eight parallel boto3 downloads of the same bytes
+               (the file, put as a plain object), each then torch.load-ed from memory
+  storm-own    the same with each mount loading its own rank file (-o warm=file)
+
+  /usr/bin/python3 bench/bench_nodes.py [--mib 256]
+"""
+import argparse
+import io
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+import boto3
+import torch
+from boto3.s3.transfer import TransferConfig
+
+import benchjson  # noqa: E402  (bench/, the script's own folder)
+from bench_remote import drop_caches, sh, start_rgw, teardown, wait_state
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NODES = 8
+
+
+def tensors(mib, seed):
+    g = torch.Generator().manual_seed(seed)
+    n = mib * 2**20 // 4
+    return {f"w{i}": torch.randn(n // 4, generator=g) for i in range(4)}
+
+
+def at_once(jobs):
+    """Runs the callables on threads released together; the wall time until the last ends."""
+    barrier = threading.Barrier(len(jobs) + 1)
+    errors = []
+
+    def run(job):
+        barrier.wait()
+        try:
+            job()
+        except Exception as e:  # noqa: BLE001  (reported below)
+            errors.append(repr(e))
+    threads = [threading.Thread(target=run, args=(j,)) for j in jobs]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    if errors:
+        raise RuntimeError(errors[0])
+    return time.perf_counter() - t0
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mib", type=int, default=256, help="size of each checkpoint file")
+    ap.add_argument("--dir", default="/var/tmp/ckptfs-nodes")
+    ap.add_argument("--bin", default=os.environ.get("CKPTFS_BIN",
+                                                    os.path.join(ROOT, "build/tools/ckptfs")))
+    benchjson.add_argument(ap)
+    args = ap.parse_args()
+    out = benchjson.Results("nodes", args.json)
+    work = args.dir
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    rgw, env = start_rgw(work)
+    mounts = []
+    try:
+        s3 = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name="us-east-1")
+        s3.create_bucket(Bucket="bench")
+
+        def mount(name, options=""):
+            mnt, cache = os.path.join(work, name, "mnt"), os.path.join(work, name, "cache")
+            os.makedirs(mnt)
+            os.makedirs(cache)
+            sh(args.bin, "mount", mnt, "--cache-dir", cache, "--backend", "s3://bench/ck",
+               "--s3-endpoint", env["AWS_ENDPOINT_URL"], *(["-o", options] if options else []),
+               stdout=subprocess.DEVNULL)
+            mounts.append(mnt)
+            return mnt
+
+        # Commit -> visible on the other seven.
+        nodes = [mount(f"n{i}") for i in range(NODES)]
+        os.makedirs(os.path.join(nodes[0], "ckpt"))
+        for n in nodes:
+            while not os.path.isdir(os.path.join(n, "ckpt")):
+                time.sleep(0.01)
+        lat = []
+        for i, n in enumerate(nodes):
+            name = f"ckpt/rank-{i}.pt"
+            with open(os.path.join(n, name), "wb") as f:
+                f.write(os.urandom(4096))
+            t0 = time.perf_counter()  # close returned: committed on node i
+            pending = {j for j in range(NODES) if j != i}
+            while pending:
+                for j in list(pending):
+                    if os.path.exists(os.path.join(nodes[j], name)):
+                        lat.append(time.perf_counter() - t0)
+                        pending.discard(j)
+                time.sleep(0.005)
+        med, mx = statistics.median(lat), max(lat)
+        print(f"visible  commit -> seen on another node: median {med:.2f} s, max {mx:.2f} s "
+              f"({len(lat)} pairs, sync_interval 1 s)", flush=True)
+        out.note("visible_median_s", round(med, 3))
+        out.note("visible_max_s", round(mx, 3))
+        for m in mounts:
+            subprocess.run([args.bin, "umount", m], stdout=subprocess.DEVNULL)
+        mounts.clear()
+
+        # The checkpoint files, written back by one writer, also put as plain objects.
+        w = mount("writer")
+        os.makedirs(os.path.join(w, "ckpt2"))
+        files = ["model.pt"] + [f"rank-{r}.pt" for r in range(NODES)]
+        for k, name in enumerate(files):
+            path = os.path.join(w, "ckpt2", name)
+            torch.save(tensors(args.mib, 10 + k), path)
+            wait_state(path, "remote")
+            s3.upload_file(path, "bench", f"plain/{name}")
+        size = os.path.getsize(os.path.join(w, "ckpt2", "model.pt"))
+        subprocess.run([args.bin, "umount", w], stdout=subprocess.DEVNULL)
+        mounts.clear()
+        xfer = TransferConfig(multipart_threshold=16 << 20, multipart_chunksize=16 << 20,
+                              max_concurrency=10)
+
+        def download_and_load(name):
+            client = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"],
+                                  region_name="us-east-1")
+            buf = io.BytesIO()
+            client.download_fileobj("bench", f"plain/{name}", buf, Config=xfer)
+            buf.seek(0)
+            torch.load(buf)
+
+        # Each node's own rank with warm=file: the default (warm=checkpoint) would pull every rank
+        # onto every node.
+        for case, pick, opts in (("same", lambda i: "model.pt", ""),
+                                 ("own", lambda i: f"rank-{i}.pt", "warm=file")):
+            for m in mounts:
+                subprocess.run([args.bin, "umount", m], stdout=subprocess.DEVNULL)
+            mounts.clear()
+            shutil.rmtree(os.path.join(work, "s"), ignore_errors=True)
+            cold = [mount(f"s/{case}{i}", opts) for i in range(NODES)]
+            drop_caches()
+            t_mount = at_once([lambda i=i, r=r: torch.load(os.path.join(cold[i], "ckpt2", pick(i)))
+                               for i in range(NODES) for r in range(2)])
+            drop_caches()
+            t_plain = at_once([lambda i=i: download_and_load(pick(i)) for i in range(NODES)])
+            gb = NODES * size / 1e9
+            print(f"storm-{case:4s} mount/boto3 = {t_plain / t_mount:.2f}   (aggregate: 8 mounts x 2 "
+                  f"readers {gb / t_mount:.2f} GB/s in {t_mount:.1f} s, 8 boto3 downloads+loads "
+                  f"{gb / t_plain:.2f} GB/s in {t_plain:.1f} s)", flush=True)
+            out.add(f"storm-{case}", t_plain / t_mount, subject="mount", baseline="boto3",
+                    goal=1.0, subject_s=t_mount, baseline_s=t_plain)
+        out.write()
+    finally:
+        teardown(args.bin, mounts, rgw)
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
