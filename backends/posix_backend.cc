@@ -266,6 +266,16 @@ Status PosixBackend::Place(const std::string& key, const void* data, size_t len,
       return s.ok() ? s : Status(s.code(), "storing " + key + ": " + s.message());
     }
     int err = errno;
+    if (exclusive && (err == EPERM || err == ENOTSUP || err == EOPNOTSUPP)) {
+      // No hard links on this filesystem: an exclusive create written in place. Still one
+      // winner of concurrent creates, but a reader may see it partly written (what PutIfAbsent
+      // stores carries its own check: store/journal.h).
+      no_pruning = {};
+      s = WriteTemp(path, data, len);
+      if (s.code() == Code::kExists) s = Status(Code::kExists, key + " exists in " + Describe());
+      if (s.ok() && options_.fsync) s = SyncDir(Parent(path));
+      break;
+    }
     if (exclusive && err == EEXIST) {
       s = Status(Code::kExists, key + " exists in " + Describe());
       break;
@@ -279,7 +289,7 @@ Status PosixBackend::Place(const std::string& key, const void* data, size_t len,
     }
   }
   ::unlink(tmp.c_str());
-  if (s.code() == Code::kExists) return s;
+  if (s.ok() || s.code() == Code::kExists) return s;
   return Status(s.code(), "storing " + key + " in " + Describe() + ": " + s.message());
 }
 

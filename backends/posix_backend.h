@@ -48,7 +48,8 @@ class PosixBackend : public Backend {
                                                     const PosixBackendOptions& options = {});
 
   Status Put(const std::string& key, const void* data, size_t len) override;
-  // link(2) of a complete temporary file: atomic and exclusive, also on NFS and Lustre.
+  // link(2) of a complete temporary file: atomic and exclusive, also on NFS and Lustre. Where
+  // the filesystem has no hard links, an O_EXCL create written in place: exclusive, not atomic.
   Status PutIfAbsent(const std::string& key, const void* data, size_t len) override;
   Result<size_t> Get(const std::string& key, uint64_t offset, void* buf, size_t len) override;
   // One open file, so never the kCorrupt of the default when a Put replaces the object meanwhile.

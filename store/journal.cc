@@ -110,6 +110,9 @@ Result<uint64_t> NamespaceJournal::Head() {
     ASSIGN_OR_RETURN(bool e, exists(mid));
     (e ? lo : hi) = mid;
   }
+  // Confirmed by a listing after it: a truncation running meanwhile can delete what the HEADs
+  // stood on and leave lo short of the newest (the newest itself is never deleted).
+  ASSIGN_OR_RETURN(lo, LastAfter(lo));
   std::lock_guard lock(mu_);
   if (lo > head_hint_) head_hint_ = lo;
   return lo;
@@ -117,15 +120,19 @@ Result<uint64_t> NamespaceJournal::Head() {
 
 Status NamespaceJournal::Append(const std::string& key) {
   const std::string body = Body(key, next_nonce_++);
-  uint64_t seq;
+  uint64_t hint;
   {
     std::lock_guard lock(mu_);
-    seq = head_hint_ + 1;
+    hint = head_hint_;
   }
-  if (seq == 1) {
-    ASSIGN_OR_RETURN(uint64_t head, Head());
-    seq = head + 1;
+  if (hint == 0) {
+    ASSIGN_OR_RETURN(hint, Head());
   }
+  // One past the newest entry, as a listing after the hint shows it: never a number the hint
+  // alone suggests, which a truncation since may have freed (a number taken once is never
+  // taken again, so a reader past it would miss the entry).
+  ASSIGN_OR_RETURN(uint64_t seq, LastAfter(hint));
+  ++seq;
   auto backoff = std::chrono::milliseconds(5);
   for (int attempt = 0; attempt < 10000; ++attempt) {
     Status st = backend_->PutIfAbsent(Key(seq), body.data(), body.size());
@@ -189,6 +196,16 @@ Result<NamespaceJournal::Batch> NamespaceJournal::ReadAfter(uint64_t cursor, siz
   std::lock_guard lock(mu_);
   if (b.last > head_hint_) head_hint_ = b.last;
   return b;
+}
+
+Result<bool> NamespaceJournal::CreatesAreExclusive() {
+  const std::string key = std::string(kPrefix) + "probe-" + writer_ + "-" + std::to_string(instance_);
+  RETURN_IF_ERROR(backend_->PutIfAbsent(key, "1", 1));
+  Status again = backend_->PutIfAbsent(key, "2", 1);
+  (void)backend_->Delete(key);
+  if (again.ok()) return false;
+  if (again.code() == Code::kExists) return true;
+  return again;
 }
 
 Result<uint64_t> NamespaceJournal::Truncate(uint64_t keep) {

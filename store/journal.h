@@ -54,6 +54,11 @@ class NamespaceJournal {
   // one-key listing, then HEADs doubling and bisecting upwards from it.
   Result<uint64_t> Head();
 
+  // Whether the backend refuses a second create of one key (an S3 gateway may ignore
+  // If-None-Match): two creates of a probe key. Without exclusive creates the journal cannot be
+  // trusted; the caller lists instead.
+  Result<bool> CreatesAreExclusive();
+
   // Deletes the entries older than the newest `keep` (keep >= 1: the newest always stays, so
   // that numbers are never taken twice). Returns how many went.
   Result<uint64_t> Truncate(uint64_t keep);

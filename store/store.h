@@ -612,7 +612,9 @@ class Store final : private ChunkSink {
   // and when the last full listing was (sync thread only).
   std::unique_ptr<NamespaceJournal> journal_;
   std::optional<uint64_t> journal_cursor_;
+  std::optional<bool> journal_exclusive_;  // the backend refuses a second create (probed once)
   std::vector<std::string> journal_retry_;  // in the order they failed, each once
+  std::set<std::string> journal_retry_set_;  // the same keys, to find them
   void RetryKey(const std::string& key);
   std::set<std::string> journal_damaged_;  // damaged records already reported
   std::chrono::steady_clock::time_point last_full_sync_;

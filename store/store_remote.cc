@@ -429,8 +429,20 @@ Status Store::InitialSync(double timeout_s, const SyncProgress& progress) {
 
 Status Store::SyncFromRemote(const SyncProgress& progress, bool* listed) {
   if (remotes_.empty()) return Status::Ok();
+  if (!journal_exclusive_ && cfg_.sync_full_interval_s > 0) {
+    // The journal's numbers rest on exclusive creates; a gateway that ignores If-None-Match
+    // would let two writers take one number and hide an entry. Then every pass lists.
+    ASSIGN_OR_RETURN(bool exclusive, journal_->CreatesAreExclusive());
+    journal_exclusive_ = exclusive;
+    if (!exclusive) {
+      log_->error("{} does not refuse a second create of one key (If-None-Match): its change "
+                  "journal cannot be trusted, so every sync pass lists the bucket",
+                  sync_backend().Describe());
+    }
+  }
+  const bool journal = cfg_.sync_full_interval_s > 0 && journal_exclusive_.value_or(false);
   const auto now = std::chrono::steady_clock::now();
-  const bool due = cfg_.sync_full_interval_s <= 0 ||
+  const bool due = !journal ||
                    now - last_full_sync_ >= std::chrono::duration<double>(cfg_.sync_full_interval_s);
   if (journal_cursor_ && !due) {
     bool gap = false;
@@ -446,13 +458,13 @@ Status Store::SyncFromRemote(const SyncProgress& progress, bool* listed) {
   // from the journal after it (applying a change twice ends in the same state).
   // (With sync_full_interval 0 every pass lists: the journal is not read.)
   uint64_t head = 0;
-  if (cfg_.sync_full_interval_s > 0) {
+  if (journal) {
     ASSIGN_OR_RETURN(head, journal_->Head());
   }
   bool ok_listing = false;
   Status st = FullSync(progress, &ok_listing);
   if (listed) *listed = ok_listing;
-  if (ok_listing && cfg_.sync_full_interval_s > 0) {
+  if (ok_listing && journal) {
     journal_cursor_ = head;
     last_full_sync_ = now;
   }
@@ -469,34 +481,37 @@ Status Store::JournalSync(bool* gap) {
   // files'): the bucket's state now is what gets applied. Keys that failed before go first.
   std::vector<std::string> keys;
   keys.swap(journal_retry_);
+  journal_retry_set_.clear();
   keys.insert(keys.end(), b.keys.begin(), b.keys.end());
   std::map<std::string, size_t> last;
   for (size_t i = 0; i < keys.size(); ++i) last[keys[i]] = i;
   Status first;
-  bool file_failed = false;
+  std::vector<std::string> failed_files;  // "files/<path>" keys that failed in this pass
   for (size_t i = 0; i < keys.size(); ++i) {
     const std::string& key = keys[i];
     if (last[key] != i) continue;
-    // A directory after a file that failed waits with it: its removal needs the file gone.
-    if (file_failed && key.rfind("dirs/", 0) == 0) {
-      RetryKey(key);
-      continue;
+    // A directory after a failed file inside it waits with it: its removal needs the file gone.
+    if (key.rfind("dirs/", 0) == 0) {
+      const std::string under = "files/" + key.substr(5) + "/";
+      if (std::any_of(failed_files.begin(), failed_files.end(),
+                      [&](const std::string& f) { return f.rfind(under, 0) == 0; })) {
+        RetryKey(key);
+        continue;
+      }
     }
     Status st = SyncKey(key);
-    if (!st.ok() && st.code() != Code::kExists) {
-      RetryKey(key);
-      file_failed |= key.rfind("files/", 0) == 0;
-      if (st.code() != Code::kBusy && first.ok()) first = Status(st.code(), key + ": " + st.message());
-    }
+    if (st.ok() || st.code() == Code::kExists) continue;
+    if (key.rfind("files/", 0) == 0) failed_files.push_back(key);
+    // A name that can never be applied here is left to the full listings' report.
+    if (st.code() != Code::kInvalid) RetryKey(key);
+    if (st.code() != Code::kBusy && first.ok()) first = Status(st.code(), key + ": " + st.message());
   }
   journal_cursor_ = b.last;
   return first;
 }
 
 void Store::RetryKey(const std::string& key) {
-  if (std::find(journal_retry_.begin(), journal_retry_.end(), key) == journal_retry_.end()) {
-    journal_retry_.push_back(key);
-  }
+  if (journal_retry_set_.insert(key).second) journal_retry_.push_back(key);
 }
 
 Status Store::SyncKey(const std::string& key) {
@@ -530,8 +545,10 @@ Status Store::SyncKey(const std::string& key) {
   // The listing's version is not known from a GET: the next full pass reads it once more.
   synced_[key] = "";
   journal_damaged_.erase(key);
-  return rec->origin == node_id_ ? Status::Ok()
-                                 : ApplyRemoteFile(key.substr(6), *rec, gc_generation);
+  // This node's own records too: a slow publish of an older version may have landed over
+  // another node's newer one, and the bucket's version is the one every node ends with.
+  // (ApplyRemoteFile leaves what this node already has, and local changes not yet published.)
+  return ApplyRemoteFile(key.substr(6), *rec, gc_generation);
 }
 
 Status Store::FullSync(const SyncProgress& progress, bool* listed) {
@@ -579,7 +596,7 @@ Status Store::FullSync(const SyncProgress& progress, bool* listed) {
       RetryKey(key);
       continue;
     }
-    Status st = rec->origin == node_id_ ? Status::Ok() : ApplyRemoteFile(key.substr(6), *rec, gc_generation);
+    Status st = ApplyRemoteFile(key.substr(6), *rec, gc_generation);
     if (st.ok() || st.code() == Code::kExists) {
       synced_[key] = version;
     } else if (st.code() != Code::kBusy) {
@@ -600,7 +617,9 @@ Status Store::FullSync(const SyncProgress& progress, bool* listed) {
     if (it->first.rfind("dirs/", 0) == 0) gone_dirs.push_back(it->first.substr(5));
     it = synced_.erase(it);
   }
-  for (auto d = gone_dirs.rbegin(); d != gone_dirs.rend(); ++d) note(ApplyRemoteRmdir(*d), *d);
+  for (auto d = gone_dirs.rbegin(); d != gone_dirs.rend(); ++d) {
+    note(ApplyRemoteRmdir(*d), "dirs/" + *d);
+  }
   return first;
 }
 

@@ -193,7 +193,7 @@ TEST(NamespaceJournal, AReaderPassCostsOneListingAndANewReaderLogarithmicRequest
   ASSERT_TRUE(head.ok());
   EXPECT_EQ(*head, 1000u);
   const auto h = mem.stats();
-  EXPECT_EQ(h.lists, 1u);
+  EXPECT_EQ(h.lists, 2u);   // the oldest entry; the listing after the bisection's answer
   EXPECT_LE(h.heads, 22u);  // doubling to 1024, then bisecting: 2 log2(1000)
   mem.ResetStats();
   auto none = reader.ReadAfter(1000);
@@ -208,6 +208,58 @@ TEST(NamespaceJournal, AReaderPassCostsOneListingAndANewReaderLogarithmicRequest
   EXPECT_EQ(one->keys, std::vector<std::string>{"files/one"});
   EXPECT_EQ(mem.stats().lists, 1u);
   EXPECT_LE(mem.stats().gets, 2u);  // the entry (a size, then its bytes)
+}
+
+TEST(NamespaceJournal, AWriterWhoseHintATruncationFreedTakesNoNumberTwice) {
+  // A writer appends entry 1 and falls silent while others append 2..10 and gc keeps the
+  // newest 3: its hint (1) points into the freed range. Its next entry is 11, which a reader
+  // at 10 finds; taking 2 again would hide the change from every reader past it.
+  MemBackend mem;
+  NamespaceJournal quiet(&mem, "quiet"), busy(&mem, "busy"), reader(&mem, "r");
+  ASSERT_TRUE(quiet.Append("files/a").ok());
+  for (int i = 2; i <= 10; ++i) ASSERT_TRUE(busy.Append("files/b" + std::to_string(i)).ok());
+  auto upto = reader.ReadAfter(0);
+  ASSERT_TRUE(upto.ok());
+  EXPECT_EQ(upto->last, 10u);
+  ASSERT_TRUE(busy.Truncate(3).ok());
+  ASSERT_TRUE(quiet.Append("files/late").ok());
+  auto after = reader.ReadAfter(10);
+  ASSERT_TRUE(after.ok());
+  ASSERT_FALSE(after->gap);
+  EXPECT_EQ(after->keys, std::vector<std::string>{"files/late"});
+  EXPECT_EQ(after->last, 11u);
+  auto head = NamespaceJournal(&mem, "fresh").Head();
+  ASSERT_TRUE(head.ok());
+  EXPECT_EQ(*head, 11u);
+}
+
+// A gateway that ignores If-None-Match: every create succeeds.
+class IgnoresConditions : public LossyBackend {
+ public:
+  explicit IgnoresConditions(MemBackend* m) : LossyBackend(m, 0), m_(m) {}
+  Status PutIfAbsent(const std::string& k, const void* d, size_t n) override {
+    return m_->Put(k, d, n);
+  }
+
+ private:
+  MemBackend* m_;
+};
+
+TEST(NamespaceJournal, AProbeTellsWhetherCreatesAreExclusive) {
+  MemBackend mem;
+  auto ok = NamespaceJournal(&mem, "n").CreatesAreExclusive();
+  ASSERT_TRUE(ok.ok());
+  EXPECT_TRUE(*ok);
+  IgnoresConditions lax(&mem);
+  auto lax_ok = NamespaceJournal(&lax, "n").CreatesAreExclusive();
+  ASSERT_TRUE(lax_ok.ok());
+  EXPECT_FALSE(*lax_ok);
+  std::vector<std::string> left;
+  ASSERT_TRUE(mem.List("journal/", "", [&](const ObjectInfo& o) {
+    left.push_back(o.key);
+    return true;
+  }).ok());
+  EXPECT_EQ(left, std::vector<std::string>{});  // the probe cleans up after itself
 }
 
 }  // namespace
