@@ -183,7 +183,14 @@ Result<NamespaceJournal::Batch> NamespaceJournal::ReadAfter(uint64_t cursor, siz
     for (int attempt = 0; attempt < 3 && key.empty(); ++attempt) {
       auto body = backend_->GetObject(Key(s));
       if (!body.ok() && body.status().code() == Code::kNotFound) break;
-      if (!body.ok()) return body.status();
+      if (!body.ok()) {
+        // What was read so far is a batch; the rest waits for the next pass (on a backend that
+        // fails now and then, a long batch read whole would rarely get through).
+        if (b.keys.empty()) return body.status();
+        std::lock_guard lock(mu_);
+        if (b.last > head_hint_) head_hint_ = b.last;
+        return b;
+      }
       key = Field(Verified(*body), "key");  // damaged on the way: read it again
     }
     if (key.empty()) {  // gone since the listing (truncated), or damaged for good

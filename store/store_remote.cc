@@ -432,9 +432,15 @@ Status Store::SyncFromRemote(const SyncProgress& progress, bool* listed) {
   if (!journal_exclusive_ && cfg_.sync_full_interval_s > 0) {
     // The journal's numbers rest on exclusive creates; a gateway that ignores If-None-Match
     // would let two writers take one number and hide an entry. Then every pass lists.
-    ASSIGN_OR_RETURN(bool exclusive, journal_->CreatesAreExclusive());
-    journal_exclusive_ = exclusive;
-    if (!exclusive) {
+    auto probe = journal_->CreatesAreExclusive();
+    if (!probe.ok()) {
+      // Puts failing now (the backend is down, or refuses writes): this pass lists, and the
+      // probe runs again at the next.
+      log_->debug("probing {} for exclusive creates: {}", sync_backend().Describe(),
+                  probe.status().ToString());
+    }
+    if (probe.ok()) journal_exclusive_ = *probe;
+    if (probe.ok() && !*probe) {
       log_->error("{} does not refuse a second create of one key (If-None-Match): its change "
                   "journal cannot be trusted, so every sync pass lists the bucket",
                   sync_backend().Describe());

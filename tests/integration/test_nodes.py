@@ -163,3 +163,34 @@ def test_a_restore_storm_fetches_every_chunk_once_per_node(make_mount, new_remot
     ranks = {c: n - storm.get(c, 0) for c, n in after.items() if n - storm.get(c, 0) > 0}
     assert len(ranks) >= NODES
     assert {c: n for c, n in ranks.items() if n > 1} == {}, "a rank's chunk fetched twice"
+
+
+@pytest.mark.timeout(300)
+def test_a_node_that_fell_behind_a_truncated_journal_lists_the_bucket(make_mount, new_remote):  # noqa: F811
+    # Node b is stopped (SIGSTOP) while a saves 12 files and `ckptfs gc` cuts the journal to its
+    # newest 2 entries: when b runs again, the entries after its cursor are gone, and it lists
+    # the bucket instead, seeing every file.
+    import signal
+    from test_gc import gc
+    remote = new_remote("s3")
+    a = mount_on(make_mount, remote, "a", options=REMOTE_CHUNKS)
+    b = mount_on(make_mount, remote, "b", options=REMOTE_CHUNKS)
+    (a / "run").mkdir()
+    wait_true(lambda: exists(b / "run"), "run/ on b")
+    pid = b.daemon_pid()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        names = [f"run/f{i}.bin" for i in range(12)]
+        for i, name in enumerate(names):
+            (a / name).write_bytes(os.urandom(1000 + i))
+        wait_state([a / n for n in names])
+        p = gc(remote, "--grace", "1", "--journal-keep", "2")
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert "journal entries" in p.stdout, p.stdout
+        assert len(remote.objects("journal/")) == 2
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    for name in names:
+        wait_true(lambda: exists(b / name), f"{name} on b", 60)
+        assert read_file(b / name) == read_file(a / name)
+    assert "truncated past what this node read" in b.log()

@@ -262,5 +262,44 @@ TEST(NamespaceJournal, AProbeTellsWhetherCreatesAreExclusive) {
   EXPECT_EQ(left, std::vector<std::string>{});  // the probe cleans up after itself
 }
 
+// Fails a third of the GETs.
+class FlakyGets : public LossyBackend {
+ public:
+  explicit FlakyGets(MemBackend* m) : LossyBackend(m, 0), m_(m) {}
+  Status PutIfAbsent(const std::string& k, const void* d, size_t n) override {
+    return m_->PutIfAbsent(k, d, n);
+  }
+  Result<size_t> Get(const std::string& k, uint64_t o, void* b, size_t n) override {
+    if (++calls_ % 3 == 0) return Status(Code::kIo, "injected: get " + k);
+    return m_->Get(k, o, b, n);
+  }
+
+ private:
+  MemBackend* m_;
+  int calls_ = 0;
+};
+
+TEST(NamespaceJournal, AReaderOnAFlakyBackendGetsThroughALongBatchInParts) {
+  // Read whole, a batch of 60 entries would need 60 GETs in a row to succeed; in parts, every
+  // pass keeps what it read, and the reader gets through, each key once and in order.
+  MemBackend mem;
+  NamespaceJournal w(&mem, "w");
+  for (int i = 0; i < 60; ++i) ASSERT_TRUE(w.Append("files/k" + std::to_string(i)).ok());
+  FlakyGets flaky(&mem);
+  NamespaceJournal reader(&flaky, "r");
+  std::vector<std::string> got;
+  uint64_t cursor = 0;
+  for (int pass = 0; pass < 200 && cursor < 60; ++pass) {
+    auto b = reader.ReadAfter(cursor);
+    if (!b.ok()) continue;  // the first GET failed: nothing read, try again
+    ASSERT_FALSE(b->gap);
+    got.insert(got.end(), b->keys.begin(), b->keys.end());
+    cursor = b->last;
+  }
+  ASSERT_EQ(cursor, 60u);
+  ASSERT_EQ(got.size(), 60u);
+  for (int i = 0; i < 60; ++i) EXPECT_EQ(got[i], "files/k" + std::to_string(i));
+}
+
 }  // namespace
 }  // namespace ckptfs
