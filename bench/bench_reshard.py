@@ -15,13 +15,16 @@ Prints `view/offline` time ratios (goal <= 0.25), the temporary bytes each route
 to the first byte of a view file (fresh mount: plan + CRCs) and the daemon's peak RSS.
 
 A second checkpoint of the same model saved with the distributed optimizer (distrib_optim.pt
-beside every rank file, buckets from overlap_grad_reduce) goes to tp2-pp2 the same two ways, the
-offline route here a lower bound of a conversion: torch.load of every source file, the target
-files written from the model in memory (the fixture's generator: no merging), torch.load of them.
+beside every rank file, buckets from overlap_grad_reduce) goes to tp2-pp2 the same two ways. Its
+offline route is a conversion written here for a TP change at the same PP: torch.load of every
+source file, each parameter's fp32 state cut from the flat tensors by Megatron's layout
+(tests/reshard/megatron_distopt.py), merged and split with the weights by their rules, laid out
+again for the target, torch.save, torch.load of the new files.
 
   /usr/bin/python3 bench/bench_reshard.py --gib 2
 """
 import argparse
+import copy
 import json
 import os
 import re
@@ -40,6 +43,7 @@ os.environ.setdefault("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "reshard"))
+import megatron_distopt as md  # noqa: E402
 import megatron_fixture as mf  # noqa: E402
 import benchjson  # noqa: E402  (bench/, the script's own folder)
 
@@ -124,12 +128,102 @@ def offline_hf(root, cfg, T, P, out):
     return sd
 
 
+def offline_distopt(src, cfg, Ts, T, P, out):
+    """The conversion of a distributed-optimizer checkpoint from TP=Ts to TP=T at the same
+    PP=P (see the docstring): reads src/iter_0000100, writes out/iter_0000100."""
+    keys = ("param", "exp_avg", "exp_avg_sq")
+    dkey = (torch.bfloat16, torch.float32)
+
+    def join(rule, parts):
+        if rule in ("column", "vocab"):
+            return torch.cat(parts, 0)
+        if rule == "row":
+            return torch.cat(parts, 1)
+        if rule == "swiglu":
+            halves = [x.chunk(2, 0) for x in parts]
+            return torch.cat([torch.cat([a for a, _ in halves]), torch.cat([b for _, b in halves])])
+        return parts[0]
+
+    def split(rule, x, t, rows):
+        if rule == "vocab":
+            x = x[:rows] if rows <= x.shape[0] else torch.cat(
+                [x, x[-1:].expand(rows - x.shape[0], *x.shape[1:])])
+            return x.chunk(T, 0)[t].contiguous()
+        if rule == "column":
+            return x.chunk(T, 0)[t].contiguous()
+        if rule == "row":
+            return x.chunk(T, 1)[t].contiguous()
+        if rule == "swiglu":
+            g, u = x.chunk(2, 0)
+            return torch.cat([g.chunk(T, 0)[t], u.chunk(T, 0)[t]])
+        return x.clone()
+
+    rows = cfg.padded_vocab(T)
+    for p in range(P):
+        files = [torch.load(src / "iter_0000100" / mf.rank_name(t, p, P) / mf.FILE)
+                 for t in range(Ts)]
+        dists = [torch.load(src / "iter_0000100" / mf.rank_name(t, p, P) / mf.DISTRIB_FILE)
+                 for t in range(Ts)]
+        names = [k for k, v in files[0]["model"].items()
+                 if torch.is_tensor(v) and not k.endswith("_extra_state")]
+
+        def states(t):
+            """{key: {name: tensor}} of source rank t, cut by its layout."""
+            params = [(n, files[t]["model"][n].numel()) for n in names]
+            shared = [cfg.tied and P > 1 and ((p == 0 and n.endswith("word_embeddings.weight")) or
+                                              (p == P - 1 and n.endswith("output_layer.weight")))
+                      for n, _ in params]
+            size = md.bucket_size(cfg, P, p, sum(n for _, n in params))
+            offsets, _, _ = md.layout([n for _, n in params], shared, size,
+                                      cfg.data_parallel_size)
+            flat = dists[t][0][dkey]
+            return {k: {n: flat[k][o:o + files[t]["model"][n].numel()].view(
+                files[t]["model"][n].shape) for (n, _), o in zip(params, offsets)} for k in keys}
+        src_states = [states(t) for t in range(Ts)]
+        full_w, full_s = {}, {k: {} for k in keys}
+        for n in names:
+            rule = mf.rule_of(n, cfg.swiglu)
+            full_w[n] = join(rule, [f["model"][n] for f in files])
+            for k in keys:
+                full_s[k][n] = join(rule, [s[k][n] for s in src_states])
+        for t in range(T):
+            prim = files[t * Ts // T]
+            model = type(prim["model"])()
+            for k, v in prim["model"].items():
+                model[k] = split(mf.rule_of(k, cfg.swiglu), full_w[k], t, rows) \
+                    if k in full_w else v
+            sd = dict(prim)
+            sd["model"] = model
+            args = copy.copy(prim["args"])
+            args.tensor_model_parallel_size = T
+            args.padded_vocab_size = rows
+            sd["args"] = args
+            params = [(n, model[n].numel()) for n in names]
+            shared = [cfg.tied and P > 1 and ((p == 0 and n.endswith("word_embeddings.weight")) or
+                                              (p == P - 1 and n.endswith("output_layer.weight")))
+                      for n, _ in params]
+            size = md.bucket_size(cfg, P, p, sum(n for _, n in params))
+            offsets, total, _ = md.layout([n for _, n in params], shared, size,
+                                          cfg.data_parallel_size)
+            world = {}
+            for k in keys:
+                flat = torch.zeros(total, dtype=torch.float32)
+                for (n, numel), o in zip(params, offsets):
+                    flat[o:o + numel] = split(mf.rule_of(n, cfg.swiglu), full_s[k][n], t,
+                                              rows).reshape(-1)
+                world[k] = flat
+            world["numel_unpadded"] = total
+            d = out / "iter_0000100" / mf.rank_name(t, p, P)
+            d.mkdir(parents=True, exist_ok=True)
+            torch.save(sd, d / mf.FILE)
+            torch.save({"buckets_coalesced": True, 0: {dkey: world}}, d / mf.DISTRIB_FILE)
+
+
 def distopt_case(root, cfg, work, pid, T, P):
     """tp4-pp2 -> tpT-ppP of a distributed-optimizer checkpoint: (view s, offline s, first byte
     s, daemon written, cache growth, offline written)."""
-    full = mf.save_checkpoint(root, cfg, 4, 2)
+    mf.save_checkpoint(root, cfg, 4, 2)
     os.sync()
-    src = root / "iter_0000100"
     names = (mf.FILE, mf.DISTRIB_FILE)
     print(f"distributed optimizer: {du(root) / 2**30:.2f} GiB at TP 4 x PP 2", flush=True)
     drop_caches()
@@ -148,17 +242,21 @@ def distopt_case(root, cfg, work, pid, T, P):
     drop_caches()
     off = work / "offline-distopt"
     t0 = time.perf_counter()
-    for p in range(2):
-        for t in range(4):
-            for name in names:
-                torch.load(src / mf.rank_name(t, p, 2) / name)
-    mf.save_checkpoint(off, cfg, T, P, full=full)
+    offline_distopt(root, cfg, 4, T, P, off)
     for p in range(P):
         for t in range(T):
             for name in names:
                 torch.load(off / "iter_0000100" / mf.rank_name(t, p, P) / name)
     offline_s = time.perf_counter() - t0
     ow = du(off)
+    # Both routes made the same files (rank 0 of each stage, compared whole).
+    for p in range(P):
+        rank = mf.rank_name(0, p, P)
+        a, b = torch.load(view / rank / mf.DISTRIB_FILE), torch.load(off / "iter_0000100" / rank /
+                                                                      mf.DISTRIB_FILE)
+        for k in ("param", "exp_avg", "exp_avg_sq"):
+            assert torch.equal(a[0][(torch.bfloat16, torch.float32)][k],
+                               b[0][(torch.bfloat16, torch.float32)][k]), (rank, k)
     shutil.rmtree(off)
     print(f"tp4-pp2 -> tp{T}-pp{P} (distributed optimizer): view {view_s:.1f} s, offline "
           f"{offline_s:.1f} s, first byte {ttfb:.2f} s", flush=True)
