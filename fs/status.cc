@@ -85,6 +85,8 @@ std::string StatusJson(Context& ctx) {
   out += ",\"writeback_cache\":" + std::string(cfg.writeback_cache ? "true" : "false");
   out += ",\"upload_threads\":" + Num(cfg.upload_threads);
   out += ",\"sync_interval_s\":" + Real(cfg.sync_interval_s);
+  out += ",\"sync_full_interval_s\":" + Real(cfg.sync_full_interval_s);
+  out += ",\"warm\":" + Quote(cfg.warm);
   out += ",\"gc_window_s\":" + Real(cfg.gc_window_s);
   out += ",\"metrics\":" + Quote(cfg.metrics_address);
   out += ",\"fuse\":" + Strings(cfg.fuse_options);
@@ -106,6 +108,8 @@ std::string StatusJson(Context& ctx) {
            ",\"last_error\":" + Quote(g.tier_errors[t]) + "}";
   }
   out += "]";
+  out += ",\"namespace_sync\":{\"mode\":" + Quote(g.sync_mode) +
+         ",\"journal_entry\":" + Num(g.journal_entry) + "}";
   std::vector<std::string> recent = RecentProblems();
   while (recent.size() > 1 && out.size() + Strings(recent).size() > kMaxJson) {
     recent.erase(recent.begin());

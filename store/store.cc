@@ -178,6 +178,9 @@ Store::Gauges Store::gauges() {
       g.tier_errors.push_back(failing ? last.ToString() : "");
     }
   }
+  const int mode = sync_mode_.load();
+  g.sync_mode = mode == 1 ? "journal" : mode == 2 ? "listing" : "";
+  g.journal_entry = sync_journal_entry_.load();
   return g;
 }
 

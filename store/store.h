@@ -325,6 +325,10 @@ class Store final : private ChunkSink {
     std::vector<std::string> tier_names;   // per remote tier: where it is (Backend::Describe)
     // Per remote tier: the error its write-back is retrying ("" when none: not failing).
     std::vector<std::string> tier_errors;
+    // The namespace sync: "journal" (its passes read the change journal, last read up to
+    // journal_entry), "listing" (every pass lists the bucket), "" before the first pass.
+    std::string sync_mode;
+    uint64_t journal_entry = 0;
   };
   Gauges gauges();
 
@@ -617,6 +621,9 @@ class Store final : private ChunkSink {
   std::set<std::string> journal_retry_set_;  // the same keys, to find them
   void RetryKey(const std::string& key);
   std::set<std::string> journal_damaged_;  // damaged records already reported
+  // What gauges() shows of the sync thread's state: 0 no pass yet, 1 journal, 2 listing.
+  std::atomic<int> sync_mode_{0};
+  std::atomic<uint64_t> sync_journal_entry_{0};
   std::chrono::steady_clock::time_point last_full_sync_;
   // One full pass (a listing of files/ and dirs/), and one pass over the journal's new entries
   // (*gap: the entries after the cursor are gone; relist).

@@ -447,6 +447,7 @@ Status Store::SyncFromRemote(const SyncProgress& progress, bool* listed) {
     }
   }
   const bool journal = cfg_.sync_full_interval_s > 0 && journal_exclusive_.value_or(false);
+  sync_mode_ = journal ? 1 : 2;
   const auto now = std::chrono::steady_clock::now();
   const bool due = !journal ||
                    now - last_full_sync_ >= std::chrono::duration<double>(cfg_.sync_full_interval_s);
@@ -473,6 +474,7 @@ Status Store::SyncFromRemote(const SyncProgress& progress, bool* listed) {
   if (ok_listing && journal) {
     journal_cursor_ = head;
     last_full_sync_ = now;
+    sync_journal_entry_ = head;
   }
   return st;
 }
@@ -513,6 +515,7 @@ Status Store::JournalSync(bool* gap) {
     if (st.code() != Code::kBusy && first.ok()) first = Status(st.code(), key + ": " + st.message());
   }
   journal_cursor_ = b.last;
+  sync_journal_entry_ = b.last;
   return first;
 }
 

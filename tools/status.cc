@@ -82,6 +82,17 @@ void PrintHuman(const json::Value& st) {
                 bad ? ("retrying after: " + Str(t, "last_error")).c_str() : "ok",
                 static_cast<long long>(Int(t, "waiting")));
   }
+  if (const json::Value* ns = st.Find("namespace_sync"); ns && !tier_list.empty()) {
+    const std::string mode = Str(*ns, "mode");
+    if (mode == "journal") {
+      std::printf("namespace sync: the change journal, read up to entry %lld\n",
+                  static_cast<long long>(Int(*ns, "journal_entry")));
+    } else if (mode == "listing") {
+      std::printf("namespace sync: a full listing every pass\n");
+    } else {
+      std::printf("namespace sync: no pass yet\n");
+    }
+  }
   if (const json::Value* o = st.Find("options"); o && o->is_object()) {
     std::string line;
     for (const auto& [k, v] : o->as_object()) {

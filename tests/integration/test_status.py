@@ -31,7 +31,12 @@ def test_status_of_a_healthy_mount(make_mount, workdir):
     s = wait_for(lambda: status_json(m.mnt), lambda s: s["tiers"][0]["waiting"] == 0)
     assert s["tiers"][0]["failing"] is False and s["local_tier"]["not_uploaded"] == 0
     assert s["recent_errors"] == []
+    # The namespace sync follows the journal, which holds the directory and the file.
+    assert s["options"]["warm"] == "checkpoint" and s["options"]["sync_full_interval_s"] == 600
+    s = wait_for(lambda: status_json(m.mnt), lambda s: s["namespace_sync"]["journal_entry"] >= 2)
+    assert s["namespace_sync"]["mode"] == "journal"
     text = status(m.mnt).stdout
+    assert "namespace sync: the change journal, read up to entry" in text
     assert f"daemon pid {m.daemon_pid()}" in text
     assert f"tier 1 file://{remote}: ok, 0 files" in text
     assert "recent errors and warnings: none" in text
