@@ -26,7 +26,7 @@ import torch
 from boto3.s3.transfer import TransferConfig
 
 import benchjson  # noqa: E402  (bench/, the script's own folder)
-from bench_remote import drop_caches, sh, start_rgw, teardown, wait_state
+from bench_remote import drop_caches, mount_bucket, start_rgw, teardown, wait_state
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NODES = 8
@@ -80,14 +80,8 @@ def main():
         s3.create_bucket(Bucket="bench")
 
         def mount(name, options=""):
-            mnt, cache = os.path.join(work, name, "mnt"), os.path.join(work, name, "cache")
-            os.makedirs(mnt)
-            os.makedirs(cache)
-            sh(args.bin, "mount", mnt, "--cache-dir", cache, "--backend", "s3://bench/ck",
-               "--s3-endpoint", env["AWS_ENDPOINT_URL"], *(["-o", options] if options else []),
-               stdout=subprocess.DEVNULL)
-            mounts.append(mnt)
-            return mnt
+            return mount_bucket(args.bin, work, name, env["AWS_ENDPOINT_URL"], mounts,
+                                [options] if options else [])
 
         # Commit -> visible on the other seven.
         nodes = [mount(f"n{i}") for i in range(NODES)]

@@ -116,6 +116,21 @@ def start_rgw(work):
     return rgw, env
 
 
+def mount_bucket(ckptfs, work, name, endpoint, mounts, options=()):
+    """Mounts s3://bench/ck as node `name` (work/name/{mnt,cache}), each of `options` an -o;
+    appends the mountpoint to `mounts` and returns it."""
+    mnt, cache = os.path.join(work, name, "mnt"), os.path.join(work, name, "cache")
+    os.makedirs(mnt)
+    os.makedirs(cache)
+    cmd = [ckptfs, "mount", mnt, "--cache-dir", cache, "--backend", "s3://bench/ck",
+           "--s3-endpoint", endpoint]
+    for o in options:
+        cmd += ["-o", o]
+    sh(*cmd, stdout=subprocess.DEVNULL)
+    mounts.append(mnt)
+    return mnt
+
+
 def teardown(ckptfs, mounts, rgw):
     """Unmounts every mount, then stops radosgw."""
     for m in mounts:
@@ -149,16 +164,7 @@ def main():
                               max_concurrency=10)
 
         def mount(name, *opts):
-            mnt, cache = os.path.join(work, name, "mnt"), os.path.join(work, name, "cache")
-            os.makedirs(mnt)
-            os.makedirs(cache)
-            cmd = [args.bin, "mount", mnt, "--cache-dir", cache, "--backend", "s3://bench/ck",
-                   "--s3-endpoint", env["AWS_ENDPOINT_URL"]]
-            for o in opts:
-                cmd += ["-o", o]
-            sh(*cmd, stdout=subprocess.DEVNULL)
-            mounts.append(mnt)
-            return mnt
+            return mount_bucket(args.bin, work, name, env["AWS_ENDPOINT_URL"], mounts, opts)
 
         a = mount("a")
         sd = state_dict(args.gib, 1)

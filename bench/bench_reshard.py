@@ -134,30 +134,6 @@ def offline_distopt(src, cfg, Ts, T, P, out):
     keys = ("param", "exp_avg", "exp_avg_sq")
     dkey = (torch.bfloat16, torch.float32)
 
-    def join(rule, parts):
-        if rule in ("column", "vocab"):
-            return torch.cat(parts, 0)
-        if rule == "row":
-            return torch.cat(parts, 1)
-        if rule == "swiglu":
-            halves = [x.chunk(2, 0) for x in parts]
-            return torch.cat([torch.cat([a for a, _ in halves]), torch.cat([b for _, b in halves])])
-        return parts[0]
-
-    def split(rule, x, t, rows):
-        if rule == "vocab":
-            x = x[:rows] if rows <= x.shape[0] else torch.cat(
-                [x, x[-1:].expand(rows - x.shape[0], *x.shape[1:])])
-            return x.chunk(T, 0)[t].contiguous()
-        if rule == "column":
-            return x.chunk(T, 0)[t].contiguous()
-        if rule == "row":
-            return x.chunk(T, 1)[t].contiguous()
-        if rule == "swiglu":
-            g, u = x.chunk(2, 0)
-            return torch.cat([g.chunk(T, 0)[t], u.chunk(T, 0)[t]])
-        return x.clone()
-
     rows = cfg.padded_vocab(T)
     for p in range(P):
         files = [torch.load(src / "iter_0000100" / mf.rank_name(t, p, P) / mf.FILE)
@@ -170,12 +146,7 @@ def offline_distopt(src, cfg, Ts, T, P, out):
         def states(t):
             """{key: {name: tensor}} of source rank t, cut by its layout."""
             params = [(n, files[t]["model"][n].numel()) for n in names]
-            shared = [cfg.tied and P > 1 and ((p == 0 and n.endswith("word_embeddings.weight")) or
-                                              (p == P - 1 and n.endswith("output_layer.weight")))
-                      for n, _ in params]
-            size = md.bucket_size(cfg, P, p, sum(n for _, n in params))
-            offsets, _, _ = md.layout([n for _, n in params], shared, size,
-                                      cfg.data_parallel_size)
+            offsets, _, _ = md.rank_layout(cfg, P, p, params)
             flat = dists[t][0][dkey]
             return {k: {n: flat[k][o:o + files[t]["model"][n].numel()].view(
                 files[t]["model"][n].shape) for (n, _), o in zip(params, offsets)} for k in keys}
@@ -183,14 +154,14 @@ def offline_distopt(src, cfg, Ts, T, P, out):
         full_w, full_s = {}, {k: {} for k in keys}
         for n in names:
             rule = mf.rule_of(n, cfg.swiglu)
-            full_w[n] = join(rule, [f["model"][n] for f in files])
+            full_w[n] = mf.join_shards(rule, [f["model"][n] for f in files])
             for k in keys:
-                full_s[k][n] = join(rule, [s[k][n] for s in src_states])
+                full_s[k][n] = mf.join_shards(rule, [s[k][n] for s in src_states])
         for t in range(T):
             prim = files[t * Ts // T]
             model = type(prim["model"])()
             for k, v in prim["model"].items():
-                model[k] = split(mf.rule_of(k, cfg.swiglu), full_w[k], t, rows) \
+                model[k] = mf.split_full(mf.rule_of(k, cfg.swiglu), full_w[k], T, t, rows) \
                     if k in full_w else v
             sd = dict(prim)
             sd["model"] = model
@@ -199,18 +170,13 @@ def offline_distopt(src, cfg, Ts, T, P, out):
             args.padded_vocab_size = rows
             sd["args"] = args
             params = [(n, model[n].numel()) for n in names]
-            shared = [cfg.tied and P > 1 and ((p == 0 and n.endswith("word_embeddings.weight")) or
-                                              (p == P - 1 and n.endswith("output_layer.weight")))
-                      for n, _ in params]
-            size = md.bucket_size(cfg, P, p, sum(n for _, n in params))
-            offsets, total, _ = md.layout([n for _, n in params], shared, size,
-                                          cfg.data_parallel_size)
+            offsets, total, _ = md.rank_layout(cfg, P, p, params)
             world = {}
             for k in keys:
                 flat = torch.zeros(total, dtype=torch.float32)
                 for (n, numel), o in zip(params, offsets):
-                    flat[o:o + numel] = split(mf.rule_of(n, cfg.swiglu), full_s[k][n], t,
-                                              rows).reshape(-1)
+                    flat[o:o + numel] = mf.split_full(mf.rule_of(n, cfg.swiglu), full_s[k][n],
+                                                      T, t, rows).reshape(-1)
                 world[k] = flat
             world["numel_unpadded"] = total
             d = out / "iter_0000100" / mf.rank_name(t, p, P)

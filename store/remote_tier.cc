@@ -226,13 +226,13 @@ Status RemoteTier::Process(std::string_view op) {
     }
     case 'D':
       RETURN_IF_ERROR(backend_->Delete("files/" + std::string(arg)));
-      return journal_ ? journal_->Append("files/" + std::string(arg)) : Status::Ok();
+      return Announce("files/" + std::string(arg));
     case 'M':
       RETURN_IF_ERROR(backend_->Put("dirs/" + std::string(arg), "", 0));
-      return journal_ ? journal_->Append("dirs/" + std::string(arg)) : Status::Ok();
+      return Announce("dirs/" + std::string(arg));
     case 'R':
       RETURN_IF_ERROR(backend_->Delete("dirs/" + std::string(arg)));
-      return journal_ ? journal_->Append("dirs/" + std::string(arg)) : Status::Ok();
+      return Announce("dirs/" + std::string(arg));
     default:
       return Corrupt("unknown upload op '" + std::string(1, op[0]) + "'");
   }
@@ -281,7 +281,7 @@ Status RemoteTier::PublishFile(uint64_t ino) {
   const std::string bytes = fr.Encode();
   RETURN_IF_ERROR(backend_->Put("files/" + path, bytes.data(), bytes.size()));
   // Announced before the published mark: a failed append redoes the publish and the append.
-  if (journal_) RETURN_IF_ERROR(journal_->Append("files/" + path));
+  RETURN_IF_ERROR(Announce("files/" + path));
   if (std::chrono::duration<double>(std::chrono::steady_clock::now() - window_start).count() >
       gc_window_s_) {
     // Too slow for the protocol: a round that began meanwhile may delete a chunk this record

@@ -125,6 +125,10 @@ class RemoteTier {
   void Loop();
   Status Process(std::string_view op);
   Status PublishFile(uint64_t ino);
+  // Appends "key changed" to the journal (the farthest tier only), once the change is made.
+  Status Announce(const std::string& key) {
+    return journal_ ? journal_->Append(key) : Status::Ok();
+  }
   // Puts the chunks of m the backend lacks; *held gets every chunk it holds, to be marked
   // evictable once the file's record is up.
   Status UploadChunks(const Manifest& m, std::vector<std::pair<ChunkId, uint64_t>>* held);

@@ -61,12 +61,7 @@ def test_eight_nodes_see_the_union_and_agree_on_a_contested_path(make_mount, new
     # the two whole (never a mix), and all eight with the same one: the record put last.
     path = f"{d}/latest.pt"
     versions = [ckpt_bytes(tensors(700 + k, [60_000])) for k in range(2)]
-    writers = [threading.Thread(target=lambda k=k, n=n: (n / path).write_bytes(versions[k]))
-               for k, n in enumerate((nodes[2], nodes[5]))]
-    for w in writers:
-        w.start()
-    for w in writers:
-        w.join()
+    together(lambda k: ((nodes[2], nodes[5])[k] / path).write_bytes(versions[k]), range(2))
 
     def settled():
         seen = []
@@ -83,6 +78,15 @@ def test_eight_nodes_see_the_union_and_agree_on_a_contested_path(make_mount, new
     assert read_file(fresh / path) == got
 
 
+def together(fn, args):
+    """fn(a) for every a in args, each on its own thread, all at once; returns when all end."""
+    threads = [threading.Thread(target=fn, args=(a,)) for a in args]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
 def load_all(paths, readers):
     """torch.load of each path on `readers` threads at once; {path: [state dicts]}."""
     out = {p: [] for p in paths}
@@ -97,11 +101,7 @@ def load_all(paths, readers):
         except Exception as e:  # noqa: BLE001  (reported below)
             with lock:
                 errors.append(f"{p}: {e!r}")
-    threads = [threading.Thread(target=work, args=(p,)) for p in paths for _ in range(readers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    together(work, [p for p in paths for _ in range(readers)])
     assert errors == []
     return out
 
@@ -128,11 +128,7 @@ def test_a_restore_storm_fetches_every_chunk_once_per_node(make_mount, new_remot
 
     def node(i):
         got[i] = load_all([nodes[i] / "shared" / "model.pt"], readers=3)
-    threads = [threading.Thread(target=node, args=(i,)) for i in range(NODES)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    together(node, range(NODES))
     for i in range(NODES):
         for sd in got[i][nodes[i] / "shared" / "model.pt"]:
             assert all(torch.equal(sd[k], shared[k]) for k in shared)
@@ -151,11 +147,7 @@ def test_a_restore_storm_fetches_every_chunk_once_per_node(make_mount, new_remot
 
     def own_rank(i):
         got[i] = load_all([nodes[i] / "ranks" / f"rank-{i}.pt"], readers=2)
-    threads = [threading.Thread(target=own_rank, args=(i,)) for i in range(NODES)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    together(own_rank, range(NODES))
     for i in range(NODES):
         for sd in got[i][nodes[i] / "ranks" / f"rank-{i}.pt"]:
             assert all(torch.equal(sd[k], own[i][k]) for k in own[i])

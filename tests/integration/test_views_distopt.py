@@ -33,12 +33,7 @@ def model_params(sd):
 
 
 def buckets(cfg, sd, P, p):
-    params = model_params(sd)
-    shared = [cfg.tied and P > 1 and ((p == 0 and n.endswith("word_embeddings.weight")) or
-                                      (p == P - 1 and n.endswith("output_layer.weight")))
-              for n, _ in params]
-    size = md.bucket_size(cfg, P, p, sum(n for _, n in params))
-    return md.layout([n for _, n in params], shared, size, cfg.data_parallel_size)[2]
+    return md.rank_layout(cfg, P, p, model_params(sd))[2]
 
 
 def check_view(root, cfg, full, target, workdir, dp):

@@ -88,16 +88,22 @@ def layout(numels, shared, size, dp):
     return offsets, sum(unpadded), len(unpadded)
 
 
-def rank_state(cfg, pps, p, params, states, groups_sd, iteration):
-    """The rank's `optimizer` entry [STATE] and distrib_optim.pt [DPZERO]. params: [(name,
-    numel)] in registration order; states: {key: [fp32 tensor per param]} for 'param',
-    'exp_avg', 'exp_avg_sq'; groups_sd: the torch optimizer's param_groups."""
+def rank_layout(cfg, pps, p, params):
+    """The layout of stage p's rank whose parameters are params, [(name, numel)] in registration
+    order: (offsets, numel_unpadded, buckets). [TIED] marks the shared embeddings, [BUCKET] the
+    bucket size."""
     shared = [cfg.tied and pps > 1 and ((p == 0 and n.endswith("word_embeddings.weight")) or
                                         (p == pps - 1 and n.endswith("output_layer.weight")))
               for n, _ in params]
     numels = [n for _, n in params]
-    size = bucket_size(cfg, pps, p, sum(numels))
-    offsets, total, nbuckets = layout(numels, shared, size, cfg.data_parallel_size)
+    return layout(numels, shared, bucket_size(cfg, pps, p, sum(numels)), cfg.data_parallel_size)
+
+
+def rank_state(cfg, pps, p, params, states, groups_sd, iteration):
+    """The rank's `optimizer` entry [STATE] and distrib_optim.pt [DPZERO]. params: [(name,
+    numel)] in registration order; states: {key: [fp32 tensor per param]} for 'param',
+    'exp_avg', 'exp_avg_sq'; groups_sd: the torch optimizer's param_groups."""
+    offsets, total, nbuckets = rank_layout(cfg, pps, p, params)
     world = {}
     for key in ("param", "exp_avg", "exp_avg_sq"):
         flat = torch.zeros(total, dtype=torch.float32)

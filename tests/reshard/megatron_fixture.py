@@ -836,6 +836,37 @@ class _Source:
         return out
 
 
+def join_shards(rule, parts):
+    """The full tensor of a parameter under `rule` from its TP shards, in rank order."""
+    if rule in ("column", "vocab"):
+        return torch.cat(parts, 0)
+    if rule == "row":
+        return torch.cat(parts, 1)
+    if rule == "swiglu":
+        halves = [x.chunk(2, 0) for x in parts]
+        return torch.cat([torch.cat([a for a, _ in halves]), torch.cat([b for _, b in halves])])
+    return parts[0]  # replicated: source TP rank 0
+
+
+def split_full(rule, x, T, t, rows=None):
+    """Shard t of T of full tensor x under `rule` (`rows`: the padded vocabulary, for vocab)."""
+    if rule == "vocab":
+        n = x.shape[0]
+        if rows <= n:  # docs 'Vocabulary padding' / [VOCAB] pad_weight
+            x = x[:rows]
+        else:
+            x = torch.cat([x, x[-1:].expand(rows - n, *x.shape[1:])])
+        return x.chunk(T, 0)[t].clone()
+    if rule == "column":
+        return x.chunk(T, 0)[t].clone()
+    if rule == "row":
+        return x.chunk(T, 1)[t].clone()
+    if rule == "swiglu":
+        g, u = x.chunk(2, 0)
+        return torch.cat([g.chunk(T, 0)[t], u.chunk(T, 0)[t]]).clone()
+    return x.clone()
+
+
 class _Full:
     """One parameter assembled from its TP shards on its source stage: for each tensor kind
     ('weight', 'master', state keys of the parameter's shape) the full tensor, and per source TP
@@ -863,32 +894,10 @@ class _Full:
             self.locations[kind] = locs
 
     def _join(self, parts):
-        if self.rule in ("column", "vocab"):
-            return torch.cat(parts, 0)
-        if self.rule == "row":
-            return torch.cat(parts, 1)
-        if self.rule == "swiglu":
-            halves = [x.chunk(2, 0) for x in parts]
-            return torch.cat([torch.cat([a for a, _ in halves]), torch.cat([b for _, b in halves])])
-        return parts[0]  # replicated: source TP rank 0
+        return join_shards(self.rule, parts)
 
     def split(self, kind, T, t, rows=None):
-        x = self.full[kind]
-        if self.rule == "vocab":
-            n = x.shape[0]
-            if rows <= n:  # docs 'Vocabulary padding' / [VOCAB] pad_weight
-                x = x[:rows]
-            else:
-                x = torch.cat([x, x[-1:].expand(rows - n, *x.shape[1:])])
-            return x.chunk(T, 0)[t].clone()
-        if self.rule == "column":
-            return x.chunk(T, 0)[t].clone()
-        if self.rule == "row":
-            return x.chunk(T, 1)[t].clone()
-        if self.rule == "swiglu":
-            g, u = x.chunk(2, 0)
-            return torch.cat([g.chunk(T, 0)[t], u.chunk(T, 0)[t]]).clone()
-        return x.clone()
+        return split_full(self.rule, self.full[kind], T, t, rows)
 
     def first_element_rank(self, T, t, rows=None):
         """The source TP rank holding the first element of target shard t."""
