@@ -18,7 +18,8 @@ scripts/rgw.sh), every figure a ratio measured in this run:
                               same bytes. Higher is better (throughput ratio).
 
 Usage: /usr/bin/python3 bench/bench_remote.py [--gib 2] [--dir /var/tmp/ckptfs-remote]
-                                             [--cold-options OPT,OPT] [--ranks 4]
+                                             [--cold-options OPT,OPT] [--options OPT,OPT]
+                                             [--ranks 4]
 radosgw stores on bluestore in a sparse file under --dir (RGW_STORE=memstore keeps it in RAM).
 """
 import argparse
@@ -145,6 +146,8 @@ def main():
     ap.add_argument("--dir", default="/var/tmp/ckptfs-remote")
     ap.add_argument("--cold-options", default="",
                     help="-o options of the cold-load mount (e.g. readahead_chunks=64)")
+    ap.add_argument("--options", default="",
+                    help="-o options of every mount, the saving one included (e.g. tensor_piece=16M)")
     ap.add_argument("--ranks", type=int, default=4,
                     help="processes of the restore storm, one rank file each (0: skip it)")
     ap.add_argument("--bin", default=os.environ.get("CKPTFS_BIN",
@@ -164,6 +167,8 @@ def main():
                               max_concurrency=10)
 
         def mount(name, *opts):
+            if args.options:
+                opts = (args.options,) + opts
             return mount_bucket(args.bin, work, name, env["AWS_ENDPOINT_URL"], mounts, opts)
 
         a = mount("a")

@@ -15,6 +15,8 @@
 
 namespace ckptfs {
 
+inline constexpr size_t kDirectAlign = 4096;
+
 struct IoOp {
   enum class Kind : uint8_t { kRead, kWrite };
   Kind kind = Kind::kRead;
@@ -22,6 +24,9 @@ struct IoOp {
   void* buf = nullptr;  // for kWrite the bytes are only read
   size_t len = 0;
   int64_t offset = 0;   // -1: at the file's position (pipes, sockets)
+  // The fd was opened with O_DIRECT (buf, len and offset aligned to kDirectAlign): a read that
+  // stops off a block boundary stopped at end of file, where asking again would be refused.
+  bool direct = false;
   // Results, filled by Submit: bytes moved (a read may stop short at end of file) and status.
   size_t done = 0;
   Status status;
@@ -44,8 +49,9 @@ class IoEngine {
   virtual Status Submit(std::span<IoOp> ops) = 0;
   virtual const char* name() const = 0;
 
-  // Single-op conveniences. ReadAt returns the bytes read (fewer than len only at end of file).
-  Result<size_t> ReadAt(int fd, void* buf, size_t len, int64_t offset);
+  // Single-op conveniences. ReadAt returns the bytes read (fewer than len only at end of file);
+  // `direct`: see IoOp::direct.
+  Result<size_t> ReadAt(int fd, void* buf, size_t len, int64_t offset, bool direct = false);
   Status WriteAt(int fd, const void* buf, size_t len, int64_t offset);
 };
 

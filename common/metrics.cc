@@ -30,6 +30,7 @@ std::vector<std::pair<std::string, uint64_t>> Metrics::Snapshot() const {
       {"chunks_reclaimed", chunks_reclaimed.Get()},
       {"cache_hit_bytes", cache_hit_bytes.Get()},
       {"cache_miss_bytes", cache_miss_bytes.Get()},
+      {"cache_direct_read_bytes", cache_direct_read_bytes.Get()},
       {"chunk_verify_failures", chunk_verify_failures.Get()},
       {"file_commits", file_commits.Get()},
       {"file_commit_bytes", file_commit_bytes.Get()},

@@ -78,6 +78,7 @@ struct Metrics {
   Counter chunks_reclaimed;     // chunk files removed when their last reference went
   Counter cache_hit_bytes;      // read bytes served from the RAM tier
   Counter cache_miss_bytes;     // read bytes that had to come from the local disk tier
+  Counter cache_direct_read_bytes;  // of those, read with O_DIRECT (the page cache held none)
   Counter chunk_verify_failures;
   Counter file_commits;         // manifests committed
   Counter file_commit_bytes;    // the sizes of the files they describe

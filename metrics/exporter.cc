@@ -33,6 +33,7 @@ constexpr CounterInfo kCounters[] = {
     {"chunks_reclaimed", "ckptfs_chunks_reclaimed", "Chunk files removed when their last reference went."},
     {"cache_hit_bytes", "ckptfs_ram_cache_hit_bytes", "Bytes read from the RAM tier."},
     {"cache_miss_bytes", "ckptfs_ram_cache_miss_bytes", "Bytes read from the local disk tier after a RAM tier miss."},
+    {"cache_direct_read_bytes", "ckptfs_disk_direct_read_bytes", "Bytes of those read with O_DIRECT (not in the page cache)."},
     {"chunk_verify_failures", "ckptfs_chunk_verify_failures", "Chunks on the local tier whose bytes did not match their name."},
     {"file_commits", "ckptfs_file_commits", "File versions committed (manifests)."},
     {"file_commit_bytes", "ckptfs_file_commit_bytes", "Sizes of the file versions committed."},

@@ -180,6 +180,82 @@ TEST_P(ChunkCacheTest, TruncatedChunkIsCorrupt) {
   ExpectReadsBack(c);
 }
 
+// Drops a chunk file's pages from the page cache (written back first, so that all of them go).
+void Uncache(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0) << path;
+  ASSERT_EQ(::fdatasync(fd), 0);
+  ASSERT_EQ(::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+  ::close(fd);
+}
+
+// A chunk the page cache does not hold is read with O_DIRECT (blocks past its end are cut off);
+// one it holds whole is copied from there. Either way the bytes are verified.
+TEST_P(ChunkCacheTest, ChunksOutOfThePageCacheAreReadDirect) {
+  {
+    int fd = ::open((root_ + "/probe").c_str(), O_RDWR | O_CREAT | O_DIRECT, 0600);
+    if (fd < 0 && errno == EINVAL) GTEST_SKIP() << "the test directory's filesystem refuses O_DIRECT";
+    ASSERT_GE(fd, 0);
+    ::close(fd);
+  }
+  Open(0);
+  std::vector<Chunk> chunks;
+  uint64_t total = 0;
+  for (size_t size : {size_t{1}, size_t{4095}, size_t{4096}, size_t{4097}, size_t{(1 << 20) + 3},
+                      size_t{3 << 20}}) {
+    chunks.push_back(MakeChunk(size, 40 + chunks.size()));
+    Put(chunks.back());
+    Uncache(cache_->PathOf(chunks.back().id));
+    total += size;
+  }
+  for (const Chunk& c : chunks) ExpectReadsBack(c);
+  EXPECT_EQ(metrics_.cache_direct_read_bytes.Get(), total);
+  // Now the page cache holds them (a buffered read brought them in): copied from there.
+  for (const Chunk& c : chunks) {
+    std::vector<uint8_t> b(c.bytes.size() + 1);
+    int fd = ::open(cache_->PathOf(c.id).c_str(), O_RDONLY);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::read(fd, b.data(), b.size()), static_cast<ssize_t>(c.bytes.size()));
+    ::close(fd);
+    ExpectReadsBack(c);
+  }
+  EXPECT_EQ(metrics_.cache_direct_read_bytes.Get(), total);
+  EXPECT_EQ(metrics_.cache_miss_bytes.Get(), 2 * total);
+
+  // A damaged block read directly fails verification: moved aside, as on the buffered path.
+  const Chunk& big = chunks[4];
+  const std::string path = cache_->PathOf(big.id);
+  {
+    int fd = ::open(path.c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    const uint8_t b = static_cast<uint8_t>(big.bytes[700000] ^ 1);
+    ASSERT_EQ(::pwrite(fd, &b, 1, 700000), 1);
+    ::close(fd);
+  }
+  Uncache(path);
+  auto r = cache_->Get(big.id, big.bytes.size());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kCorrupt);
+  EXPECT_TRUE(Exists(root_ + "/chunks/corrupt/" + big.id.Hex()));
+  // A file longer than its chunk: the chunk's bytes are its first ones, as on the buffered path,
+  // and the buffer's padding past them stays zero.
+  const Chunk& odd = chunks[3];
+  {
+    int fd = ::open(cache_->PathOf(odd.id).c_str(), O_WRONLY | O_APPEND);
+    ASSERT_GE(fd, 0);
+    const std::vector<uint8_t> tail(100, 0xab);
+    ASSERT_EQ(::write(fd, tail.data(), tail.size()), 100);
+    ::close(fd);
+  }
+  Uncache(cache_->PathOf(odd.id));
+  auto longer = cache_->Get(odd.id, odd.bytes.size());
+  ASSERT_TRUE(longer.ok()) << longer.status().ToString();
+  EXPECT_TRUE(std::equal(odd.bytes.begin(), odd.bytes.end(), (*longer)->bytes.get()));
+  const uint8_t* pad = (*longer)->bytes.get() + odd.bytes.size();
+  EXPECT_TRUE(std::all_of(pad, pad + (2 * kDirectAlign - odd.bytes.size()),
+                          [](uint8_t b) { return b == 0; }));
+}
+
 TEST_P(ChunkCacheTest, PutRewritesAFileOfTheWrongSize) {
   Open(0);
   Chunk c = MakeChunk(50000, 7);
