@@ -10,7 +10,9 @@ the plain directory):
   save-over               torch.save over the same path every run (ext4 writes a file replaced
                           by truncation back at its close: the plain directory pays for that)
   load-warm mount/plain   torch.load of it, second load (page caches warm)
-  write-1M mount/plain    sequential 1 MiB writes of SIZE fresh random bytes, closed
+  write-1M mount/plain    sequential 1 MiB writes of SIZE fresh random bytes to a new path each
+                          run, closed (as for save: a file written over in place would let the
+                          plain side reuse the page cache its truncation just freed)
   write-1M+seal           the same, until the bytes are in chunks
   read-1M-cold            sequential 1 MiB reads after dropping the kernel's caches
   read-1M-warm            the same with caches warm
@@ -105,6 +107,18 @@ def vm_hwm_kib(pid):
     return 0
 
 
+def reported_kib():
+    """Guest memory the kernel has handed back to the hypervisor so far (free page reporting), or
+    None on a machine without it. On such a VM a page freed and reported is backed again by the
+    host at its next first touch: the copy into fresh page cache then runs several times slower,
+    whichever side of a ratio it falls on."""
+    try:
+        with open("/sys/module/page_reporting/parameters/reported_kib") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return None
+
+
 # Issue 19's goals (mount/plain as throughput; higher is better).
 GOALS = {"save": 1.0, "write-1M": 0.8, "read-1M-cold": 0.8, "load-warm": 0.95}
 
@@ -134,6 +148,7 @@ def main():
         cmd += ["-o", args.opts]
     subprocess.run(cmd, check=True)
     pid = daemon_pid(cache)
+    reported0 = reported_kib()
     results = {}
     try:
         # A state dict of 64 MiB tensors, like one rank's shard of a large model.
@@ -199,22 +214,46 @@ def main():
         os.unlink(pf)
         os.unlink(mf)
 
-        pb, mb = os.path.join(plain, "seq.bin"), os.path.join(mnt, "seq.bin")
         fresh = FreshBytes(size)
-        def renew():
+        seq = [0]
+
+        def seq_files(d):
+            return sorted((int(n[4:-4]), os.path.join(d, n)) for n in os.listdir(d)
+                          if n.startswith("seq-"))
+
+        def renew():  # as for save: a new path each run; older ones removed (untimed)
             seal(mnt)
+            for d in (plain, mnt):
+                for n, path in seq_files(d):
+                    if n < seq[0]:  # the run just before (the other side's, maybe) stays
+                        os.unlink(path)
+            seq[0] += 1
             fresh.renew()
-        ratio("write-1M", lambda: write_seq(pb, fresh.buf, 1 << 20),
-              lambda: write_seq(mb, fresh.buf, 1 << 20), prep=renew)
-        ratio("write-1M+seal", lambda: write_seq(pb, fresh.buf, 1 << 20),
-              lambda: (write_seq(mb, fresh.buf, 1 << 20), seal(mnt)), prep=renew)
+
+        def seq_at(d):
+            return os.path.join(d, f"seq-{seq[0]}.bin")
+
+        ratio("write-1M", lambda: write_seq(seq_at(plain), fresh.buf, 1 << 20),
+              lambda: write_seq(seq_at(mnt), fresh.buf, 1 << 20), prep=renew)
+        ratio("write-1M+seal", lambda: write_seq(seq_at(plain), fresh.buf, 1 << 20),
+              lambda: (write_seq(seq_at(mnt), fresh.buf, 1 << 20), seal(mnt)), prep=renew)
+        if not seq_files(plain) or not seq_files(mnt):  # reads alone (--only)
+            renew()
+            write_seq(seq_at(plain), fresh.buf, 1 << 20)
+            write_seq(seq_at(mnt), fresh.buf, 1 << 20)
         seal(mnt)
         del fresh
+        pb, mb = seq_files(plain)[-1][1], seq_files(mnt)[-1][1]
         ratio("read-1M-cold", lambda: read_seq(pb, 1 << 20), lambda: read_seq(mb, 1 << 20), prep=drop_caches)
         ratio("read-1M-warm", lambda: read_seq(pb, 1 << 20), lambda: read_seq(mb, 1 << 20))
         hwm = vm_hwm_kib(pid) / 1024
         print(f"daemon peak RSS = {hwm:.0f} MiB (budget 256 MiB + 128 MiB RAM cache = 384 MiB)")
         out.note("daemon_peak_rss_mib", round(hwm))
+        if reported0 is not None:
+            gib = (reported_kib() - reported0) / 2**20
+            print(f"guest memory reported free to the hypervisor during the runs = {gib:.0f} GiB "
+                  f"(free page reporting: fresh page cache is backed again at first touch)")
+            out.note("page_reporting_gib", round(gib, 1))
         out.write()
     finally:
         subprocess.run([args.bin, "umount", mnt])
