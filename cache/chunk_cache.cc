@@ -39,6 +39,8 @@ namespace {
 // the daemon's resident size grows far past what it holds). Freed ones wait in a pool, up to
 // kPoolBytes in all, for the next buffer of the same size.
 constexpr size_t kPoolClass = 1 << 20;
+// Chunks of at least this size are written with O_DIRECT (ChunkCache::Put).
+constexpr size_t kDirectPutMin = 256 << 10;
 constexpr size_t kPoolStep = 64 << 10;
 constexpr size_t kPoolBytes = 64 << 20;
 
@@ -235,25 +237,42 @@ bool ChunkCache::AlreadyOnDisk(const ChunkId& id, size_t len) {
 
 Result<bool> ChunkCache::Put(const ChunkId& id, const void* data, size_t len) {
   if (AlreadyOnDisk(id, len)) return false;
+  // A large chunk goes to disk with O_DIRECT, from an aligned copy (a pooled buffer, its pages
+  // resident): a buffered write would copy it into fresh page cache, which nobody reads back
+  // (a read of a chunk not in the page cache is direct too), and which pushes the job's own
+  // pages out. That copy was over half of a seal's time. Small chunks stay buffered: many of
+  // them (a model's biases and norms) would each wait for the disk.
+  if (len >= kDirectPutMin) {
+    auto copy = ChunkData::Allocate(len);
+    std::memcpy(copy->bytes.get(), data, len);
+    return PutDirect(id, *copy);
+  }
+  return PutBuffered(id, data, len);
+}
+
+Result<bool> ChunkCache::PutBuffered(const ChunkId& id, const void* data, size_t len) {
   std::string tmp = TmpPath(id);
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return Status::FromErrno(errno, "create chunk file " + tmp);
   return WriteChunkFile(id, fd, tmp, data, len, false);
 }
 
-Result<bool> ChunkCache::PutFetched(const ChunkId& id, const ChunkData& data) {
+Result<bool> ChunkCache::PutDirect(const ChunkId& id, const ChunkData& data) {
   if (AlreadyOnDisk(id, data.size)) return false;
   std::string tmp = TmpPath(id);
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_DIRECT, 0600);
-  if (fd < 0 && errno == EINVAL) return Put(id, data.bytes.get(), data.size);  // no O_DIRECT here
+  if (fd < 0 && errno == EINVAL) {  // no O_DIRECT on this filesystem
+    return PutBuffered(id, data.bytes.get(), data.size);
+  }
   if (fd < 0) return Status::FromErrno(errno, "create chunk file " + tmp);
   auto r = WriteChunkFile(id, fd, tmp, data.bytes.get(), data.size, true);
   // A filesystem that takes O_DIRECT at open but not these writes: the buffered way.
   if (!r.ok() && r.status().code() != Code::kNoSpace) {
     log_->debug("chunk {}: direct write failed ({}); writing it buffered", id.Hex(),
                 r.status().ToString());
-    return Put(id, data.bytes.get(), data.size);
+    return PutBuffered(id, data.bytes.get(), data.size);
   }
+  if (r.ok() && *r) metrics_->chunk_direct_write_bytes.Add(data.size);
   return r;
 }
 
@@ -551,7 +570,7 @@ Result<ChunkRef> ChunkCache::Fetch(const ChunkId& id, size_t len) {
           // A chunk nobody references any more (its file was deleted meanwhile) is served, not
           // kept: nothing would ever remove it from disk.
           if (!keep_ || keep_(id)) {
-            if (auto put = PutFetched(id, *data); !put.ok()) {
+            if (auto put = PutDirect(id, *data); !put.ok()) {
               log_->warn("chunk {} fetched but not kept on the local tier: {}", id.Hex(),
                          put.status().ToString());
             }

@@ -57,7 +57,8 @@ class ChunkCache {
   ~ChunkCache();
 
   // Makes sure the chunk named `id` (whose bytes are data[0..len)) is on disk. Returns true when
-  // it was written now, false when it was already there. The chunk appears under its final name
+  // it was written now, false when it was already there. Large chunks are written with
+  // O_DIRECT (not kept in the page cache), small ones buffered. The chunk appears under its final name
   // only once complete (written to a temporary name, then renamed), so a crash never leaves a
   // torn chunk under a real name. ENOSPC comes back as kNoSpace with nothing left behind.
   // REQUIRES: id == ChunkId::Of(data, len).
@@ -139,9 +140,12 @@ class ChunkCache {
   ChunkCache(std::string dir, int dirfd, IoEngine* engine, uint64_t ram_bytes, Metrics* metrics);
   Result<ChunkRef> Load(const ChunkId& id, size_t len);
   Result<ChunkRef> Fetch(const ChunkId& id, size_t len);
-  // Put for a chunk fetched from the backend, written with O_DIRECT where the filesystem
-  // allows: the page cache gets no second copy of bytes the reader already has.
-  Result<bool> PutFetched(const ChunkId& id, const ChunkData& data);
+  // Put of an aligned buffer (a chunk fetched from the backend, or Put's copy of a large one),
+  // written with O_DIRECT where the filesystem allows, else buffered: the page cache gets no
+  // copy of bytes the daemon already holds.
+  Result<bool> PutDirect(const ChunkId& id, const ChunkData& data);
+  // Put through the page cache. REQUIRES: not on disk already (AlreadyOnDisk was asked).
+  Result<bool> PutBuffered(const ChunkId& id, const void* data, size_t len);
   // Whether chunk `id` already has its file of `len` bytes (then entered in the disk map).
   bool AlreadyOnDisk(const ChunkId& id, size_t len);
   // A fresh name under <dir>/tmp/ for a chunk file being written.

@@ -256,6 +256,31 @@ TEST_P(ChunkCacheTest, ChunksOutOfThePageCacheAreReadDirect) {
                           [](uint8_t b) { return b == 0; }));
 }
 
+// A large chunk is written with O_DIRECT (the file cut to its exact size) and so is not in the
+// page cache afterwards: reading it back is direct too. A small one goes through the page cache.
+TEST_P(ChunkCacheTest, LargeChunksAreWrittenDirect) {
+  {
+    int fd = ::open((root_ + "/probe").c_str(), O_RDWR | O_CREAT | O_DIRECT, 0600);
+    if (fd < 0 && errno == EINVAL) GTEST_SKIP() << "the test directory's filesystem refuses O_DIRECT";
+    ASSERT_GE(fd, 0);
+    ::close(fd);
+  }
+  Open(0);
+  Chunk large = MakeChunk((1 << 20) + 5, 60), small = MakeChunk(1000, 61);
+  Put(large);
+  Put(small);
+  Put(large, false);  // already there: not written again
+  EXPECT_EQ(metrics_.chunk_direct_write_bytes.Get(), large.bytes.size());
+  EXPECT_EQ(metrics_.chunk_bytes_written.Get(), large.bytes.size() + small.bytes.size());
+  struct stat st;
+  ASSERT_EQ(::stat(cache_->PathOf(large.id).c_str(), &st), 0);
+  EXPECT_EQ(static_cast<size_t>(st.st_size), large.bytes.size());
+  EXPECT_TRUE(ListDir(root_ + "/chunks/tmp").empty());
+  ExpectReadsBack(large);
+  ExpectReadsBack(small);
+  EXPECT_EQ(metrics_.cache_direct_read_bytes.Get(), large.bytes.size());
+}
+
 TEST_P(ChunkCacheTest, PutRewritesAFileOfTheWrongSize) {
   Open(0);
   Chunk c = MakeChunk(50000, 7);
