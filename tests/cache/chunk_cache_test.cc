@@ -180,6 +180,14 @@ TEST_P(ChunkCacheTest, TruncatedChunkIsCorrupt) {
   ExpectReadsBack(c);
 }
 
+// Whether the filesystem under `dir` refuses O_DIRECT (tmpfs before Linux 6.6).
+bool DirectRefused(const std::string& dir) {
+  int fd = ::open((dir + "/probe").c_str(), O_RDWR | O_CREAT | O_DIRECT, 0600);
+  if (fd < 0) return errno == EINVAL;
+  ::close(fd);
+  return false;
+}
+
 // Drops a chunk file's pages from the page cache (written back first, so that all of them go).
 void Uncache(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY);
@@ -192,12 +200,7 @@ void Uncache(const std::string& path) {
 // A chunk the page cache does not hold is read with O_DIRECT (blocks past its end are cut off);
 // one it holds whole is copied from there. Either way the bytes are verified.
 TEST_P(ChunkCacheTest, ChunksOutOfThePageCacheAreReadDirect) {
-  {
-    int fd = ::open((root_ + "/probe").c_str(), O_RDWR | O_CREAT | O_DIRECT, 0600);
-    if (fd < 0 && errno == EINVAL) GTEST_SKIP() << "the test directory's filesystem refuses O_DIRECT";
-    ASSERT_GE(fd, 0);
-    ::close(fd);
-  }
+  if (DirectRefused(root_)) GTEST_SKIP() << "the test directory's filesystem refuses O_DIRECT";
   Open(0);
   std::vector<Chunk> chunks;
   uint64_t total = 0;
@@ -259,12 +262,7 @@ TEST_P(ChunkCacheTest, ChunksOutOfThePageCacheAreReadDirect) {
 // A large chunk is written with O_DIRECT (the file cut to its exact size) and so is not in the
 // page cache afterwards: reading it back is direct too. A small one goes through the page cache.
 TEST_P(ChunkCacheTest, LargeChunksAreWrittenDirect) {
-  {
-    int fd = ::open((root_ + "/probe").c_str(), O_RDWR | O_CREAT | O_DIRECT, 0600);
-    if (fd < 0 && errno == EINVAL) GTEST_SKIP() << "the test directory's filesystem refuses O_DIRECT";
-    ASSERT_GE(fd, 0);
-    ::close(fd);
-  }
+  if (DirectRefused(root_)) GTEST_SKIP() << "the test directory's filesystem refuses O_DIRECT";
   Open(0);
   Chunk large = MakeChunk((1 << 20) + 5, 60), small = MakeChunk(1000, 61);
   Put(large);
