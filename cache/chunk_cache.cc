@@ -107,7 +107,7 @@ std::shared_ptr<ChunkData> ChunkData::Allocate(size_t size) {
 namespace {
 
 #ifndef __NR_cachestat
-#define __NR_cachestat 451  // the same number on every architecture (Linux 6.5)
+#define __NR_cachestat 451  // x86-64, arm64 and the other generic-table architectures (Linux 6.5)
 #endif
 
 // Whether every page of the first `len` bytes of `fd` is in the page cache (cachestat(2)). An
@@ -122,7 +122,8 @@ bool WhollyCached(int fd, size_t len) {
     uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted;
   } st{};
   if (::syscall(__NR_cachestat, fd, &range, &st, 0) != 0) {
-    if (errno == ENOSYS) unsupported = true;
+    // ENOSYS, or EPERM from a seccomp profile that refuses calls it does not know: ask no more.
+    if (errno != EBADF) unsupported = true;
     return true;
   }
   static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
@@ -242,8 +243,13 @@ Result<bool> ChunkCache::Put(const ChunkId& id, const void* data, size_t len) {
   // (a read of a chunk not in the page cache is direct too), and which pushes the job's own
   // pages out. That copy was over half of a seal's time. Small chunks stay buffered: many of
   // them (a model's biases and norms) would each wait for the disk.
-  if (len >= kDirectPutMin) {
-    auto copy = ChunkData::Allocate(len);
+  if (len >= kDirectPutMin && !direct_refused_.load(std::memory_order_relaxed)) {
+    std::shared_ptr<ChunkData> copy;
+    try {
+      copy = ChunkData::Allocate(len);
+    } catch (const std::bad_alloc&) {
+      return PutBuffered(id, data, len);  // no buffer to spare: the page cache's copy will do
+    }
     std::memcpy(copy->bytes.get(), data, len);
     return PutDirect(id, *copy);
   }
@@ -261,14 +267,18 @@ Result<bool> ChunkCache::PutDirect(const ChunkId& id, const ChunkData& data) {
   if (AlreadyOnDisk(id, data.size)) return false;
   std::string tmp = TmpPath(id);
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_DIRECT, 0600);
-  if (fd < 0 && errno == EINVAL) {  // no O_DIRECT on this filesystem
+  if (fd < 0 && errno == EINVAL) {  // no O_DIRECT on this filesystem: not asked again
+    if (!direct_refused_.exchange(true)) {
+      log_->info("the local tier's filesystem refuses O_DIRECT: chunks are written buffered");
+    }
     return PutBuffered(id, data.bytes.get(), data.size);
   }
   if (fd < 0) return Status::FromErrno(errno, "create chunk file " + tmp);
   auto r = WriteChunkFile(id, fd, tmp, data.bytes.get(), data.size, true);
-  // A filesystem that takes O_DIRECT at open but not these writes: the buffered way.
-  if (!r.ok() && r.status().code() != Code::kNoSpace) {
-    log_->debug("chunk {}: direct write failed ({}); writing it buffered", id.Hex(),
+  // A filesystem that takes O_DIRECT at open but not these writes (EINVAL): the buffered way.
+  // Any other error (EIO from a failing disk, ENOSPC) is the answer.
+  if (!r.ok() && r.status().code() == Code::kInvalid) {
+    log_->debug("chunk {}: direct write refused ({}); writing it buffered", id.Hex(),
                 r.status().ToString());
     return PutBuffered(id, data.bytes.get(), data.size);
   }
@@ -505,15 +515,21 @@ Result<ChunkRef> ChunkCache::Load(const ChunkId& id, size_t len) {
   const bool direct = len > 0 && !WhollyCached(fd, len) && SetDirect(fd, true);
   const size_t blocks = (len + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
   auto n = engine_->ReadAt(fd, data->bytes.get(), direct ? blocks : len, 0, direct);
-  if (direct && !n.ok()) {
-    log_->debug("chunk {}: direct read failed ({}); reading it buffered", id.Hex(),
-                n.status().ToString());
-    n = SetDirect(fd, false) ? engine_->ReadAt(fd, data->bytes.get(), len, 0) : n;
-  } else if (direct) {
+  if (direct) {
     // Blocks past the chunk (a longer, damaged file) are not the chunk's: the padding stays zero.
     std::memset(data->bytes.get() + len, 0, blocks - len);
-    *n = std::min(*n, len);
-    metrics_->cache_direct_read_bytes.Add(*n);
+    if (n.ok() && *n >= len) {
+      *n = len;
+      metrics_->cache_direct_read_bytes.Add(len);
+    } else if (!n.ok() && n.status().code() != Code::kInvalid) {
+      // A disk error is the answer (EIO reads the same either way).
+    } else {
+      // Refused, or short (a partial transfer on a device with smaller blocks would end off a
+      // 4 KiB boundary and look like end of file): the buffered way tells.
+      log_->debug("chunk {}: direct read {}; reading it buffered", id.Hex(),
+                  n.ok() ? "short" : n.status().ToString());
+      n = SetDirect(fd, false) ? engine_->ReadAt(fd, data->bytes.get(), len, 0) : n;
+    }
   }
   ::close(fd);
   if (!n.ok()) {

@@ -10,6 +10,7 @@
 // Thread-safe. One ChunkCache owns its directory; the store's lock file keeps a second daemon out.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <list>
@@ -160,6 +161,7 @@ class ChunkCache {
   ChunkRef RamGet(const ChunkId& id);
   void RamPut(const ChunkId& id, const ChunkRef& data);
 
+  std::atomic<bool> direct_refused_{false};  // the filesystem refused an O_DIRECT open
   const std::string dir_;  // <cache_dir>/chunks
   const int dirfd_;
   IoEngine* const engine_;
