@@ -39,10 +39,10 @@ namespace {
 // the daemon's resident size grows far past what it holds). Freed ones wait in a pool, up to
 // kPoolBytes in all, for the next buffer of the same size.
 constexpr size_t kPoolClass = 1 << 20;
-// Chunks of at least this size are written with O_DIRECT (ChunkCache::Put).
-constexpr size_t kDirectPutMin = 256 << 10;
 constexpr size_t kPoolStep = 64 << 10;
 constexpr size_t kPoolBytes = 64 << 20;
+// Chunks of at least this size are written with O_DIRECT (ChunkCache::Put).
+constexpr size_t kDirectPutMin = 256 << 10;
 
 struct BufferPool {
   std::mutex mu;
@@ -96,7 +96,7 @@ std::shared_ptr<ChunkData> ChunkData::Allocate(size_t size) {
     if (!p) throw std::bad_alloc();
   }
   // Only the block after the last byte is written past `size`: zero what it holds of the buffer.
-  const size_t block_end = std::min(capacity, (size + kAlign - 1) / kAlign * kAlign);
+  const size_t block_end = std::min(capacity, DirectBlocks(size));
   std::memset(p + size, 0, block_end - size);
   auto d = std::make_shared<ChunkData>();
   d->bytes = std::unique_ptr<uint8_t[], ChunkBufferFree>(p, ChunkBufferFree{capacity});
@@ -264,7 +264,6 @@ Result<bool> ChunkCache::PutBuffered(const ChunkId& id, const void* data, size_t
 }
 
 Result<bool> ChunkCache::PutDirect(const ChunkId& id, const ChunkData& data) {
-  if (AlreadyOnDisk(id, data.size)) return false;
   std::string tmp = TmpPath(id);
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_DIRECT, 0600);
   if (fd < 0 && errno == EINVAL) {  // no O_DIRECT on this filesystem: not asked again
@@ -298,8 +297,7 @@ std::string ChunkCache::TmpPath(const ChunkId& id) {
 Result<bool> ChunkCache::WriteChunkFile(const ChunkId& id, int fd, const std::string& tmp,
                                         const void* data, size_t len, bool direct) {
   // A direct write moves whole blocks: the buffer's zero padding goes too, and is cut off again.
-  const size_t n = direct ? (len + ChunkData::kAlign - 1) / ChunkData::kAlign * ChunkData::kAlign
-                          : len;
+  const size_t n = direct ? DirectBlocks(len) : len;
   Status w = n ? engine_->WriteAt(fd, data, n, 0) : Status::Ok();
   if (w.ok() && n != len && ::ftruncate(fd, static_cast<off_t>(len)) != 0) {
     w = Status::FromErrno(errno, "truncate chunk file " + tmp);
@@ -512,23 +510,23 @@ Result<ChunkRef> ChunkCache::Load(const ChunkId& id, size_t len) {
   // padded to whole blocks): its bytes go on to the RAM tier and the reader's page cache, so a
   // copy in the page cache of the chunk file would only push other pages out, and copying it in
   // and out there cost about a third of the daemon's CPU in a cold sequential read.
-  const bool direct = len > 0 && !WhollyCached(fd, len) && SetDirect(fd, true);
-  const size_t blocks = (len + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+  const bool direct = len > 0 && !direct_refused_.load(std::memory_order_relaxed) &&
+                      !WhollyCached(fd, len) && SetDirect(fd, true);
+  const size_t blocks = DirectBlocks(len);
   auto n = engine_->ReadAt(fd, data->bytes.get(), direct ? blocks : len, 0, direct);
   if (direct) {
     // Blocks past the chunk (a longer, damaged file) are not the chunk's: the padding stays zero.
     std::memset(data->bytes.get() + len, 0, blocks - len);
-    if (n.ok() && *n >= len) {
-      *n = len;
-      metrics_->cache_direct_read_bytes.Add(len);
-    } else if (!n.ok() && n.status().code() != Code::kInvalid) {
-      // A disk error is the answer (EIO reads the same either way).
-    } else {
-      // Refused, or short (a partial transfer on a device with smaller blocks would end off a
-      // 4 KiB boundary and look like end of file): the buffered way tells.
+    // Refused, or short (a partial transfer on a device with smaller blocks would end off a
+    // 4 KiB boundary and look like end of file): the buffered way tells. A disk error is the
+    // answer (EIO reads the same either way).
+    if (n.ok() ? *n < len : n.status().code() == Code::kInvalid) {
       log_->debug("chunk {}: direct read {}; reading it buffered", id.Hex(),
                   n.ok() ? "short" : n.status().ToString());
       n = SetDirect(fd, false) ? engine_->ReadAt(fd, data->bytes.get(), len, 0) : n;
+    } else if (n.ok()) {
+      *n = len;
+      metrics_->cache_direct_read_bytes.Add(len);
     }
   }
   ::close(fd);
@@ -586,7 +584,9 @@ Result<ChunkRef> ChunkCache::Fetch(const ChunkId& id, size_t len) {
           // A chunk nobody references any more (its file was deleted meanwhile) is served, not
           // kept: nothing would ever remove it from disk.
           if (!keep_ || keep_(id)) {
-            if (auto put = PutDirect(id, *data); !put.ok()) {
+            if (auto put = AlreadyOnDisk(id, data->size) ? Result<bool>(false)
+                                                         : PutDirect(id, *data);
+                !put.ok()) {
               log_->warn("chunk {} fetched but not kept on the local tier: {}", id.Hex(),
                          put.status().ToString());
             }

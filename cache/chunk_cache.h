@@ -21,6 +21,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "cache/io_engine.h"
 #include "common/chunk_id.h"
 #include "common/log.h"
 #include "common/metrics.h"
@@ -29,7 +30,6 @@
 namespace ckptfs {
 
 class Backend;
-class IoEngine;
 
 // Frees a ChunkData buffer. Large buffers go back to a small process-wide pool: a fresh buffer
 // costs a page fault and a page clearing per 4 KiB on first touch, more than the copy into it.
@@ -42,7 +42,7 @@ struct ChunkBufferFree {
 struct ChunkData {
   // The buffer starts on a kAlign boundary and is padded with zeros up to the next one, so that
   // it can be written to a file opened with O_DIRECT as it is.
-  static constexpr size_t kAlign = 4096;
+  static constexpr size_t kAlign = kDirectAlign;
   // A chunk of `size` bytes, contents unset (the padding zeroed).
   static std::shared_ptr<ChunkData> Allocate(size_t size);
   std::unique_ptr<uint8_t[], ChunkBufferFree> bytes;
@@ -59,9 +59,9 @@ class ChunkCache {
 
   // Makes sure the chunk named `id` (whose bytes are data[0..len)) is on disk. Returns true when
   // it was written now, false when it was already there. Large chunks are written with
-  // O_DIRECT (not kept in the page cache), small ones buffered. The chunk appears under its final name
-  // only once complete (written to a temporary name, then renamed), so a crash never leaves a
-  // torn chunk under a real name. ENOSPC comes back as kNoSpace with nothing left behind.
+  // O_DIRECT (not kept in the page cache), small ones buffered. The chunk appears under its
+  // final name only once complete (written to a temporary name, then renamed), so a crash never
+  // leaves a torn chunk under a real name. ENOSPC comes back as kNoSpace with nothing left behind.
   // REQUIRES: id == ChunkId::Of(data, len).
   Result<bool> Put(const ChunkId& id, const void* data, size_t len);
 
@@ -143,9 +143,9 @@ class ChunkCache {
   Result<ChunkRef> Fetch(const ChunkId& id, size_t len);
   // Put of an aligned buffer (a chunk fetched from the backend, or Put's copy of a large one),
   // written with O_DIRECT where the filesystem allows, else buffered: the page cache gets no
-  // copy of bytes the daemon already holds.
+  // copy of bytes the daemon already holds. Put through the page cache. For both, REQUIRES:
+  // not on disk already (AlreadyOnDisk was asked).
   Result<bool> PutDirect(const ChunkId& id, const ChunkData& data);
-  // Put through the page cache. REQUIRES: not on disk already (AlreadyOnDisk was asked).
   Result<bool> PutBuffered(const ChunkId& id, const void* data, size_t len);
   // Whether chunk `id` already has its file of `len` bytes (then entered in the disk map).
   bool AlreadyOnDisk(const ChunkId& id, size_t len);

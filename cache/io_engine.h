@@ -16,6 +16,8 @@
 namespace ckptfs {
 
 inline constexpr size_t kDirectAlign = 4096;
+// n rounded up to whole kDirectAlign blocks: what a direct transfer of n bytes moves.
+constexpr size_t DirectBlocks(size_t n) { return (n + kDirectAlign - 1) / kDirectAlign * kDirectAlign; }
 
 struct IoOp {
   enum class Kind : uint8_t { kRead, kWrite };

@@ -438,12 +438,13 @@ Status Store::SyncFromRemote(const SyncProgress& progress, bool* listed) {
       // probe runs again at the next.
       log_->debug("probing {} for exclusive creates: {}", sync_backend().Describe(),
                   probe.status().ToString());
-    }
-    if (probe.ok()) journal_exclusive_ = *probe;
-    if (probe.ok() && !*probe) {
-      log_->error("{} does not refuse a second create of one key (If-None-Match): its change "
-                  "journal cannot be trusted, so every sync pass lists the bucket",
-                  sync_backend().Describe());
+    } else {
+      journal_exclusive_ = *probe;
+      if (!*probe) {
+        log_->error("{} does not refuse a second create of one key (If-None-Match): its change "
+                    "journal cannot be trusted, so every sync pass lists the bucket",
+                    sync_backend().Describe());
+      }
     }
   }
   const bool journal = cfg_.sync_full_interval_s > 0 && journal_exclusive_.value_or(false);
