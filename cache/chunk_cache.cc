@@ -296,11 +296,19 @@ std::string ChunkCache::TmpPath(const ChunkId& id) {
 
 Result<bool> ChunkCache::WriteChunkFile(const ChunkId& id, int fd, const std::string& tmp,
                                         const void* data, size_t len, bool direct) {
-  // A direct write moves whole blocks: the buffer's zero padding goes too, and is cut off again.
-  const size_t n = direct ? DirectBlocks(len) : len;
-  Status w = n ? engine_->WriteAt(fd, data, n, 0) : Status::Ok();
-  if (w.ok() && n != len && ::ftruncate(fd, static_cast<off_t>(len)) != 0) {
-    w = Status::FromErrno(errno, "truncate chunk file " + tmp);
+  // A direct write moves whole blocks; the last, partial one goes through the page cache. (Written
+  // padded and cut back with ftruncate, it cost a synchronous read of that block, which ext4 zeroes
+  // past the new end, and a second write of it.)
+  const size_t head = direct ? len / kDirectAlign * kDirectAlign : len;
+  Status w = head ? engine_->WriteAt(fd, data, head, 0) : Status::Ok();
+  if (w.ok() && head != len) {
+    const int flags = ::fcntl(fd, F_GETFL);
+    if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_DIRECT) != 0) {
+      w = Status::FromErrno(errno, "leave direct I/O on chunk file " + tmp);
+    } else {
+      w = engine_->WriteAt(fd, static_cast<const char*>(data) + head, len - head,
+                           static_cast<int64_t>(head));
+    }
   }
   if (::close(fd) != 0 && w.ok()) w = Status::FromErrno(errno, "close chunk file " + tmp);
   const std::string path = PathOf(id);
