@@ -41,6 +41,7 @@ namespace {
 constexpr size_t kPoolClass = 1 << 20;
 constexpr size_t kPoolStep = 64 << 10;
 constexpr size_t kPoolBytes = 64 << 20;
+constexpr size_t kHugePage = 2 << 20;
 // Chunks of at least this size are written with O_DIRECT (ChunkCache::Put).
 constexpr size_t kDirectPutMin = 256 << 10;
 
@@ -72,6 +73,29 @@ BufferPool& Pool() {
   return *pool;
 }
 
+// A mapping of `capacity` bytes for a chunk buffer. One of at least a huge page starts on a huge
+// page boundary and asks for huge pages: a direct transfer to or from it then takes two disk
+// requests for a 4 MiB chunk instead of four (or more). In small pages, each page is a segment
+// of its own, and a disk takes a bounded number of segments per request (virtio's 254 make
+// about 1 MiB), while the page cache's large folios let a plain file go in 4 MiB requests.
+uint8_t* MapBuffer(size_t capacity) {
+  const size_t extra = capacity >= kHugePage ? kHugePage : 0;
+  void* m = ::mmap(nullptr, capacity + extra, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                   -1, 0);
+  if (m == MAP_FAILED) throw std::bad_alloc();
+  auto* p = static_cast<uint8_t*>(m);
+  if (extra == 0) return p;
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  auto* aligned = reinterpret_cast<uint8_t*>((at + kHugePage - 1) / kHugePage * kHugePage);
+  if (aligned > p) ::munmap(p, static_cast<size_t>(aligned - p));
+  if (size_t tail = static_cast<size_t>(p + capacity + extra - (aligned + capacity))) {
+    ::munmap(aligned + capacity, tail);
+  }
+  // Refused where the kernel has no transparent huge pages: small pages then, as before.
+  ::madvise(aligned, capacity, MADV_HUGEPAGE);
+  return aligned;
+}
+
 }  // namespace
 
 void ChunkBufferFree::operator()(uint8_t* p) const {
@@ -85,12 +109,7 @@ std::shared_ptr<ChunkData> ChunkData::Allocate(size_t size) {
   uint8_t* p = nullptr;
   if (capacity >= kPoolClass) {
     p = Pool().Take(capacity);
-    if (!p) {
-      void* m =
-          ::mmap(nullptr, capacity, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-      if (m == MAP_FAILED) throw std::bad_alloc();
-      p = static_cast<uint8_t*>(m);
-    }
+    if (!p) p = MapBuffer(capacity);
   } else {
     p = static_cast<uint8_t*>(std::aligned_alloc(kAlign, capacity));
     if (!p) throw std::bad_alloc();

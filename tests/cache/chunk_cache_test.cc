@@ -10,6 +10,7 @@
 #include <sys/vfs.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <latch>
@@ -460,6 +461,40 @@ TEST_P(ChunkCacheNoSpaceTest, PutFailsCleanlyWhenFull) {
   ASSERT_TRUE(cache_->Remove(stored[1].id).ok());
   Put(failed, true);
   ExpectReadsBack(failed);
+}
+
+// The VmFlags of the mapping of this process that holds `p` (/proc/self/smaps), or "".
+std::string VmFlagsOf(const void* p) {
+  std::ifstream smaps("/proc/self/smaps");
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  bool inside = false;
+  for (std::string line; std::getline(smaps, line);) {
+    unsigned long lo, hi;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2) {  // a mapping's first line
+      inside = lo <= at && at < hi;
+    } else if (inside && line.rfind("VmFlags:", 0) == 0) {
+      return line;
+    }
+  }
+  return "";
+}
+
+// A chunk buffer of a huge page or more starts on a huge page boundary and asks for huge pages,
+// so that a direct transfer of a 4 MiB chunk is a few disk segments, not a thousand small pages
+// (of which a disk takes a bounded number per request). Smaller ones stay in small pages.
+TEST(ChunkDataTest, LargeBuffersAreHugePageAligned) {
+  if (!Exists("/sys/kernel/mm/transparent_hugepage")) GTEST_SKIP() << "no huge pages in this kernel";
+  constexpr size_t kHuge = 2 << 20;
+  for (size_t size : {size_t{4} << 20, (size_t{4} << 20) + 5, size_t{2} << 20, size_t{6} << 20}) {
+    auto d = ChunkData::Allocate(size);
+    const auto at = reinterpret_cast<uintptr_t>(d->bytes.get());
+    EXPECT_EQ(at % kHuge, 0u) << size;
+    std::memset(d->bytes.get(), 1, size);  // written whole, as a read or a copy does
+    EXPECT_NE(VmFlagsOf(d->bytes.get()).find(" hg"), std::string::npos)
+        << size << ": " << VmFlagsOf(d->bytes.get());
+  }
+  auto small = ChunkData::Allocate(1 << 20);
+  EXPECT_EQ(VmFlagsOf(small->bytes.get()).find(" hg"), std::string::npos);
 }
 
 INSTANTIATE_TEST_SUITE_P(Engines, ChunkCacheTest, ::testing::Values("uring", "pread"),
