@@ -10,6 +10,8 @@ the plain directory):
   save-over               torch.save over the same path every run (ext4 writes a file replaced
                           by truncation back at its close: the plain directory pays for that)
   load-warm mount/plain   torch.load of it, second load (page caches warm)
+  load-cold               torch.load of it after dropping the kernel's caches (the daemon keeps
+                          its RAM tier: at most ram_cache of the chunks)
   write-1M mount/plain    sequential 1 MiB writes of SIZE fresh random bytes to a new path each
                           run, closed (as for save: a file written over in place would let the
                           plain side reuse the page cache its truncation just freed)
@@ -210,6 +212,7 @@ def main():
         torch.load(pf)
         torch.load(mf)
         ratio("load-warm", lambda: torch.load(pf), lambda: torch.load(mf))
+        ratio("load-cold", lambda: torch.load(pf), lambda: torch.load(mf), prep=drop_caches)
         del sd
         os.unlink(pf)
         os.unlink(mf)

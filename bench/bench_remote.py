@@ -99,6 +99,65 @@ def storm(n, job):
     return [max(e[k] for e in ends) for k in range(len(ends[0]))]
 
 
+def cpu_seconds(pids):
+    """CPU seconds (user + system) used so far by each of `pids`, threads included."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            out[pid] = (int(fields[11]) + int(fields[12])) / tick
+        except FileNotFoundError:
+            out[pid] = 0.0
+    return out
+
+
+def busy_seconds():
+    """CPU seconds all cores have spent busy since boot (/proc/stat: all but idle and iowait)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """Where the CPU went while a step ran: the S3 server (radosgw, ceph-osd), the ckptfs daemons
+    named, this process and its children (the reader, boto3's threads), all cores together."""
+
+    def __init__(self, daemons=()):
+        self.server = [int(p) for name in ("radosgw", "ceph-osd") for p in subprocess.run(
+            ["pgrep", "-x", name], capture_output=True, text=True).stdout.split()]
+        self.daemons = list(daemons)
+
+    def __enter__(self):
+        self.t0, self.busy0 = time.perf_counter(), busy_seconds()
+        self.s0, self.d0 = cpu_seconds(self.server), cpu_seconds(self.daemons)
+        self.own0 = os.times()
+        return self
+
+    def __exit__(self, *exc):
+        own = os.times()
+        wall = time.perf_counter() - self.t0
+        s1, d1 = cpu_seconds(self.server), cpu_seconds(self.daemons)
+        server = sum(s1[p] - self.s0[p] for p in self.server)
+        daemon = sum(d1[p] - self.d0[p] for p in self.daemons)
+        reader = sum(getattr(own, k) - getattr(self.own0, k)
+                     for k in ("user", "system", "children_user", "children_system"))
+        cores = os.cpu_count()
+        busy = busy_seconds() - self.busy0
+        self.line = (f"S3 server {server:.1f} core-s, ckptfs daemon {daemon:.1f}, reader/client "
+                     f"{reader:.1f}, all CPU {busy:.1f} of {cores * wall:.1f} core-s "
+                     f"({100 * busy / (cores * wall):.0f}% of {cores} cores)")
+        self.server_s = server
+        return False
+
+
+def daemon_pid(mnt):
+    """The pid of the daemon serving mountpoint `mnt` (its cache directory's lock file)."""
+    with open(os.path.join(os.path.dirname(mnt), "cache", "lock")) as f:
+        return int(f.readline())
+
+
 def start_rgw(work):
     """Starts radosgw under work/rgw (bluestore on a sparse file: memstore would hold every byte
     twice in RAM, and a full store makes PUTs hang rather than fail); returns (its directory,
@@ -197,16 +256,18 @@ def main():
             time.sleep(0.05)
         drop_caches()
         t0 = time.perf_counter()
-        loaded = torch.load(path_b)
+        with CpuMeter([daemon_pid(b)]) as cpu_mount:
+            loaded = torch.load(path_b)
         mount_load = time.perf_counter() - t0
         assert all(torch.equal(loaded[k], sd[k]) for k in sd)
         del loaded
         os.unlink(plain)
         drop_caches()
         t0 = time.perf_counter()
-        s3.download_file("bench", "plain/model.pt", plain, Config=xfer)
-        download_only = time.perf_counter() - t0
-        loaded = torch.load(plain)
+        with CpuMeter() as cpu_download:
+            s3.download_file("bench", "plain/model.pt", plain, Config=xfer)
+            download_only = time.perf_counter() - t0
+            loaded = torch.load(plain)
         download_load = time.perf_counter() - t0
         assert all(torch.equal(loaded[k], sd[k]) for k in sd)
         del loaded
@@ -251,7 +312,8 @@ def main():
                 torch.load(os.path.join(e, "global_step1", names[r]))
                 return [time.perf_counter()]
 
-            (storm_mount,) = storm(args.ranks, load_from_mount)
+            with CpuMeter([daemon_pid(e)]) as cpu_storm_mount:
+                (storm_mount,) = storm(args.ranks, load_from_mount)
             drop_caches()
 
             def download_and_load(r):
@@ -263,7 +325,8 @@ def main():
                 torch.load(local)
                 return [t_download, time.perf_counter()]
 
-            storm_download, storm_download_load = storm(args.ranks, download_and_load)
+            with CpuMeter() as cpu_storm_download:
+                storm_download, storm_download_load = storm(args.ranks, download_and_load)
 
         # Save with durability=remote (fsync waits for the upload) on a third mount.
         c = mount("c", "durability=remote")
@@ -283,6 +346,12 @@ def main():
         print(f"  of which fetch   prefetch/download = {fetch_only / download_only:.2f}   "
               f"(ckptfs prefetch --wait {fetch_only:.1f} s, boto3 download {download_only:.1f} s); "
               f"torch.load from the local tier {local_load:.1f} s")
+        print(f"  CPU, mount:         {cpu_mount.line}")
+        print(f"  CPU, download+load: {cpu_download.line}")
+        # The goal's time on all cores, against what the server alone used in the mount's run.
+        goal_core_s = 0.6 * download_load * os.cpu_count()
+        print(f"  the S3 server alone used {cpu_mount.server_s / goal_core_s:.2f} of the "
+              f"{goal_core_s:.1f} core-s the goal's time holds on this machine")
         if args.ranks:
             gb = rank_bytes / 1e9
             print(f"restore-{args.ranks}  mount/boto3      = {storm_download / storm_mount:.2f}   "
@@ -290,6 +359,8 @@ def main():
                   f"{gb / storm_download:.2f} GB/s)   goal >= 1.0")
             print(f"  against download+load = {storm_download_load / storm_mount:.2f}   "
                   f"(mount {storm_mount:.1f} s, boto3 download+load {storm_download_load:.1f} s)")
+            print(f"  CPU, mount:         {cpu_storm_mount.line}")
+            print(f"  CPU, download+load: {cpu_storm_download.line}")
         print(f"save       remote/local   = {remote_save / local_save:.2f}   "
               f"(durability=local {local_save:.1f} s, remote {remote_save:.1f} s)")
         print(f"upload     ckptfs/boto3   = {(mib / upload) / (mib / boto_up):.2f}   "
