@@ -74,10 +74,11 @@ BufferPool& Pool() {
 }
 
 // A mapping of `capacity` bytes for a chunk buffer. One of at least a huge page starts on a huge
-// page boundary and asks for huge pages: a direct transfer to or from it then takes two disk
-// requests for a 4 MiB chunk instead of four (or more). In small pages, each page is a segment
-// of its own, and a disk takes a bounded number of segments per request (virtio's 254 make
-// about 1 MiB), while the page cache's large folios let a plain file go in 4 MiB requests.
+// page boundary and asks for huge pages: a direct transfer to or from it then takes one or two
+// disk requests for a 4 MiB chunk instead of four. A disk takes a bounded number of memory
+// segments per request (virtio's 254 make about 1 MiB of small pages, which are rarely
+// physically adjacent), while the page cache's large folios let a plain file go in 4 MiB
+// requests.
 uint8_t* MapBuffer(size_t capacity) {
   const size_t extra = capacity >= kHugePage ? kHugePage : 0;
   void* m = ::mmap(nullptr, capacity + extra, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
@@ -317,16 +318,20 @@ Result<bool> ChunkCache::WriteChunkFile(const ChunkId& id, int fd, const std::st
                                         const void* data, size_t len, bool direct) {
   // A direct write moves whole blocks; the last, partial one goes through the page cache. (Written
   // padded and cut back with ftruncate, it cost a synchronous read of that block, which ext4 zeroes
-  // past the new end, and a second write of it.)
+  // past the new end, and a second write of it.) Its writeback starts at once: a direct read of
+  // the chunk waits for it, and until it is done the file on disk ends at the head.
   const size_t head = direct ? len / kDirectAlign * kDirectAlign : len;
   Status w = head ? engine_->WriteAt(fd, data, head, 0) : Status::Ok();
   if (w.ok() && head != len) {
-    const int flags = ::fcntl(fd, F_GETFL);
-    if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_DIRECT) != 0) {
+    const auto at = static_cast<int64_t>(head);
+    if (!SetDirect(fd, false)) {
       w = Status::FromErrno(errno, "leave direct I/O on chunk file " + tmp);
     } else {
-      w = engine_->WriteAt(fd, static_cast<const char*>(data) + head, len - head,
-                           static_cast<int64_t>(head));
+      w = engine_->WriteAt(fd, static_cast<const char*>(data) + head, len - head, at);
+      if (w.ok() && ::sync_file_range(fd, at, static_cast<off_t>(len - head),
+                                      SYNC_FILE_RANGE_WRITE) != 0) {
+        w = Status::FromErrno(errno, "write back the end of chunk file " + tmp);
+      }
     }
   }
   if (::close(fd) != 0 && w.ok()) w = Status::FromErrno(errno, "close chunk file " + tmp);

@@ -40,8 +40,8 @@ struct ChunkBufferFree {
 
 // An immutable, verified chunk. Shared by every reader that asked for it while it is cached.
 struct ChunkData {
-  // The buffer starts on a kAlign boundary and is padded with zeros up to the next one, so that
-  // it can be written to a file opened with O_DIRECT as it is.
+  // The buffer starts on a kAlign boundary and has room up to the next one (zeroed), so that a
+  // file opened with O_DIRECT can be read into it, and its whole blocks written from it.
   static constexpr size_t kAlign = kDirectAlign;
   // A chunk of `size` bytes, contents unset (the padding zeroed).
   static std::shared_ptr<ChunkData> Allocate(size_t size);
@@ -59,9 +59,12 @@ class ChunkCache {
 
   // Makes sure the chunk named `id` (whose bytes are data[0..len)) is on disk. Returns true when
   // it was written now, false when it was already there. Large chunks are written with
-  // O_DIRECT (not kept in the page cache), small ones buffered. The chunk appears under its
-  // final name only once complete (written to a temporary name, then renamed), so a crash never
-  // leaves a torn chunk under a real name. ENOSPC comes back as kNoSpace with nothing left behind.
+  // O_DIRECT (not kept in the page cache; their last partial block buffered), small ones
+  // buffered. The chunk appears under its final name only once written (to a temporary name,
+  // then renamed), so a daemon crash never leaves a torn chunk under a real name; bytes not yet
+  // written back when the machine fails are Sync's to guarantee (a short or damaged file is
+  // caught by size and hash, and written anew). ENOSPC comes back as kNoSpace with nothing left
+  // behind.
   // REQUIRES: id == ChunkId::Of(data, len).
   Result<bool> Put(const ChunkId& id, const void* data, size_t len);
 

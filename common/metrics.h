@@ -73,7 +73,7 @@ inline constexpr int kMetricTiers = 4;  // store/meta_store.h's kMaxTiers
 struct Metrics {
   Counter chunks_written;       // new chunks put on the local tier
   Counter chunk_bytes_written;  // their bytes
-  Counter chunk_direct_write_bytes;  // chunk bytes written to the local tier with O_DIRECT
+  Counter chunk_direct_write_bytes;  // chunks written by the direct path (their last partial block buffered)
   Counter chunk_dedup_hits;     // chunks a file referenced that were already stored
   Counter chunk_dedup_bytes;    // their bytes
   Counter chunks_reclaimed;     // chunk files removed when their last reference went
