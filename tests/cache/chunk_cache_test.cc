@@ -66,6 +66,30 @@ class ChunkCacheTest : public ::testing::TestWithParam<std::string> {
     cache_ = std::move(*c);
   }
 
+  // Opens the cache (no RAM tier) on an engine of this kind that fails as `spec` says.
+  void OpenFaulty(const CacheFaultSpec& spec) {
+    cache_.reset();
+    IoEngineOptions opts;
+    opts.kind = GetParam();
+    auto inner = MakeIoEngine(opts);
+    ASSERT_TRUE(inner.ok());
+    faulty_ = std::make_unique<FaultIoEngine>(std::move(*inner), spec);
+    auto c = ChunkCache::Open(root_, faulty_.get(), 0, &metrics_);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    cache_ = std::move(*c);
+  }
+
+  // The first Put of `c` meets the one injected write fault: EIO, and nothing left behind (no
+  // chunk file, no temporary one). The next Put writes it.
+  void ExpectOneFailedPut(const Chunk& c) {
+    auto put = cache_->Put(c.id, c.bytes.data(), c.bytes.size());
+    ASSERT_FALSE(put.ok());
+    EXPECT_EQ(put.status().code(), Code::kIo);
+    EXPECT_FALSE(Exists(cache_->PathOf(c.id)));
+    EXPECT_TRUE(ListDir(root_ + "/chunks/tmp").empty());
+    Put(c);
+  }
+
   void Put(const Chunk& c, bool expect_new = true) {
     auto r = cache_->Put(c.id, c.bytes.data(), c.bytes.size());
     ASSERT_TRUE(r.ok()) << r.status().ToString();
@@ -82,6 +106,7 @@ class ChunkCacheTest : public ::testing::TestWithParam<std::string> {
   test::TempDir dir_;
   std::string root_;
   std::unique_ptr<IoEngine> engine_;
+  std::unique_ptr<FaultIoEngine> faulty_;  // OpenFaulty's engine, outliving cache_
   Metrics metrics_;
   std::unique_ptr<ChunkCache> cache_;
 };
@@ -320,24 +345,10 @@ TEST_P(ChunkCacheTest, DiskErrorsOnTheLastBlockFailTheWrite) {
   spec.writes = true;
   spec.after = 1 << 20;  // the whole blocks' 1 MiB goes through; the write after it fails
   spec.count = 1;
-  IoEngineOptions opts;
-  opts.kind = GetParam();
-  auto inner = MakeIoEngine(opts);
-  ASSERT_TRUE(inner.ok());
-  FaultIoEngine faulty(std::move(*inner), spec);
-  auto c = ChunkCache::Open(root_, &faulty, 0, &metrics_);
-  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  OpenFaulty(spec);
   Chunk odd = MakeChunk((1 << 20) + 5, 71);
-  auto put = (*c)->Put(odd.id, odd.bytes.data(), odd.bytes.size());
-  ASSERT_FALSE(put.ok());
-  EXPECT_EQ(put.status().code(), Code::kIo);
-  EXPECT_FALSE(Exists((*c)->PathOf(odd.id)));
-  EXPECT_TRUE(ListDir(root_ + "/chunks/tmp").empty());
-  put = (*c)->Put(odd.id, odd.bytes.data(), odd.bytes.size());  // the one fault is spent
-  ASSERT_TRUE(put.ok()) << put.status().ToString();
-  auto got = (*c)->Get(odd.id, odd.bytes.size());
-  ASSERT_TRUE(got.ok()) << got.status().ToString();
-  EXPECT_EQ(std::memcmp((*got)->bytes.get(), odd.bytes.data(), odd.bytes.size()), 0);
+  ExpectOneFailedPut(odd);
+  ExpectReadsBack(odd);
 }
 
 // A disk error on the direct path is the answer: not retried through the page cache (where it
@@ -347,38 +358,19 @@ TEST_P(ChunkCacheTest, DiskErrorsOnTheDirectPathAreNotRetriedBuffered) {
   CacheFaultSpec spec;
   spec.reads = spec.writes = true;
   spec.count = 1;
-  IoEngineOptions opts;
-  opts.kind = GetParam();
-  auto inner = MakeIoEngine(opts);
-  ASSERT_TRUE(inner.ok());
-  FaultIoEngine faulty(std::move(*inner), spec);
-  auto c = ChunkCache::Open(root_, &faulty, 0, &metrics_);
-  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  OpenFaulty(spec);
   Chunk big = MakeChunk(1 << 20, 70);
-  auto put = (*c)->Put(big.id, big.bytes.data(), big.bytes.size());
-  ASSERT_FALSE(put.ok());
-  EXPECT_EQ(put.status().code(), Code::kIo);
-  EXPECT_FALSE(Exists((*c)->PathOf(big.id)));
-  EXPECT_TRUE(ListDir(root_ + "/chunks/tmp").empty());
-  // The one fault is spent: written now. Then a read of it fails once, without moving it aside.
-  put = (*c)->Put(big.id, big.bytes.data(), big.bytes.size());
-  ASSERT_TRUE(put.ok()) << put.status().ToString();
+  ExpectOneFailedPut(big);
+  // Then a read of it fails once, without moving it aside.
   CacheFaultSpec read_once;
   read_once.reads = true;
   read_once.count = 1;
-  auto inner2 = MakeIoEngine(opts);
-  ASSERT_TRUE(inner2.ok());
-  FaultIoEngine faulty_reads(std::move(*inner2), read_once);
-  c->reset();
-  auto r = ChunkCache::Open(root_, &faulty_reads, 0, &metrics_);
-  ASSERT_TRUE(r.ok());
-  auto got = (*r)->Get(big.id, big.bytes.size());
+  OpenFaulty(read_once);
+  auto got = cache_->Get(big.id, big.bytes.size());
   ASSERT_FALSE(got.ok());
   EXPECT_EQ(got.status().code(), Code::kIo);
-  EXPECT_TRUE(Exists((*r)->PathOf(big.id)));
-  got = (*r)->Get(big.id, big.bytes.size());
-  ASSERT_TRUE(got.ok()) << got.status().ToString();
-  EXPECT_TRUE(std::equal(big.bytes.begin(), big.bytes.end(), (*got)->bytes.get()));
+  EXPECT_TRUE(Exists(cache_->PathOf(big.id)));
+  ExpectReadsBack(big);
 }
 
 TEST_P(ChunkCacheTest, PutRewritesAFileOfTheWrongSize) {
