@@ -39,6 +39,7 @@ os.environ.setdefault("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
 from boto3.s3.transfer import TransferConfig
 
 import benchjson  # noqa: E402  (bench/, the script's own folder)
+from bench_fs import daemon_pid  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -152,12 +153,6 @@ class CpuMeter:
         return False
 
 
-def daemon_pid(mnt):
-    """The pid of the daemon serving mountpoint `mnt` (its cache directory's lock file)."""
-    with open(os.path.join(os.path.dirname(mnt), "cache", "lock")) as f:
-        return int(f.readline())
-
-
 def start_rgw(work):
     """Starts radosgw under work/rgw (bluestore on a sparse file: memstore would hold every byte
     twice in RAM, and a full store makes PUTs hang rather than fail); returns (its directory,
@@ -256,7 +251,7 @@ def main():
             time.sleep(0.05)
         drop_caches()
         t0 = time.perf_counter()
-        with CpuMeter([daemon_pid(b)]) as cpu_mount:
+        with CpuMeter([daemon_pid(os.path.join(work, "b", "cache"))]) as cpu_mount:
             loaded = torch.load(path_b)
         mount_load = time.perf_counter() - t0
         assert all(torch.equal(loaded[k], sd[k]) for k in sd)
@@ -312,7 +307,7 @@ def main():
                 torch.load(os.path.join(e, "global_step1", names[r]))
                 return [time.perf_counter()]
 
-            with CpuMeter([daemon_pid(e)]) as cpu_storm_mount:
+            with CpuMeter([daemon_pid(os.path.join(work, "e", "cache"))]) as cpu_storm_mount:
                 (storm_mount,) = storm(args.ranks, load_from_mount)
             drop_caches()
 

@@ -87,11 +87,10 @@ uint8_t* MapBuffer(size_t capacity) {
   auto* p = static_cast<uint8_t*>(m);
   if (extra == 0) return p;
   const auto at = reinterpret_cast<uintptr_t>(p);
-  auto* aligned = reinterpret_cast<uint8_t*>((at + kHugePage - 1) / kHugePage * kHugePage);
-  if (aligned > p) ::munmap(p, static_cast<size_t>(aligned - p));
-  if (size_t tail = static_cast<size_t>(p + capacity + extra - (aligned + capacity))) {
-    ::munmap(aligned + capacity, tail);
-  }
+  const size_t before = (at + kHugePage - 1) / kHugePage * kHugePage - at;  // cut off the front
+  if (before) ::munmap(p, before);
+  if (before < extra) ::munmap(p + before + capacity, extra - before);  // and the rest at the end
+  uint8_t* aligned = p + before;
   // Refused where the kernel has no transparent huge pages: small pages then, as before.
   ::madvise(aligned, capacity, MADV_HUGEPAGE);
   return aligned;
@@ -115,7 +114,8 @@ std::shared_ptr<ChunkData> ChunkData::Allocate(size_t size) {
     p = static_cast<uint8_t*>(std::aligned_alloc(kAlign, capacity));
     if (!p) throw std::bad_alloc();
   }
-  // Only the block after the last byte is written past `size`: zero what it holds of the buffer.
+  // The block after the last byte is the padding a direct read fills: zero what it holds of the
+  // buffer (a pooled one keeps an earlier chunk's bytes).
   const size_t block_end = std::min(capacity, DirectBlocks(size));
   std::memset(p + size, 0, block_end - size);
   auto d = std::make_shared<ChunkData>();
