@@ -17,11 +17,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
 #include "backends/backend.h"
+#include "cache/chunk_buffer.h"
 #include "cache/io_engine.h"
 
 namespace ckptfs {
@@ -34,97 +36,8 @@ struct ChunkCache::Inflight {
 
 namespace {
 
-// Buffers of at least kPoolClass bytes are mappings of their own, sized in kPoolStep multiples
-// (munmap gives them back whole: in malloc's arenas, big aligned blocks fragment the heap and
-// the daemon's resident size grows far past what it holds). Freed ones wait in a pool, up to
-// kPoolBytes in all, for the next buffer of the same size.
-constexpr size_t kPoolClass = 1 << 20;
-constexpr size_t kPoolStep = 64 << 10;
-constexpr size_t kPoolBytes = 64 << 20;
-constexpr size_t kHugePage = 2 << 20;
 // Chunks of at least this size are written with O_DIRECT (ChunkCache::Put).
 constexpr size_t kDirectPutMin = 256 << 10;
-
-struct BufferPool {
-  std::mutex mu;
-  std::unordered_map<size_t, std::vector<uint8_t*>> free;  // by capacity
-  size_t bytes = 0;
-
-  uint8_t* Take(size_t capacity) {
-    std::lock_guard lock(mu);
-    auto it = free.find(capacity);
-    if (it == free.end() || it->second.empty()) return nullptr;
-    uint8_t* p = it->second.back();
-    it->second.pop_back();
-    bytes -= capacity;
-    return p;
-  }
-  bool Give(uint8_t* p, size_t capacity) {
-    std::lock_guard lock(mu);
-    if (bytes + capacity > kPoolBytes) return false;
-    free[capacity].push_back(p);
-    bytes += capacity;
-    return true;
-  }
-};
-
-BufferPool& Pool() {
-  static auto* pool = new BufferPool();  // never destroyed: buffers may be freed at exit
-  return *pool;
-}
-
-// A mapping of `capacity` bytes for a chunk buffer. One of at least a huge page starts on a huge
-// page boundary and asks for huge pages: a direct transfer to or from it then takes one or two
-// disk requests for a 4 MiB chunk instead of four. A disk takes a bounded number of memory
-// segments per request (virtio's 254 make about 1 MiB of small pages, which are rarely
-// physically adjacent), while the page cache's large folios let a plain file go in 4 MiB
-// requests.
-uint8_t* MapBuffer(size_t capacity) {
-  const size_t extra = capacity >= kHugePage ? kHugePage : 0;
-  void* m = ::mmap(nullptr, capacity + extra, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                   -1, 0);
-  if (m == MAP_FAILED) throw std::bad_alloc();
-  auto* p = static_cast<uint8_t*>(m);
-  if (extra == 0) return p;
-  const auto at = reinterpret_cast<uintptr_t>(p);
-  const size_t before = (at + kHugePage - 1) / kHugePage * kHugePage - at;  // cut off the front
-  if (before) ::munmap(p, before);
-  if (before < extra) ::munmap(p + before + capacity, extra - before);  // and the rest at the end
-  uint8_t* aligned = p + before;
-  // Refused where the kernel has no transparent huge pages: small pages then, as before.
-  ::madvise(aligned, capacity, MADV_HUGEPAGE);
-  return aligned;
-}
-
-}  // namespace
-
-void ChunkBufferFree::operator()(uint8_t* p) const {
-  if (capacity < kPoolClass) return std::free(p);
-  if (!Pool().Give(p, capacity)) ::munmap(p, capacity);
-}
-
-std::shared_ptr<ChunkData> ChunkData::Allocate(size_t size) {
-  const size_t step = size >= kPoolClass ? kPoolStep : kAlign;
-  const size_t capacity = std::max<size_t>((size + step - 1) / step * step, kAlign);
-  uint8_t* p = nullptr;
-  if (capacity >= kPoolClass) {
-    p = Pool().Take(capacity);
-    if (!p) p = MapBuffer(capacity);
-  } else {
-    p = static_cast<uint8_t*>(std::aligned_alloc(kAlign, capacity));
-    if (!p) throw std::bad_alloc();
-  }
-  // The block after the last byte is the padding a direct read fills: zero what it holds of the
-  // buffer (a pooled one keeps an earlier chunk's bytes).
-  const size_t block_end = std::min(capacity, DirectBlocks(size));
-  std::memset(p + size, 0, block_end - size);
-  auto d = std::make_shared<ChunkData>();
-  d->bytes = std::unique_ptr<uint8_t[], ChunkBufferFree>(p, ChunkBufferFree{capacity});
-  d->size = size;
-  return d;
-}
-
-namespace {
 
 #ifndef __NR_cachestat
 #define __NR_cachestat 451  // x86-64, arm64 and the other generic-table architectures (Linux 6.5)
@@ -264,6 +177,15 @@ Result<bool> ChunkCache::Put(const ChunkId& id, const void* data, size_t len) {
   // pages out. That copy was over half of a seal's time. Small chunks stay buffered: many of
   // them (a model's biases and norms) would each wait for the disk.
   if (len >= kDirectPutMin && !direct_refused_.load(std::memory_order_relaxed)) {
+    // A chunk smaller than a huge page is copied into a lent one, a larger one into a buffer of
+    // its own (huge-page backed too): either way the disk gets contiguous memory.
+    if (len < DirectBuffer::kSize) {
+      DirectBuffer lent;
+      if (lent.data()) {
+        std::memcpy(lent.data(), data, len);
+        return PutDirect(id, lent.data(), len);
+      }
+    }
     std::shared_ptr<ChunkData> copy;
     try {
       copy = ChunkData::Allocate(len);
@@ -271,7 +193,7 @@ Result<bool> ChunkCache::Put(const ChunkId& id, const void* data, size_t len) {
       return PutBuffered(id, data, len);  // no buffer to spare: the page cache's copy will do
     }
     std::memcpy(copy->bytes.get(), data, len);
-    return PutDirect(id, *copy);
+    return PutDirect(id, copy->bytes.get(), len);
   }
   return PutBuffered(id, data, len);
 }
@@ -283,25 +205,25 @@ Result<bool> ChunkCache::PutBuffered(const ChunkId& id, const void* data, size_t
   return WriteChunkFile(id, fd, tmp, data, len, false);
 }
 
-Result<bool> ChunkCache::PutDirect(const ChunkId& id, const ChunkData& data) {
+Result<bool> ChunkCache::PutDirect(const ChunkId& id, const uint8_t* data, size_t len) {
   std::string tmp = TmpPath(id);
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_DIRECT, 0600);
   if (fd < 0 && errno == EINVAL) {  // no O_DIRECT on this filesystem: not asked again
     if (!direct_refused_.exchange(true)) {
       log_->info("the local tier's filesystem refuses O_DIRECT: chunks are written buffered");
     }
-    return PutBuffered(id, data.bytes.get(), data.size);
+    return PutBuffered(id, data, len);
   }
   if (fd < 0) return Status::FromErrno(errno, "create chunk file " + tmp);
-  auto r = WriteChunkFile(id, fd, tmp, data.bytes.get(), data.size, true);
+  auto r = WriteChunkFile(id, fd, tmp, data, len, true);
   // A filesystem that takes O_DIRECT at open but not these writes (EINVAL): the buffered way.
   // Any other error (EIO from a failing disk, ENOSPC) is the answer.
   if (!r.ok() && r.status().code() == Code::kInvalid) {
     log_->debug("chunk {}: direct write refused ({}); writing it buffered", id.Hex(),
                 r.status().ToString());
-    return PutBuffered(id, data.bytes.get(), data.size);
+    return PutBuffered(id, data, len);
   }
-  if (r.ok() && *r) metrics_->chunk_direct_write_bytes.Add(data.size);
+  if (r.ok() && *r) metrics_->chunk_direct_write_bytes.Add(len);
   return r;
 }
 
@@ -545,10 +467,15 @@ Result<ChunkRef> ChunkCache::Load(const ChunkId& id, size_t len) {
   const bool direct = len > 0 && !direct_refused_.load(std::memory_order_relaxed) &&
                       !WhollyCached(fd, len) && SetDirect(fd, true);
   const size_t blocks = DirectBlocks(len);
-  auto n = engine_->ReadAt(fd, data->bytes.get(), direct ? blocks : len, 0, direct);
+  // A chunk whose buffer is in small pages (under 1 MiB) is read into a lent huge page and copied
+  // out: the copy costs less than a transfer into scattered small pages (chunk_buffer.h).
+  std::optional<DirectBuffer> lent;
+  if (direct && len >= kDirectPutMin && data->capacity() < DirectBuffer::kSize) lent.emplace();
+  uint8_t* into = lent && lent->data() ? lent->data() : data->bytes.get();
+  auto n = engine_->ReadAt(fd, into, direct ? blocks : len, 0, direct);
   if (direct) {
     // Blocks past the chunk (a longer, damaged file) are not the chunk's: the padding stays zero.
-    std::memset(data->bytes.get() + len, 0, blocks - len);
+    if (into == data->bytes.get()) std::memset(data->bytes.get() + len, 0, blocks - len);
     // Refused, or short (a partial transfer on a device with smaller blocks would end off a
     // 4 KiB boundary and look like end of file): the buffered way tells. A disk error is the
     // answer (EIO reads the same either way).
@@ -558,6 +485,7 @@ Result<ChunkRef> ChunkCache::Load(const ChunkId& id, size_t len) {
       n = SetDirect(fd, false) ? engine_->ReadAt(fd, data->bytes.get(), len, 0) : n;
     } else if (n.ok()) {
       *n = len;
+      if (into != data->bytes.get()) std::memcpy(data->bytes.get(), into, len);
       metrics_->cache_direct_read_bytes.Add(len);
     }
   }
@@ -617,7 +545,7 @@ Result<ChunkRef> ChunkCache::Fetch(const ChunkId& id, size_t len) {
           // kept: nothing would ever remove it from disk.
           if (!keep_ || keep_(id)) {
             if (auto put = AlreadyOnDisk(id, data->size) ? Result<bool>(false)
-                                                         : PutDirect(id, *data);
+                                                         : PutDirect(id, data->bytes.get(), data->size);
                 !put.ok()) {
               log_->warn("chunk {} fetched but not kept on the local tier: {}", id.Hex(),
                          put.status().ToString());
@@ -659,12 +587,12 @@ Result<ChunkRef> ChunkCache::Fetch(const ChunkId& id, size_t len) {
 }
 
 void ChunkCache::RamPut(const ChunkId& id, const ChunkRef& data) {
-  if (data->size > ram_budget_ || ram_.count(id)) return;
+  if (data->capacity() > ram_budget_ || ram_.count(id)) return;
   lru_.emplace_front(id, data);
   ram_[id] = lru_.begin();
-  ram_used_ += data->size;
+  ram_used_ += data->capacity();
   while (ram_used_ > ram_budget_ && !lru_.empty()) {
-    ram_used_ -= lru_.back().second->size;
+    ram_used_ -= lru_.back().second->capacity();
     ram_.erase(lru_.back().first);
     lru_.pop_back();
   }
@@ -675,7 +603,7 @@ Status ChunkCache::Remove(const ChunkId& id) {
     std::lock_guard lock(mu_);
     auto it = ram_.find(id);
     if (it != ram_.end()) {
-      ram_used_ -= it->second->second->size;
+      ram_used_ -= it->second->second->capacity();
       lru_.erase(it->second);
       ram_.erase(it);
     }

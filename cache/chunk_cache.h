@@ -47,6 +47,9 @@ struct ChunkData {
   static std::shared_ptr<ChunkData> Allocate(size_t size);
   std::unique_ptr<uint8_t[], ChunkBufferFree> bytes;
   size_t size = 0;
+  // The memory the buffer holds: size rounded up to whole blocks, to 64 KiB steps from 1 MiB,
+  // and to a whole huge page (2 MiB) from 1 MiB to 2 MiB (chunk_buffer.h).
+  size_t capacity() const { return bytes.get_deleter().capacity; }
 };
 using ChunkRef = std::shared_ptr<const ChunkData>;
 
@@ -144,11 +147,11 @@ class ChunkCache {
   ChunkCache(std::string dir, int dirfd, IoEngine* engine, uint64_t ram_bytes, Metrics* metrics);
   Result<ChunkRef> Load(const ChunkId& id, size_t len);
   Result<ChunkRef> Fetch(const ChunkId& id, size_t len);
-  // Put of an aligned buffer (a chunk fetched from the backend, or Put's copy of a large one),
-  // written with O_DIRECT where the filesystem allows, else buffered: the page cache gets no
-  // copy of bytes the daemon already holds. Put through the page cache. For both, REQUIRES:
-  // not on disk already (AlreadyOnDisk was asked).
-  Result<bool> PutDirect(const ChunkId& id, const ChunkData& data);
+  // Put of bytes starting on a kDirectAlign boundary (a chunk fetched from the backend, or Put's
+  // copy of a large one), written with O_DIRECT where the filesystem allows, else buffered: the
+  // page cache gets no copy of bytes the daemon already holds. Put through the page cache. For
+  // both, REQUIRES: not on disk already (AlreadyOnDisk was asked).
+  Result<bool> PutDirect(const ChunkId& id, const uint8_t* data, size_t len);
   Result<bool> PutBuffered(const ChunkId& id, const void* data, size_t len);
   // Whether chunk `id` already has its file of `len` bytes (then entered in the disk map).
   bool AlreadyOnDisk(const ChunkId& id, size_t len);

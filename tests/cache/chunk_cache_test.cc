@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "cache/chunk_buffer.h"
 #include "cache/fault_io_engine.h"
 #include "cache/io_engine.h"
 #include "tests/test_util.h"
@@ -237,8 +238,10 @@ TEST_P(ChunkCacheTest, ChunksOutOfThePageCacheAreReadDirect) {
   Open(0);
   std::vector<Chunk> chunks;
   uint64_t total = 0;
+  // 300 KiB + 1 goes through a lent huge page (its own buffer is in small pages), the others
+  // straight into their buffers (chunk_buffer.h).
   for (size_t size : {size_t{1}, size_t{4095}, size_t{4096}, size_t{4097}, size_t{(1 << 20) + 3},
-                      size_t{3 << 20}}) {
+                      size_t{3 << 20}, size_t{(300 << 10) + 1}, size_t{(2 << 20) - 3}}) {
     chunks.push_back(MakeChunk(size, 40 + chunks.size()));
     Put(chunks.back());
     Uncache(cache_->PathOf(chunks.back().id));
@@ -259,37 +262,41 @@ TEST_P(ChunkCacheTest, ChunksOutOfThePageCacheAreReadDirect) {
   EXPECT_EQ(metrics_.cache_miss_bytes.Get(), 2 * total);
 
   // A damaged block read directly fails verification: moved aside, as on the buffered path.
-  const Chunk& big = chunks[4];
-  const std::string path = cache_->PathOf(big.id);
-  {
+  for (size_t i : {4, 6}) {
+    const Chunk& damaged = chunks[i];
+    const std::string path = cache_->PathOf(damaged.id);
+    const size_t at = damaged.bytes.size() / 2;
     int fd = ::open(path.c_str(), O_RDWR);
     ASSERT_GE(fd, 0);
-    const uint8_t b = static_cast<uint8_t>(big.bytes[700000] ^ 1);
-    ASSERT_EQ(::pwrite(fd, &b, 1, 700000), 1);
+    const uint8_t b = static_cast<uint8_t>(damaged.bytes[at] ^ 1);
+    ASSERT_EQ(::pwrite(fd, &b, 1, static_cast<off_t>(at)), 1);
     ::close(fd);
+    Uncache(path);
+    auto r = cache_->Get(damaged.id, damaged.bytes.size());
+    ASSERT_FALSE(r.ok()) << i;
+    EXPECT_EQ(r.status().code(), Code::kCorrupt);
+    EXPECT_TRUE(Exists(root_ + "/chunks/corrupt/" + damaged.id.Hex()));
   }
-  Uncache(path);
-  auto r = cache_->Get(big.id, big.bytes.size());
-  ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().code(), Code::kCorrupt);
-  EXPECT_TRUE(Exists(root_ + "/chunks/corrupt/" + big.id.Hex()));
   // A file longer than its chunk: the chunk's bytes are its first ones, as on the buffered path,
   // and the buffer's padding past them stays zero.
-  const Chunk& odd = chunks[3];
-  {
-    int fd = ::open(cache_->PathOf(odd.id).c_str(), O_WRONLY | O_APPEND);
-    ASSERT_GE(fd, 0);
-    const std::vector<uint8_t> tail(100, 0xab);
-    ASSERT_EQ(::write(fd, tail.data(), tail.size()), 100);
-    ::close(fd);
+  for (size_t i : {3, 7}) {
+    const Chunk& odd = chunks[i];
+    {
+      int fd = ::open(cache_->PathOf(odd.id).c_str(), O_WRONLY | O_APPEND);
+      ASSERT_GE(fd, 0);
+      const std::vector<uint8_t> tail(100, 0xab);
+      ASSERT_EQ(::write(fd, tail.data(), tail.size()), 100);
+      ::close(fd);
+    }
+    Uncache(cache_->PathOf(odd.id));
+    auto longer = cache_->Get(odd.id, odd.bytes.size());
+    ASSERT_TRUE(longer.ok()) << longer.status().ToString();
+    EXPECT_TRUE(std::equal(odd.bytes.begin(), odd.bytes.end(), (*longer)->bytes.get()));
+    const uint8_t* pad = (*longer)->bytes.get() + odd.bytes.size();
+    EXPECT_TRUE(std::all_of(pad, pad + (DirectBlocks(odd.bytes.size()) - odd.bytes.size()),
+                            [](uint8_t b) { return b == 0; }))
+        << i;
   }
-  Uncache(cache_->PathOf(odd.id));
-  auto longer = cache_->Get(odd.id, odd.bytes.size());
-  ASSERT_TRUE(longer.ok()) << longer.status().ToString();
-  EXPECT_TRUE(std::equal(odd.bytes.begin(), odd.bytes.end(), (*longer)->bytes.get()));
-  const uint8_t* pad = (*longer)->bytes.get() + odd.bytes.size();
-  EXPECT_TRUE(std::all_of(pad, pad + (2 * kDirectAlign - odd.bytes.size()),
-                          [](uint8_t b) { return b == 0; }));
 }
 
 // Bytes this process has had read from a disk (/proc/self/io), or -1 where the kernel keeps no
@@ -394,8 +401,9 @@ TEST_P(ChunkCacheTest, RemoveDropsDiskAndRam) {
   EXPECT_TRUE(cache_->Remove(c.id).ok());  // missing: not an error
 }
 
+// The RAM tier counts the memory its buffers hold: 1000-byte chunks take a 4 KiB block each.
 TEST_P(ChunkCacheTest, RamCacheEvictsLeastRecentlyUsed) {
-  Open(/*ram_bytes=*/3000);
+  Open(/*ram_bytes=*/3 * ChunkData::kAlign);
   Chunk a = MakeChunk(1000, 10), b = MakeChunk(1000, 11), c = MakeChunk(1000, 12),
         d = MakeChunk(1000, 13);
   for (const Chunk* x : {&a, &b, &c, &d}) Put(*x);
@@ -506,22 +514,30 @@ std::string VmFlagsOf(const void* p) {
   return "";
 }
 
-// A chunk buffer of a huge page or more starts on a huge page boundary and asks for huge pages,
-// so that a direct transfer of a 4 MiB chunk is a few disk segments, not a thousand small pages
-// (of which a disk takes a bounded number per request). Smaller ones stay in small pages.
+// A chunk buffer of 1 MiB or more starts on a huge page boundary and asks for huge pages (one of
+// 1 to 2 MiB takes a whole one), so that a direct transfer of it is a few disk segments, not one
+// per small page (of which a disk takes a bounded number per request). Smaller ones stay in
+// small pages, and a DirectBuffer lends them a huge page for their transfers.
 TEST(ChunkDataTest, LargeBuffersAreHugePageAligned) {
   if (!Exists("/sys/kernel/mm/transparent_hugepage")) GTEST_SKIP() << "no huge pages in this kernel";
   constexpr size_t kHuge = 2 << 20;
-  for (size_t size : {size_t{4} << 20, (size_t{4} << 20) + 5, size_t{2} << 20, size_t{6} << 20}) {
+  auto huge = [](const void* p) {
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % kHuge, 0u);
+    return VmFlagsOf(p).find(" hg") != std::string::npos;
+  };
+  for (size_t size : {size_t{4} << 20, (size_t{4} << 20) + 5, size_t{2} << 20, size_t{6} << 20,
+                      size_t{1} << 20, (size_t{3} << 19) + 7}) {
     auto d = ChunkData::Allocate(size);
-    const auto at = reinterpret_cast<uintptr_t>(d->bytes.get());
-    EXPECT_EQ(at % kHuge, 0u) << size;
     std::memset(d->bytes.get(), 1, size);  // written whole, as a read or a copy does
-    EXPECT_NE(VmFlagsOf(d->bytes.get()).find(" hg"), std::string::npos)
-        << size << ": " << VmFlagsOf(d->bytes.get());
+    EXPECT_TRUE(huge(d->bytes.get())) << size << ": " << VmFlagsOf(d->bytes.get());
+    EXPECT_EQ(d->capacity(), std::max(kHuge, (size + (64 << 10) - 1) / (64 << 10) * (64 << 10)));
   }
-  auto small = ChunkData::Allocate(1 << 20);
+  auto small = ChunkData::Allocate(512 << 10);
   EXPECT_EQ(VmFlagsOf(small->bytes.get()).find(" hg"), std::string::npos);
+  EXPECT_EQ(small->capacity(), size_t{512} << 10);
+  DirectBuffer lent;
+  ASSERT_NE(lent.data(), nullptr);
+  EXPECT_TRUE(huge(lent.data()));
 }
 
 INSTANTIATE_TEST_SUITE_P(Engines, ChunkCacheTest, ::testing::Values("uring", "pread"),
