@@ -4,8 +4,10 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <mutex>
 #include <new>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -101,6 +103,15 @@ std::shared_ptr<ChunkData> ChunkData::Allocate(size_t size) {
   d->bytes = std::unique_ptr<uint8_t[], ChunkBufferFree>(p, ChunkBufferFree{capacity});
   d->size = size;
   return d;
+}
+
+bool DirectBuffer::Useful() {
+  static const bool useful = [] {
+    std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
+    std::string modes;
+    return std::getline(f, modes) && modes.find("[never]") == std::string::npos;
+  }();
+  return useful;
 }
 
 DirectBuffer::DirectBuffer() {

@@ -36,7 +36,8 @@ struct ChunkCache::Inflight {
 
 namespace {
 
-// Chunks of at least this size are written with O_DIRECT (ChunkCache::Put).
+// Chunks of at least this size are written with O_DIRECT (ChunkCache::Put), and read and written
+// through a lent huge page (DirectBuffer) when their own buffer is in small pages.
 constexpr size_t kDirectPutMin = 256 << 10;
 
 #ifndef __NR_cachestat
@@ -171,31 +172,49 @@ bool ChunkCache::AlreadyOnDisk(const ChunkId& id, size_t len) {
 
 Result<bool> ChunkCache::Put(const ChunkId& id, const void* data, size_t len) {
   if (AlreadyOnDisk(id, len)) return false;
+  if (auto copy = CopyForDirectPut(data, len)) return PutDirect(id, copy->bytes, len);
+  return PutBuffered(id, data, len);
+}
+
+ChunkCache::PreparedPut::~PreparedPut() = default;
+
+std::unique_ptr<ChunkCache::PreparedPut> ChunkCache::PreparePut(const ChunkId& id,
+                                                                const void* data, size_t len) {
+  return AlreadyOnDisk(id, len) ? nullptr : CopyForDirectPut(data, len);
+}
+
+Result<bool> ChunkCache::PutPrepared(const ChunkId& id, const PreparedPut& prepared) {
+  if (AlreadyOnDisk(id, prepared.len)) return false;  // put meanwhile (the same chunk twice)
+  return PutDirect(id, prepared.bytes, prepared.len);
+}
+
+std::unique_ptr<ChunkCache::PreparedPut> ChunkCache::CopyForDirectPut(const void* data,
+                                                                      size_t len) {
   // A large chunk goes to disk with O_DIRECT, from an aligned copy (a pooled buffer, its pages
   // resident): a buffered write would copy it into fresh page cache, which nobody reads back
   // (a read of a chunk not in the page cache is direct too), and which pushes the job's own
   // pages out. That copy was over half of a seal's time. Small chunks stay buffered: many of
   // them (a model's biases and norms) would each wait for the disk.
-  if (len >= kDirectPutMin && !direct_refused_.load(std::memory_order_relaxed)) {
-    // A chunk smaller than a huge page is copied into a lent one, a larger one into a buffer of
-    // its own (huge-page backed too): either way the disk gets contiguous memory.
-    if (len < DirectBuffer::kSize) {
-      DirectBuffer lent;
-      if (lent.data()) {
-        std::memcpy(lent.data(), data, len);
-        return PutDirect(id, lent.data(), len);
-      }
-    }
-    std::shared_ptr<ChunkData> copy;
-    try {
-      copy = ChunkData::Allocate(len);
-    } catch (const std::bad_alloc&) {
-      return PutBuffered(id, data, len);  // no buffer to spare: the page cache's copy will do
-    }
-    std::memcpy(copy->bytes.get(), data, len);
-    return PutDirect(id, copy->bytes.get(), len);
+  if (len < kDirectPutMin || direct_refused_.load(std::memory_order_relaxed)) return nullptr;
+  auto copy = std::make_unique<PreparedPut>();
+  copy->len = len;
+  // A chunk smaller than a huge page is copied into a lent one, a larger one into a buffer of
+  // its own (huge-page backed too): either way the disk gets contiguous memory.
+  if (len < DirectBuffer::kSize && DirectBuffer::Useful()) {
+    copy->lent = std::make_unique<DirectBuffer>();
+    if (!copy->lent->data()) copy->lent.reset();
   }
-  return PutBuffered(id, data, len);
+  if (!copy->lent) {
+    try {
+      copy->own = ChunkData::Allocate(len);
+    } catch (const std::bad_alloc&) {
+      return nullptr;  // no buffer to spare: the page cache's copy will do
+    }
+  }
+  auto* to = copy->lent ? copy->lent->data() : copy->own->bytes.get();
+  std::memcpy(to, data, len);
+  copy->bytes = to;
+  return copy;
 }
 
 Result<bool> ChunkCache::PutBuffered(const ChunkId& id, const void* data, size_t len) {
@@ -470,7 +489,10 @@ Result<ChunkRef> ChunkCache::Load(const ChunkId& id, size_t len) {
   // A chunk whose buffer is in small pages (under 1 MiB) is read into a lent huge page and copied
   // out: the copy costs less than a transfer into scattered small pages (chunk_buffer.h).
   std::optional<DirectBuffer> lent;
-  if (direct && len >= kDirectPutMin && data->capacity() < DirectBuffer::kSize) lent.emplace();
+  if (direct && len >= kDirectPutMin && data->capacity() < DirectBuffer::kSize &&
+      DirectBuffer::Useful()) {
+    lent.emplace();
+  }
   uint8_t* into = lent && lent->data() ? lent->data() : data->bytes.get();
   auto n = engine_->ReadAt(fd, into, direct ? blocks : len, 0, direct);
   if (direct) {

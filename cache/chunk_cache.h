@@ -30,6 +30,7 @@
 namespace ckptfs {
 
 class Backend;
+class DirectBuffer;
 
 // Frees a ChunkData buffer. Large buffers go back to a small process-wide pool: a fresh buffer
 // costs a page fault and a page clearing per 4 KiB on first touch, more than the copy into it.
@@ -70,6 +71,19 @@ class ChunkCache {
   // behind.
   // REQUIRES: id == ChunkId::Of(data, len).
   Result<bool> Put(const ChunkId& id, const void* data, size_t len);
+  // Put in two steps, so that the caller may reuse `data` while the disk write runs elsewhere:
+  // PreparePut copies a chunk that Put would write with O_DIRECT into the aligned buffer that
+  // write goes from, and PutPrepared writes it as Put does. Null from PreparePut: the chunk is on
+  // disk already, or Put would write it buffered, or no buffer could be had; then Put it.
+  struct PreparedPut {
+    ~PreparedPut();
+    const uint8_t* bytes = nullptr;
+    size_t len = 0;
+    std::unique_ptr<DirectBuffer> lent;  // the bytes' buffer: one of these two
+    std::shared_ptr<ChunkData> own;
+  };
+  std::unique_ptr<PreparedPut> PreparePut(const ChunkId& id, const void* data, size_t len);
+  Result<bool> PutPrepared(const ChunkId& id, const PreparedPut& prepared);
 
   // The verified bytes of chunk `id`, which is `len` bytes long. One disk read serves all
   // concurrent callers for the same id. When the bytes on disk are not the chunk's, the file is
@@ -114,7 +128,7 @@ class ChunkCache {
     uint64_t disk_bytes = 0;    // chunk files on disk
     uint64_t local_only = 0;    // of those, bytes the backend does not hold yet
     uint64_t disk_limit = 0;    // 0: none
-    uint64_t ram_bytes = 0;     // chunks held in the RAM tier
+    uint64_t ram_bytes = 0;     // memory the RAM tier's chunk buffers hold (capacity())
     uint64_t ram_limit = 0;
   };
   Usage usage() const;
@@ -155,6 +169,8 @@ class ChunkCache {
   Result<bool> PutBuffered(const ChunkId& id, const void* data, size_t len);
   // Whether chunk `id` already has its file of `len` bytes (then entered in the disk map).
   bool AlreadyOnDisk(const ChunkId& id, size_t len);
+  // PreparePut's copy, whether or not the chunk is on disk.
+  std::unique_ptr<PreparedPut> CopyForDirectPut(const void* data, size_t len);
   // A fresh name under <dir>/tmp/ for a chunk file being written.
   std::string TmpPath(const ChunkId& id);
   // Writes data[0..len) as chunk `id` through a temporary file (fd open on `tmp`), then renames it.

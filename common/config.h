@@ -34,7 +34,8 @@ struct Config {
   // trace, debug, info, warn, error, critical, off.
   std::string log_level = "info";
 
-  // Bytes of verified chunks kept in RAM for reads. Counted in the daemon's memory budget.
+  // Memory for verified chunks kept in RAM for reads, as their buffers hold it
+  // (ChunkData::capacity()). Counted in the daemon's memory budget.
   uint64_t ram_cache_bytes = 128ull << 20;
   // Bytes of out-of-order writes one open file may hold while waiting for the gap before them to
   // fill; past this the file switches to its staging file (see store/file_writer.h).

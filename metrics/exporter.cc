@@ -114,7 +114,7 @@ std::vector<MetricFamily> Collect(Store* store) {
         g.cache.disk_limit);
   gauge("ckptfs_local_only_bytes", "Bytes on the local tier no remote tier holds yet.",
         g.cache.local_only);
-  gauge("ckptfs_ram_tier_bytes", "Bytes of chunks held in the RAM tier.", g.cache.ram_bytes);
+  gauge("ckptfs_ram_tier_bytes", "Memory held by the RAM tier's chunk buffers.", g.cache.ram_bytes);
   gauge("ckptfs_ram_tier_limit_bytes", "The RAM tier's size (ram_cache).", g.cache.ram_limit);
   gauge("ckptfs_write_queue_bytes", "Bytes written, acknowledged and not yet chunked.",
         g.write_queue_bytes);

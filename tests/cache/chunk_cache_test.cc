@@ -238,10 +238,11 @@ TEST_P(ChunkCacheTest, ChunksOutOfThePageCacheAreReadDirect) {
   Open(0);
   std::vector<Chunk> chunks;
   uint64_t total = 0;
-  // 300 KiB + 1 goes through a lent huge page (its own buffer is in small pages), the others
-  // straight into their buffers (chunk_buffer.h).
+  // Those of 300 KiB and a few bytes go through a lent huge page (their own buffers are in small
+  // pages), the others straight into their buffers (chunk_buffer.h).
   for (size_t size : {size_t{1}, size_t{4095}, size_t{4096}, size_t{4097}, size_t{(1 << 20) + 3},
-                      size_t{3 << 20}, size_t{(300 << 10) + 1}, size_t{(2 << 20) - 3}}) {
+                      size_t{3 << 20}, size_t{(300 << 10) + 1}, size_t{(2 << 20) - 3},
+                      size_t{(300 << 10) + 5}, size_t{(300 << 10) + 9}}) {
     chunks.push_back(MakeChunk(size, 40 + chunks.size()));
     Put(chunks.back());
     Uncache(cache_->PathOf(chunks.back().id));
@@ -279,7 +280,7 @@ TEST_P(ChunkCacheTest, ChunksOutOfThePageCacheAreReadDirect) {
   }
   // A file longer than its chunk: the chunk's bytes are its first ones, as on the buffered path,
   // and the buffer's padding past them stays zero.
-  for (size_t i : {3, 7}) {
+  for (size_t i : {3, 7, 8}) {
     const Chunk& odd = chunks[i];
     {
       int fd = ::open(cache_->PathOf(odd.id).c_str(), O_WRONLY | O_APPEND);
@@ -297,6 +298,15 @@ TEST_P(ChunkCacheTest, ChunksOutOfThePageCacheAreReadDirect) {
                             [](uint8_t b) { return b == 0; }))
         << i;
   }
+  // A file shorter than its chunk: the direct read comes up short, the buffered one too, and the
+  // chunk fails verification.
+  const Chunk& cut = chunks[9];
+  ASSERT_EQ(::truncate(cache_->PathOf(cut.id).c_str(), 200 << 10), 0);
+  Uncache(cache_->PathOf(cut.id));
+  auto shorter = cache_->Get(cut.id, cut.bytes.size());
+  ASSERT_FALSE(shorter.ok());
+  EXPECT_EQ(shorter.status().code(), Code::kCorrupt);
+  EXPECT_TRUE(Exists(root_ + "/chunks/corrupt/" + cut.id.Hex()));
 }
 
 // Bytes this process has had read from a disk (/proc/self/io), or -1 where the kernel keeps no
@@ -417,6 +427,23 @@ TEST_P(ChunkCacheTest, RamCacheEvictsLeastRecentlyUsed) {
   EXPECT_EQ(metrics_.cache_hit_bytes.Get(), 3000u);
   ExpectReadsBack(b);  // miss: it was evicted
   EXPECT_EQ(metrics_.cache_miss_bytes.Get(), 5000u);
+}
+
+// A chunk of 1 to 2 MiB takes a whole huge page, and the RAM tier counts it so: two fit in
+// 4 MiB, not three.
+TEST_P(ChunkCacheTest, RamTierCountsTheBuffersMemory) {
+  Open(/*ram_bytes=*/(4 << 20) + 1);
+  Chunk a = MakeChunk((1 << 20) + 1, 15), b = MakeChunk((1 << 20) + 1, 16),
+        c = MakeChunk((1 << 20) + 1, 17);
+  for (const Chunk* x : {&a, &b, &c}) Put(*x);
+  for (const Chunk* x : {&a, &b, &c}) ExpectReadsBack(*x);  // RAM: c b
+  EXPECT_EQ(cache_->usage().ram_bytes, uint64_t{4} << 20);
+  const uint64_t misses = metrics_.cache_miss_bytes.Get();
+  ExpectReadsBack(b);
+  ExpectReadsBack(c);
+  EXPECT_EQ(metrics_.cache_miss_bytes.Get(), misses) << "b and c are in the RAM tier";
+  ExpectReadsBack(a);
+  EXPECT_EQ(metrics_.cache_miss_bytes.Get(), misses + a.bytes.size()) << "a was evicted";
 }
 
 TEST_P(ChunkCacheTest, ForEachListsEveryChunk) {
