@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 
 namespace ckptfs {
 namespace {
@@ -223,10 +225,54 @@ size_t FileWriter::NextCut(uint64_t pos, const uint8_t* p, size_t avail, bool fi
   return cut;
 }
 
+struct FileWriter::PutWindow {
+  explicit PutWindow(uint64_t limit) : limit(limit) {}
+
+  // Waits for room for `len` more bytes (one chunk always fits); the first failed put's error.
+  Status Reserve(size_t len) {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return !first.ok() || inflight == 0 || inflight + len <= limit; });
+    if (!first.ok()) return first;
+    inflight += len;
+    return Status::Ok();
+  }
+  void Done(const ChunkId& id, size_t len, Status st) {
+    std::lock_guard lock(mu);
+    inflight -= len;
+    if (st.ok()) {
+      stored.push_back(id);
+    } else if (first.ok()) {
+      first = std::move(st);
+    }
+    cv.notify_all();
+  }
+  // Waits for every put; the chunks stored go to `held`.
+  Status Wait(std::vector<ChunkId>* held) {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return inflight == 0; });
+    held->insert(held->end(), stored.begin(), stored.end());
+    stored.clear();
+    return first;
+  }
+
+  std::mutex mu;
+  std::condition_variable cv;
+  const uint64_t limit;
+  uint64_t inflight = 0;         // guarded by mu
+  Status first;                  // guarded by mu
+  std::vector<ChunkId> stored;   // guarded by mu
+};
+
 Status FileWriter::EmitChunk(const uint8_t* data, size_t len, Manifest* into) {
   ChunkId id = ChunkId::Of(data, len);
-  RETURN_IF_ERROR(sink_->PutChunk(id, data, len));
-  held_.push_back(id);
+  if (window_) {
+    RETURN_IF_ERROR(window_->Reserve(len));
+    sink_->PutChunkAsync(id, data, len,
+                         [w = window_, id, len](Status st) { w->Done(id, len, std::move(st)); });
+  } else {
+    RETURN_IF_ERROR(sink_->PutChunk(id, data, len));
+    held_.push_back(id);
+  }
   into->Append(Extent{id, len});
   return Status::Ok();
 }
@@ -426,6 +472,17 @@ Result<Manifest> FileWriter::Finish() {
 }
 
 Result<Manifest> FileWriter::ChunkStagingFile() {
+  window_ = std::make_shared<PutWindow>(kPutWindow);
+  auto m = CutStagingFile();
+  // Every put is waited for, whatever the outcome: the chunks stored are held either way.
+  Status puts = window_->Wait(&held_);
+  window_.reset();
+  if (!m.ok()) return m.status();
+  if (!puts.ok()) return puts;
+  return m;
+}
+
+Result<Manifest> FileWriter::CutStagingFile() {
   Manifest m;
   const size_t max = chunker_.options().max_bytes;
   TailBuffer buf;

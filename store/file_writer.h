@@ -49,6 +49,12 @@ class ChunkSink {
   // Stores the chunk (a dedup hit when it is already stored) and holds it against reclamation
   // until the writer's holds are released.
   virtual Status PutChunk(const ChunkId& id, const uint8_t* data, size_t len) = 0;
+  // PutChunk, which may finish after this returns: `data` may be reused at once, and `done` gets
+  // what PutChunk would have returned, on another thread or before this returns (the default).
+  virtual void PutChunkAsync(const ChunkId& id, const uint8_t* data, size_t len,
+                             std::function<void(Status)> done) {
+    done(PutChunk(id, data, len));
+  }
   virtual Result<ChunkRef> GetChunk(const ChunkId& id, size_t len) = 0;
   // A fresh path for a staging file on the local tier.
   virtual std::string NewStagingPath() = 0;
@@ -133,6 +139,10 @@ class FileWriter {
   // caller keeps: a dup of fd is used and the file is not removed) as this writer's staging
   // file, so that Finish cuts it into chunks (holes stay holes). REQUIRES: nothing written yet.
   Status AdoptFile(int fd, uint64_t size);
+  // While a staging file is cut, its chunks are put asynchronously (PutChunkAsync), up to
+  // kPutWindow bytes at a time (one chunk always), so that their disk writes overlap reading and
+  // hashing the next ones.
+  static constexpr uint64_t kPutWindow = 16 << 20;
 
  private:
   enum class Mode { kStream, kStaging };
@@ -157,7 +167,10 @@ class FileWriter {
   Status Rewind(uint64_t size);
   Status ToStaging();
   Result<Manifest> ChunkStagingFile();
+  Result<Manifest> CutStagingFile();
   Status Fail(Status st);
+  struct PutWindow;
+  std::shared_ptr<PutWindow> window_;  // while a staging file is cut
 
   ChunkSink* const sink_;
   Metrics* const metrics_;

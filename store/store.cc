@@ -153,6 +153,7 @@ Store::Store(Config cfg, std::unique_ptr<IoEngine> engine, std::unique_ptr<Chunk
       lock_fd_(lock_fd),
       queue_budget_(cfg_.write_memory_bytes / 2),
       reorder_budget_(cfg_.write_memory_bytes / 2),
+      put_pool_(std::make_unique<ThreadPool>(cfg_.write_threads)),
       read_pool_(std::make_unique<ThreadPool>(cfg_.read_threads)),
       write_pool_(std::make_unique<ThreadPool>(cfg_.write_threads)),
       boot_id_(CurrentBootId()),
@@ -317,7 +318,24 @@ Status Store::PutChunk(const ChunkId& id, const uint8_t* data, size_t len) {
     std::lock_guard lock(holds_mu_);
     ++holds_[id];
   }
-  auto written = cache_->Put(id, data, len);
+  return Stored(id, len, cache_->Put(id, data, len));
+}
+
+void Store::PutChunkAsync(const ChunkId& id, const uint8_t* data, size_t len,
+                          std::function<void(Status)> done) {
+  {
+    std::lock_guard lock(holds_mu_);
+    ++holds_[id];
+  }
+  // The copy is made here (data is the caller's again on return), the disk write on put_pool_.
+  std::shared_ptr<ChunkCache::PreparedPut> prepared = cache_->PreparePut(id, data, len);
+  if (!prepared) return done(Stored(id, len, cache_->Put(id, data, len)));
+  put_pool_->Submit([this, id, len, prepared, done = std::move(done)] {
+    done(Stored(id, len, cache_->PutPrepared(id, *prepared)));
+  });
+}
+
+Status Store::Stored(const ChunkId& id, size_t len, const Result<bool>& written) {
   if (!written.ok()) {
     ReleaseHolds({id});
     if (written.status().code() == Code::kNoSpace) {

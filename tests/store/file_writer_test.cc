@@ -1,12 +1,19 @@
 #include "store/file_writer.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
 #include <map>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/test_util.h"
@@ -489,6 +496,105 @@ TEST_F(FileWriterTest, NoSpaceInStagingFinish) {
   auto m = w_->Finish();
   ASSERT_FALSE(m.ok());
   EXPECT_EQ(m.status().code(), Code::kNoSpace);
+}
+
+// A MemSink whose PutChunkAsync stores each chunk on a thread of its own, a little later, as the
+// store's put pool does; put number `fail_at` (from 1) fails with kNoSpace.
+class AsyncSink : public MemSink {
+ public:
+  using MemSink::MemSink;
+  ~AsyncSink() override {
+    for (std::thread& t : threads_) t.join();
+  }
+  Status PutChunk(const ChunkId& id, const uint8_t* data, size_t len) override {
+    std::lock_guard lock(mu_);
+    return MemSink::PutChunk(id, data, len);
+  }
+  void PutChunkAsync(const ChunkId& id, const uint8_t* data, size_t len,
+                     std::function<void(Status)> done) override {
+    auto copy = std::make_shared<Bytes>(data, data + len);  // data is the caller's on return
+    std::lock_guard lock(mu_);
+    const int n = ++submitted_;
+    inflight_ += len;
+    max_inflight_ = std::max(max_inflight_, inflight_);
+    max_running_ = std::max(max_running_, ++running_);
+    threads_.emplace_back([this, id, copy, n, done = std::move(done)] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20 + 10 * (n % 5)));
+      Status st = n == fail_at_ ? Status(Code::kNoSpace, "test sink is full")
+                                : PutChunk(id, copy->data(), copy->size());
+      {
+        std::lock_guard l(mu_);
+        if (st.ok()) stored_.push_back(id);
+        inflight_ -= copy->size();
+        --running_;
+      }
+      done(st);
+    });
+  }
+  std::mutex mu_;
+  int fail_at_ = 0;
+  int submitted_ = 0;
+  int running_ = 0, max_running_ = 0;
+  uint64_t inflight_ = 0, max_inflight_ = 0;
+  std::vector<ChunkId> stored_;
+  std::vector<std::thread> threads_;
+};
+
+// A staging file is cut with its chunks put asynchronously, a bounded number of bytes at a time;
+// Finish returns once every put has, with the manifest in file order and every stored chunk held.
+TEST(FileWriterAsyncTest, StagingFileChunksArePutAsynchronouslyWithinTheWindow) {
+  test::TempDir dir;
+  AsyncSink sink(dir.path());
+  Metrics metrics;
+  ChunkingOptions big = Small();
+  big.max_bytes = 1 << 20;
+  big.avg_bytes = 256 << 10;
+  big.min_bytes = 64 << 10;
+  const Bytes data = test::RandomBytes(48 << 20, 95);
+  const std::string path = dir.Sub("file");
+  {
+    int fd = ::open(path.c_str(), O_RDWR | O_CREAT, 0600);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::pwrite(fd, data.data(), data.size(), 0), static_cast<ssize_t>(data.size()));
+    FileWriter w(Manifest(), &sink, big, 1 << 20, &metrics);
+    ASSERT_TRUE(w.AdoptFile(fd, data.size()).ok());
+    ::close(fd);
+    auto m = w.Finish();
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    std::lock_guard lock(sink.mu_);
+    EXPECT_EQ(sink.running_, 0) << "Finish returned with puts still running";
+    EXPECT_TRUE(SameBytes(sink.Reassemble(*m), data));
+    EXPECT_GT(sink.max_running_, 1) << "the puts overlapped nothing";
+    EXPECT_LE(sink.max_inflight_, FileWriter::kPutWindow + big.max_bytes);
+    std::multiset<ChunkId> held(w.held().begin(), w.held().end());
+    EXPECT_EQ(held, std::multiset<ChunkId>(sink.stored_.begin(), sink.stored_.end()));
+    EXPECT_EQ(held.size(), m->extents().size());
+  }
+}
+
+// A put that fails fails the cut, once every other put is done; only chunks stored are held.
+TEST(FileWriterAsyncTest, AFailedAsynchronousPutFailsFinish) {
+  test::TempDir dir;
+  AsyncSink sink(dir.path());
+  sink.fail_at_ = 7;
+  Metrics metrics;
+  const Bytes data = test::RandomBytes(4 << 20, 96);
+  const std::string path = dir.Sub("file");
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::pwrite(fd, data.data(), data.size(), 0), static_cast<ssize_t>(data.size()));
+  FileWriter w(Manifest(), &sink, Small(), 1 << 20, &metrics);
+  ASSERT_TRUE(w.AdoptFile(fd, data.size()).ok());
+  ::close(fd);
+  auto m = w.Finish();
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), Code::kNoSpace);
+  std::lock_guard lock(sink.mu_);
+  EXPECT_EQ(sink.running_, 0) << "Finish returned with puts still running";
+  EXPECT_GE(sink.submitted_, 7);
+  EXPECT_EQ(std::multiset<ChunkId>(w.held().begin(), w.held().end()),
+            std::multiset<ChunkId>(sink.stored_.begin(), sink.stored_.end()));
+  EXPECT_EQ(w.held().size(), static_cast<size_t>(sink.submitted_ - 1));
 }
 
 // The chunk boundaries of a manifest, as file offsets.
