@@ -178,6 +178,12 @@ Result<bool> ChunkCache::Put(const ChunkId& id, const void* data, size_t len) {
 
 ChunkCache::PreparedPut::~PreparedPut() = default;
 
+size_t ChunkCache::CopyFootprint(size_t len) {
+  // A lent huge page, or a buffer of its own of at least one (ChunkData::capacity()).
+  constexpr size_t kStep = 64 << 10;  // ChunkData's steps from 1 MiB
+  return len < kDirectPutMin ? len : std::max((len + kStep - 1) / kStep * kStep, DirectBuffer::kSize);
+}
+
 std::unique_ptr<ChunkCache::PreparedPut> ChunkCache::PreparePut(const ChunkId& id,
                                                                 const void* data, size_t len) {
   return AlreadyOnDisk(id, len) ? nullptr : CopyForDirectPut(data, len);

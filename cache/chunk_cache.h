@@ -83,6 +83,8 @@ class ChunkCache {
     std::shared_ptr<ChunkData> own;
   };
   std::unique_ptr<PreparedPut> PreparePut(const ChunkId& id, const void* data, size_t len);
+  // The most memory PreparePut's copy of a `len`-byte chunk holds.
+  static size_t CopyFootprint(size_t len);
   Result<bool> PutPrepared(const ChunkId& id, const PreparedPut& prepared);
 
   // The verified bytes of chunk `id`, which is `len` bytes long. One disk read serves all

@@ -243,6 +243,7 @@ struct FileWriter::PutWindow {
       stored.push_back(id);
     } else if (first.ok()) {
       first = std::move(st);
+      cancelled = true;  // the puts not yet begun are skipped: the cut has failed
     }
     cv.notify_all();
   }
@@ -261,14 +262,16 @@ struct FileWriter::PutWindow {
   uint64_t inflight = 0;         // guarded by mu
   Status first;                  // guarded by mu
   std::vector<ChunkId> stored;   // guarded by mu
+  std::atomic<bool> cancelled{false};
 };
 
 Status FileWriter::EmitChunk(const uint8_t* data, size_t len, Manifest* into) {
   ChunkId id = ChunkId::Of(data, len);
   if (window_) {
-    RETURN_IF_ERROR(window_->Reserve(len));
-    sink_->PutChunkAsync(id, data, len,
-                         [w = window_, id, len](Status st) { w->Done(id, len, std::move(st)); });
+    const size_t cost = ChunkCache::CopyFootprint(len);
+    RETURN_IF_ERROR(window_->Reserve(cost));
+    sink_->PutChunkAsync(id, data, len, &window_->cancelled,
+                         [w = window_, id, cost](Status st) { w->Done(id, cost, std::move(st)); });
   } else {
     RETURN_IF_ERROR(sink_->PutChunk(id, data, len));
     held_.push_back(id);

@@ -12,6 +12,7 @@
 // Not thread-safe: the store serializes calls per inode.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -51,8 +52,11 @@ class ChunkSink {
   virtual Status PutChunk(const ChunkId& id, const uint8_t* data, size_t len) = 0;
   // PutChunk, which may finish after this returns: `data` may be reused at once, and `done` gets
   // what PutChunk would have returned, on another thread or before this returns (the default).
+  // Once *cancelled is set (it stays valid until `done` runs), a put not yet begun is skipped and
+  // fails (kIo).
   virtual void PutChunkAsync(const ChunkId& id, const uint8_t* data, size_t len,
-                             std::function<void(Status)> done) {
+                             const std::atomic<bool>* cancelled, std::function<void(Status)> done) {
+    (void)cancelled;
     done(PutChunk(id, data, len));
   }
   virtual Result<ChunkRef> GetChunk(const ChunkId& id, size_t len) = 0;
@@ -140,8 +144,8 @@ class FileWriter {
   // file, so that Finish cuts it into chunks (holes stay holes). REQUIRES: nothing written yet.
   Status AdoptFile(int fd, uint64_t size);
   // While a staging file is cut, its chunks are put asynchronously (PutChunkAsync), up to
-  // kPutWindow bytes at a time (one chunk always), so that their disk writes overlap reading and
-  // hashing the next ones.
+  // kPutWindow bytes of their copies' memory at a time (ChunkCache::CopyFootprint; one chunk
+  // always), so that their disk writes overlap reading and hashing the next ones.
   static constexpr uint64_t kPutWindow = 16 << 20;
 
  private:

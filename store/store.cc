@@ -322,7 +322,7 @@ Status Store::PutChunk(const ChunkId& id, const uint8_t* data, size_t len) {
 }
 
 void Store::PutChunkAsync(const ChunkId& id, const uint8_t* data, size_t len,
-                          std::function<void(Status)> done) {
+                          const std::atomic<bool>* cancelled, std::function<void(Status)> done) {
   {
     std::lock_guard lock(holds_mu_);
     ++holds_[id];
@@ -330,7 +330,10 @@ void Store::PutChunkAsync(const ChunkId& id, const uint8_t* data, size_t len,
   // The copy is made here (data is the caller's again on return), the disk write on put_pool_.
   std::shared_ptr<ChunkCache::PreparedPut> prepared = cache_->PreparePut(id, data, len);
   if (!prepared) return done(Stored(id, len, cache_->Put(id, data, len)));
-  put_pool_->Submit([this, id, len, prepared, done = std::move(done)] {
+  put_pool_->Submit([this, id, len, prepared, cancelled, done = std::move(done)] {
+    if (cancelled && cancelled->load()) {
+      return done(Stored(id, len, Status(Code::kIo, "put of chunk " + id.Hex() + " cancelled")));
+    }
     done(Stored(id, len, cache_->PutPrepared(id, *prepared)));
   });
 }

@@ -438,7 +438,7 @@ class Store final : private ChunkSink {
   // ChunkSink
   Status PutChunk(const ChunkId& id, const uint8_t* data, size_t len) override;
   void PutChunkAsync(const ChunkId& id, const uint8_t* data, size_t len,
-                     std::function<void(Status)> done) override;
+                     const std::atomic<bool>* cancelled, std::function<void(Status)> done) override;
   // PutChunk's end, once the local tier answered: the chunk's hold goes when it failed.
   Status Stored(const ChunkId& id, size_t len, const Result<bool>& written);
   Result<ChunkRef> GetChunk(const ChunkId& id, size_t len) override;
@@ -637,7 +637,7 @@ class Store final : private ChunkSink {
   Status SyncKey(const std::string& key);
   // Last members: destroyed first, so their threads are joined before anything they use goes.
   // put_pool_: the disk writes of chunks cut from staging files (PutChunkAsync), which seals
-  // and the write pool's commits submit; joined after both.
+  // and commits of staged writers submit; joined after the other pools.
   std::unique_ptr<ThreadPool> put_pool_;
   std::unique_ptr<ThreadPool> read_pool_;
   std::unique_ptr<ThreadPool> write_pool_;
