@@ -476,10 +476,21 @@ Result<Manifest> FileWriter::Finish() {
 
 Result<Manifest> FileWriter::ChunkStagingFile() {
   window_ = std::make_shared<PutWindow>(kPutWindow);
+  // Every put is waited for, whatever the outcome (an exception too): the chunks stored are held
+  // either way.
+  struct WaitPuts {
+    FileWriter& w;
+    Status Run() {
+      Status st = w.window_->Wait(&w.held_);
+      w.window_.reset();
+      return st;
+    }
+    ~WaitPuts() {
+      if (w.window_) (void)Run();
+    }
+  } wait{*this};
   auto m = CutStagingFile();
-  // Every put is waited for, whatever the outcome: the chunks stored are held either way.
-  Status puts = window_->Wait(&held_);
-  window_.reset();
+  Status puts = wait.Run();
   if (!m.ok()) return m.status();
   if (!puts.ok()) return puts;
   return m;
