@@ -80,13 +80,17 @@ void ChunkBufferFree::operator()(uint8_t* p) const {
   if (!Pool().Give(p, capacity)) ::munmap(p, capacity);
 }
 
-std::shared_ptr<ChunkData> ChunkData::Allocate(size_t size) {
-  const size_t step = size >= kPoolClass ? kPoolStep : kAlign;
-  size_t capacity = std::max<size_t>((size + step - 1) / step * step, kAlign);
+size_t ChunkBufferCapacity(size_t size) {
+  const size_t step = size >= kPoolClass ? kPoolStep : ChunkData::kAlign;
+  const size_t capacity = std::max<size_t>((size + step - 1) / step * step, ChunkData::kAlign);
   // A buffer of a megabyte or more takes at least a whole huge page: its direct transfers then
   // move contiguous memory (chunk_buffer.h), and buffers of all sizes up to one share a pool
   // class, so that a freed one serves the next chunk of any such size.
-  if (capacity >= kPoolClass && capacity < kHugePage) capacity = kHugePage;
+  return capacity >= kPoolClass && capacity < kHugePage ? kHugePage : capacity;
+}
+
+std::shared_ptr<ChunkData> ChunkData::Allocate(size_t size) {
+  const size_t capacity = ChunkBufferCapacity(size);
   uint8_t* p = nullptr;
   if (capacity >= kPoolClass) {
     p = Pool().Take(capacity);

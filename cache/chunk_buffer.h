@@ -20,6 +20,9 @@ namespace ckptfs {
 
 inline constexpr size_t kHugePage = 2 << 20;
 
+// The memory ChunkData::Allocate(size) holds (its capacity()).
+size_t ChunkBufferCapacity(size_t size);
+
 // One huge page's worth of memory, on a huge page boundary and (where the kernel has transparent
 // huge pages) backed by one, lent for one direct transfer of a chunk smaller than kHugePage.
 // Taken from and given back to the chunk buffers' pool; data() is null when no memory could be

@@ -179,9 +179,8 @@ Result<bool> ChunkCache::Put(const ChunkId& id, const void* data, size_t len) {
 ChunkCache::PreparedPut::~PreparedPut() = default;
 
 size_t ChunkCache::CopyFootprint(size_t len) {
-  // A lent huge page, or a buffer of its own of at least one (ChunkData::capacity()).
-  constexpr size_t kStep = 64 << 10;  // ChunkData's steps from 1 MiB
-  return len < kDirectPutMin ? len : std::max((len + kStep - 1) / kStep * kStep, DirectBuffer::kSize);
+  // A lent huge page, or a buffer of its own of at least one.
+  return len < kDirectPutMin ? len : std::max(ChunkBufferCapacity(len), DirectBuffer::kSize);
 }
 
 std::unique_ptr<ChunkCache::PreparedPut> ChunkCache::PreparePut(const ChunkId& id,
@@ -572,8 +571,8 @@ Result<ChunkRef> ChunkCache::Fetch(const ChunkId& id, size_t len) {
           // A chunk nobody references any more (its file was deleted meanwhile) is served, not
           // kept: nothing would ever remove it from disk.
           if (!keep_ || keep_(id)) {
-            if (auto put = AlreadyOnDisk(id, data->size) ? Result<bool>(false)
-                                                         : PutDirect(id, data->bytes.get(), data->size);
+            if (auto put = AlreadyOnDisk(id, len) ? Result<bool>(false)
+                                                  : PutDirect(id, data->bytes.get(), len);
                 !put.ok()) {
               log_->warn("chunk {} fetched but not kept on the local tier: {}", id.Hex(),
                          put.status().ToString());

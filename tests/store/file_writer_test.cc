@@ -547,68 +547,62 @@ class AsyncSink : public MemSink {
   std::vector<std::thread> threads_;
 };
 
+// 48 MiB of random bytes in a staging file (some 190 chunks, 3 windows' worth), cut by a
+// FileWriter into the AsyncSink.
+class FileWriterAsyncTest : public ::testing::Test {
+ protected:
+  Result<Manifest> CutStaged(uint64_t seed) {
+    ChunkingOptions big = Small();
+    big.max_bytes = 1 << 20;
+    big.avg_bytes = 256 << 10;
+    big.min_bytes = 64 << 10;
+    data_ = test::RandomBytes(48 << 20, seed);
+    const std::string path = dir_.Sub("file");
+    int fd = ::open(path.c_str(), O_RDWR | O_CREAT, 0600);
+    EXPECT_GE(fd, 0);
+    EXPECT_EQ(::pwrite(fd, data_.data(), data_.size(), 0), static_cast<ssize_t>(data_.size()));
+    w_ = std::make_unique<FileWriter>(Manifest(), &sink_, big, 1 << 20, &metrics_);
+    EXPECT_TRUE(w_->AdoptFile(fd, data_.size()).ok());
+    ::close(fd);
+    return w_->Finish();
+  }
+  std::multiset<ChunkId> Held() const { return {w_->held().begin(), w_->held().end()}; }
+
+  test::TempDir dir_;
+  AsyncSink sink_{dir_.path()};
+  Metrics metrics_;
+  Bytes data_;
+  std::unique_ptr<FileWriter> w_;
+};
+
 // A staging file is cut with its chunks put asynchronously, a bounded number of bytes at a time;
 // Finish returns once every put has, with the manifest in file order and every stored chunk held.
-TEST(FileWriterAsyncTest, StagingFileChunksArePutAsynchronouslyWithinTheWindow) {
-  test::TempDir dir;
-  AsyncSink sink(dir.path());
-  Metrics metrics;
-  ChunkingOptions big = Small();
-  big.max_bytes = 1 << 20;
-  big.avg_bytes = 256 << 10;
-  big.min_bytes = 64 << 10;
-  const Bytes data = test::RandomBytes(48 << 20, 95);
-  const std::string path = dir.Sub("file");
-  {
-    int fd = ::open(path.c_str(), O_RDWR | O_CREAT, 0600);
-    ASSERT_GE(fd, 0);
-    ASSERT_EQ(::pwrite(fd, data.data(), data.size(), 0), static_cast<ssize_t>(data.size()));
-    FileWriter w(Manifest(), &sink, big, 1 << 20, &metrics);
-    ASSERT_TRUE(w.AdoptFile(fd, data.size()).ok());
-    ::close(fd);
-    auto m = w.Finish();
-    ASSERT_TRUE(m.ok()) << m.status().ToString();
-    std::lock_guard lock(sink.mu_);
-    EXPECT_EQ(sink.running_, 0) << "Finish returned with puts still running";
-    EXPECT_TRUE(SameBytes(sink.Reassemble(*m), data));
-    EXPECT_GT(sink.max_running_, 1) << "the puts overlapped nothing";
-    EXPECT_LE(sink.max_inflight_, FileWriter::kPutWindow);
-    EXPECT_EQ(sink.skipped_, 0);
-    std::multiset<ChunkId> held(w.held().begin(), w.held().end());
-    EXPECT_EQ(held, std::multiset<ChunkId>(sink.stored_.begin(), sink.stored_.end()));
-    EXPECT_EQ(held.size(), m->extents().size());
-  }
+TEST_F(FileWriterAsyncTest, StagingFileChunksArePutAsynchronouslyWithinTheWindow) {
+  auto m = CutStaged(95);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  std::lock_guard lock(sink_.mu_);
+  EXPECT_EQ(sink_.running_, 0) << "Finish returned with puts still running";
+  EXPECT_TRUE(SameBytes(sink_.Reassemble(*m), data_));
+  EXPECT_GT(sink_.max_running_, 1) << "the puts overlapped nothing";
+  EXPECT_LE(sink_.max_inflight_, FileWriter::kPutWindow);
+  EXPECT_EQ(sink_.skipped_, 0);
+  EXPECT_EQ(Held(), std::multiset<ChunkId>(sink_.stored_.begin(), sink_.stored_.end()));
+  EXPECT_EQ(Held().size(), m->extents().size());
 }
 
 // A put that fails fails the cut, once every other put is done: no more are submitted, those not
 // yet begun are skipped, and only chunks stored are held.
-TEST(FileWriterAsyncTest, AFailedAsynchronousPutFailsFinish) {
-  test::TempDir dir;
-  AsyncSink sink(dir.path());
-  sink.fail_at_ = 7;
-  Metrics metrics;
-  ChunkingOptions big = Small();
-  big.max_bytes = 1 << 20;
-  big.avg_bytes = 256 << 10;
-  big.min_bytes = 64 << 10;
-  const Bytes data = test::RandomBytes(48 << 20, 96);  // some 190 chunks, 3 windows' worth
-  const std::string path = dir.Sub("file");
-  int fd = ::open(path.c_str(), O_RDWR | O_CREAT, 0600);
-  ASSERT_GE(fd, 0);
-  ASSERT_EQ(::pwrite(fd, data.data(), data.size(), 0), static_cast<ssize_t>(data.size()));
-  FileWriter w(Manifest(), &sink, big, 1 << 20, &metrics);
-  ASSERT_TRUE(w.AdoptFile(fd, data.size()).ok());
-  ::close(fd);
-  auto m = w.Finish();
+TEST_F(FileWriterAsyncTest, AFailedAsynchronousPutFailsFinish) {
+  sink_.fail_at_ = 7;
+  auto m = CutStaged(96);
   ASSERT_FALSE(m.ok());
   EXPECT_EQ(m.status().code(), Code::kNoSpace);
-  std::lock_guard lock(sink.mu_);
-  EXPECT_EQ(sink.running_, 0) << "Finish returned with puts still running";
-  EXPECT_GE(sink.submitted_, 7);
-  EXPECT_LT(sink.submitted_, 60) << "puts went on being submitted after one failed";
-  EXPECT_EQ(std::multiset<ChunkId>(w.held().begin(), w.held().end()),
-            std::multiset<ChunkId>(sink.stored_.begin(), sink.stored_.end()));
-  EXPECT_EQ(w.held().size(), static_cast<size_t>(sink.submitted_ - 1 - sink.skipped_));
+  std::lock_guard lock(sink_.mu_);
+  EXPECT_EQ(sink_.running_, 0) << "Finish returned with puts still running";
+  EXPECT_GE(sink_.submitted_, 7);
+  EXPECT_LT(sink_.submitted_, 60) << "puts went on being submitted after one failed";
+  EXPECT_EQ(Held(), std::multiset<ChunkId>(sink_.stored_.begin(), sink_.stored_.end()));
+  EXPECT_EQ(Held().size(), static_cast<size_t>(sink_.submitted_ - 1 - sink_.skipped_));
 }
 
 // The chunk boundaries of a manifest, as file offsets.
