@@ -23,6 +23,7 @@ Usage: /usr/bin/python3 bench/bench_remote.py [--gib 2] [--dir /var/tmp/ckptfs-r
 radosgw stores on bluestore in a sparse file under --dir (RGW_STORE=memstore keeps it in RAM).
 """
 import argparse
+import json
 import multiprocessing
 import os
 import shutil
@@ -121,9 +122,27 @@ def busy_seconds():
     return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
 
 
+RGW_ASOK = None  # radosgw's admin socket, set by start_rgw
+
+
+def server_counters():
+    """radosgw's own counts so far: S3 requests, GETs, bytes its GETs sent, and the read ops it
+    sent to the osd (its perf counters, through the admin socket)."""
+    if RGW_ASOK is None:
+        return {}
+    r = subprocess.run(["ceph", "--admin-daemon", RGW_ASOK, "perf", "dump"], capture_output=True,
+                       text=True)
+    if r.returncode != 0:
+        return {}
+    d = json.loads(r.stdout)
+    return {"requests": d["rgw"]["req"], "GETs": d["rgw"]["get"], "get_b": d["rgw"]["get_b"],
+            "osd reads": d["objecter"]["op_r"]}
+
+
 class CpuMeter:
     """Where the CPU went while a step ran: the S3 server (radosgw, ceph-osd), the ckptfs daemons
-    named, this process and its children (the reader, boto3's threads), all cores together."""
+    named, this process and its children (the reader, boto3's threads), all cores together; and
+    what the server was asked for meanwhile (requests, GETs, bytes sent, osd reads)."""
 
     def __init__(self, daemons=()):
         self.server = [int(p) for name in ("radosgw", "ceph-osd") for p in subprocess.run(
@@ -131,6 +150,7 @@ class CpuMeter:
         self.daemons = list(daemons)
 
     def __enter__(self):
+        self.c0 = server_counters()
         self.t0, self.busy0 = time.perf_counter(), busy_seconds()
         self.s0, self.d0 = cpu_seconds(self.server), cpu_seconds(self.daemons)
         self.own0 = os.times()
@@ -149,6 +169,11 @@ class CpuMeter:
         self.line = (f"S3 server {server:.1f} core-s, ckptfs daemon {daemon:.1f}, reader/client "
                      f"{reader:.1f}, all CPU {busy:.1f} of {cores * wall:.1f} core-s "
                      f"({100 * busy / (cores * wall):.0f}% of {cores} cores)")
+        c1 = server_counters()
+        if c1 and self.c0:
+            d = {k: c1[k] - self.c0[k] for k in c1}
+            self.line += (f"; server: {d['requests']} requests, {d['GETs']} GETs sending "
+                          f"{d['get_b'] / 2**30:.2f} GiB, {d['osd reads']} osd reads")
         self.server_s = server
         return False
 
@@ -168,6 +193,8 @@ def start_rgw(work):
                 k, v = kv.split("=", 1)
                 env[k] = v
     os.environ.update(env)
+    global RGW_ASOK
+    RGW_ASOK = os.path.join(rgw, "run", "client.rgw.a.asok")
     return rgw, env
 
 
