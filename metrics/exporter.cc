@@ -119,6 +119,10 @@ std::vector<MetricFamily> Collect(Store* store) {
   gauge("ckptfs_write_queue_bytes", "Bytes written, acknowledged and not yet chunked.",
         g.write_queue_bytes);
   gauge("ckptfs_write_queue_limit_bytes", "The write queue's limit.", g.write_queue_limit);
+  gauge("ckptfs_put_copy_bytes", "Memory of chunk copies on their way to the local tier.",
+        g.put_copy_bytes);
+  gauge("ckptfs_put_copy_limit_bytes", "The limit of chunk copies on their way to the local tier.",
+        g.put_copy_limit);
   gauge("ckptfs_open_files", "Files with open handles or uncommitted bytes.", g.open_files);
   gauge("ckptfs_view_plans", "View directories planned and held (until unmount).",
         metrics.view_plans.Get());

@@ -52,8 +52,8 @@ class ChunkSink {
   virtual Status PutChunk(const ChunkId& id, const uint8_t* data, size_t len) = 0;
   // PutChunk, which may finish after this returns: `data` may be reused at once, and `done` gets
   // what PutChunk would have returned, on another thread or before this returns (the default).
-  // Once *cancelled is set (it stays valid until `done` runs), a put not yet begun is skipped and
-  // fails (kIo).
+  // Once *cancelled is set (it stays valid until `done` runs), a put not yet begun may be skipped
+  // and fail (kIo).
   virtual void PutChunkAsync(const ChunkId& id, const uint8_t* data, size_t len,
                              const std::atomic<bool>* cancelled, std::function<void(Status)> done) {
     (void)cancelled;

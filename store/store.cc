@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <new>
 
 #include "backends/timed_backend.h"
 #include "cache/fault_io_engine.h"
@@ -153,6 +154,7 @@ Store::Store(Config cfg, std::unique_ptr<IoEngine> engine, std::unique_ptr<Chunk
       lock_fd_(lock_fd),
       queue_budget_(cfg_.write_memory_bytes / 2),
       reorder_budget_(cfg_.write_memory_bytes / 2),
+      put_copies_(kPutCopyLimit),
       put_pool_(std::make_unique<ThreadPool>(cfg_.write_threads)),
       read_pool_(std::make_unique<ThreadPool>(cfg_.read_threads)),
       write_pool_(std::make_unique<ThreadPool>(cfg_.write_threads)),
@@ -165,6 +167,9 @@ Store::Gauges Store::gauges() {
   g.cache = cache_->usage();
   g.write_queue_bytes = queue_budget_.used();
   g.write_queue_limit = queue_budget_.limit();
+  g.put_copy_bytes = put_copies_.used();
+  g.put_copy_limit = put_copies_.limit();
+  g.put_copy_peak = put_copies_.peak();
   {
     std::lock_guard lock(files_mu_);
     g.open_files = files_.size();
@@ -327,15 +332,45 @@ void Store::PutChunkAsync(const ChunkId& id, const uint8_t* data, size_t len,
     std::lock_guard lock(holds_mu_);
     ++holds_[id];
   }
-  // The copy is made here (data is the caller's again on return), the disk write on put_pool_.
-  std::shared_ptr<ChunkCache::PreparedPut> prepared = cache_->PreparePut(id, data, len);
-  if (!prepared) return done(Stored(id, len, cache_->Put(id, data, len)));
-  put_pool_->Submit([this, id, len, prepared, cancelled, done = std::move(done)] {
-    if (cancelled && cancelled->load()) {
+  // The same chunk already on its way to the disk: this put ends with that one.
+  if (put_flights_.Join(id, len, done)) return;
+  // The copy is made here (data is the caller's again on return), the disk write on put_pool_,
+  // within put_copies_ (back-pressure on the cutting thread).
+  const uint64_t cost = ChunkCache::CopyFootprint(len);
+  put_copies_.Take(cost);
+  std::shared_ptr<ChunkCache::PreparedPut> prepared;
+  try {
+    prepared = cache_->PreparePut(id, data, len);
+  } catch (const std::bad_alloc&) {  // the flight must end: puts may have joined it
+    put_copies_.Release(cost);
+    return FinishPut(id, len, Status(Code::kIo, "no memory for a copy of chunk " + id.Hex()), done);
+  }
+  if (!prepared) {
+    put_copies_.Release(cost);
+    return FinishPut(id, len, cache_->Put(id, data, len), done);
+  }
+  put_pool_->Submit([this, id, len, cost, prepared = std::move(prepared), cancelled,
+                     done = std::move(done)]() mutable {
+    // A cut that failed skips its puts not yet begun, unless another cut waits on one.
+    if (cancelled && cancelled->load() && put_flights_.EndIfAlone(id)) {
+      prepared.reset();
+      put_copies_.Release(cost);
       return done(Stored(id, len, Status(Code::kIo, "put of chunk " + id.Hex() + " cancelled")));
     }
-    done(Stored(id, len, cache_->PutPrepared(id, *prepared)));
+    Result<bool> written = cache_->PutPrepared(id, *prepared);
+    prepared.reset();
+    put_copies_.Release(cost);
+    FinishPut(id, len, written, done);
   });
+}
+
+void Store::FinishPut(const ChunkId& id, size_t len, const Result<bool>& written,
+                      PutFlights::Done& done) {
+  std::vector<PutFlights::Joined> joined = put_flights_.End(id);
+  done(Stored(id, len, written));
+  // The puts that joined find the chunk stored (a dedup hit each), or share the failure.
+  const Result<bool> theirs = written.ok() ? Result<bool>(false) : Result<bool>(written.status());
+  for (PutFlights::Joined& j : joined) j.done(Stored(id, j.len, theirs));
 }
 
 Status Store::Stored(const ChunkId& id, size_t len, const Result<bool>& written) {

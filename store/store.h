@@ -50,6 +50,7 @@
 #include "store/file_writer.h"
 #include "store/journal.h"
 #include "store/meta_store.h"
+#include "store/put_flights.h"
 #include "store/retention.h"
 
 namespace ckptfs {
@@ -316,10 +317,16 @@ class Store final : private ChunkSink {
   // is written behind its final sync. Idempotent; Prefetch afterwards queues nothing.
   void StopPrefetch();
 
+  // The memory the aligned copies of chunks cut from staging files may hold at once, all cuts
+  // together (Gauges::put_copy_*).
+  static constexpr uint64_t kPutCopyLimit = 64 << 20;
+
   // What the metrics exporter shows as gauges, read now.
   struct Gauges {
     ChunkCache::Usage cache;
     uint64_t write_queue_bytes = 0, write_queue_limit = 0;  // acknowledged, not yet chunked
+    // Chunk copies on their way to the local disk: now, the limit, the most held at once.
+    uint64_t put_copy_bytes = 0, put_copy_limit = 0, put_copy_peak = 0;
     uint64_t open_files = 0;
     std::vector<uint64_t> ops_waiting;  // per remote tier, nearest first: files and names to publish
     std::vector<std::string> tier_names;   // per remote tier: where it is (Backend::Describe)
@@ -441,6 +448,9 @@ class Store final : private ChunkSink {
                      const std::atomic<bool>* cancelled, std::function<void(Status)> done) override;
   // PutChunk's end, once the local tier answered: the chunk's hold goes when it failed.
   Status Stored(const ChunkId& id, size_t len, const Result<bool>& written);
+  // PutChunkAsync's end: the flight of `id` ends, its own put and those that joined it are done.
+  void FinishPut(const ChunkId& id, size_t len, const Result<bool>& written,
+                 PutFlights::Done& done);
   Result<ChunkRef> GetChunk(const ChunkId& id, size_t len) override;
   std::string NewStagingPath() override;
 
@@ -594,6 +604,11 @@ class Store final : private ChunkSink {
   // files and the pools, so they outlive every writer and task that uses them.
   MemoryBudget queue_budget_;
   MemoryBudget reorder_budget_;
+  // The aligned copies of chunks on their way to the local disk (PutChunkAsync), every cut's
+  // together (each cut also keeps to its own FileWriter::kPutWindow); and the puts in flight,
+  // which a put of the same chunk joins.
+  MemoryBudget put_copies_;
+  PutFlights put_flights_;
   std::unordered_map<uint64_t, std::shared_ptr<OpenFile>> files_;  // guarded by files_mu_
   std::mutex holds_mu_;
   std::unordered_map<ChunkId, uint32_t, ChunkIdHash> holds_;  // guarded by holds_mu_

@@ -42,6 +42,49 @@ class StoreStagedTest : public test::StoreFixture {
     EXPECT_TRUE(store_->Release(rec->ino, fh).ok());
     return rec->ino;
   }
+  // Stages one file per element of `data`, each written and flushed while every one is still
+  // open (no seal starts while a writer has its file open), then closes them all and seals them
+  // all at once from as many threads (beside the seals the closes queued), with chunks of
+  // 512 KiB-2 MiB (each put goes to disk from an aligned copy) and four puts at a time. Each seal
+  // succeeds, or with !expect_ok fails for want of space.
+  std::vector<uint64_t> SealAtOnce(const std::vector<Bytes>& data, bool expect_ok = true) {
+    cfg_.chunking.min_bytes = 512 << 10;
+    cfg_.chunking.avg_bytes = 1 << 20;
+    cfg_.chunking.max_bytes = 2 << 20;
+    cfg_.write_threads = 4;
+    EXPECT_TRUE(cfg_.Validate().ok());
+    Reopen();
+    std::vector<uint64_t> inos, fhs;
+    for (size_t i = 0; i < data.size(); ++i) {
+      uint64_t fh = 0;
+      int fd = -1;
+      auto rec = store_->CreateFile(kRootIno, "f" + std::to_string(i), 0644, who_, &fh, nullptr,
+                                    &fd);
+      EXPECT_TRUE(rec.ok()) << rec.status().ToString();
+      if (!rec.ok()) return {};
+      EXPECT_GE(fd, 0);
+      EXPECT_EQ(::pwrite(fd, data[i].data(), data[i].size(), 0),
+                static_cast<ssize_t>(data[i].size()));
+      EXPECT_TRUE(store_->Flush(rec->ino, fh).ok());
+      inos.push_back(rec->ino);
+      fhs.push_back(fh);
+    }
+    for (size_t i = 0; i < inos.size(); ++i) EXPECT_TRUE(store_->Release(inos[i], fhs[i]).ok());
+    std::vector<std::thread> sealers;
+    for (uint64_t ino : inos) {
+      sealers.emplace_back([this, ino, expect_ok] {
+        Status st = store_->EnsureSealed(ino);
+        if (expect_ok) {
+          EXPECT_TRUE(st.ok()) << st.ToString();
+        } else {
+          EXPECT_EQ(st.code(), Code::kNoSpace) << st.ToString();
+        }
+      });
+    }
+    for (auto& t : sealers) t.join();
+    EXPECT_EQ(store_->SealAll().ok(), expect_ok);
+    return inos;
+  }
 };
 
 TEST_F(StoreStagedTest, CloseCommitsTheStagingFileAndTheSealCutsItIntoSharedChunks) {
@@ -174,6 +217,63 @@ TEST_F(StoreStagedTest, TruncateAndTimesOfALiveStagingFile) {
   EXPECT_EQ(after->size, 1000u);
   EXPECT_EQ(after->mtime_ns, 1'234'000'000'567);
   EXPECT_TRUE(ReadFile(rec->ino) == Bytes(data.begin(), data.begin() + 1000));
+}
+
+TEST_F(StoreStagedTest, ConcurrentSealsOfIdenticalFilesWriteEachChunkOnce) {
+  const Bytes data = test::RandomBytes(32 << 20, 10);
+  const std::vector<uint64_t> inos = SealAtOnce(std::vector<Bytes>(8, data));
+  auto m = store_->CommittedManifest(inos[0]);
+  ASSERT_TRUE(m.ok());
+  const size_t chunks = (*m)->extents().size();
+  ASSERT_GE(chunks, 16u);
+  EXPECT_EQ(ChunkFiles(), chunks) << "random bytes: no chunk repeats within the file";
+  // Each chunk reached the disk once: every other put of it found it there or joined its put.
+  EXPECT_EQ(store_->metrics().chunk_dedup_hits.Get(), (inos.size() - 1) * chunks);
+  for (uint64_t ino : inos) EXPECT_TRUE(ReadFile(ino) == data);
+  EXPECT_EQ(StagingFiles(), 0u);
+}
+
+TEST_F(StoreStagedTest, ConcurrentSealsKeepTheirChunkCopiesWithinTheDaemonsLimit) {
+  std::vector<Bytes> files;
+  for (int i = 0; i < 8; ++i) files.push_back(test::RandomBytes(32 << 20, 20 + i));
+  const std::vector<uint64_t> inos = SealAtOnce(files);
+  Store::Gauges g = store_->gauges();
+  EXPECT_EQ(g.put_copy_bytes, 0u);
+  EXPECT_GT(g.put_copy_peak, 0u);
+  EXPECT_LE(g.put_copy_peak, Store::kPutCopyLimit) << "eight files' windows would be 128 MiB";
+  for (size_t i = 0; i < inos.size(); ++i) EXPECT_TRUE(ReadFile(inos[i]) == files[i]);
+  EXPECT_EQ(StagingFiles(), 0u);
+}
+
+TEST_F(StoreStagedTest, ConcurrentSealsOfIdenticalFilesOnAFailingDiskFailAndResumeLater) {
+  // The chunk writes fail after the first 8 MiB: a put that others joined fails them all.
+  cfg_.cache_faults = "ops=write,error=enospc,after=8M";
+  const Bytes data = test::RandomBytes(32 << 20, 11);
+  const std::vector<uint64_t> inos = SealAtOnce(std::vector<Bytes>(6, data), /*expect_ok=*/false);
+  Store::Gauges g = store_->gauges();
+  EXPECT_EQ(g.put_copy_bytes, 0u) << "every copy was freed";
+  for (uint64_t ino : inos) {
+    EXPECT_EQ(store_->GetAttr(ino)->size, data.size());
+    // A reader gets the staging file (as passthrough does).
+    uint64_t fh = 0;
+    int fd = -1;
+    ASSERT_TRUE(store_->Open(ino, false, &fh, nullptr, false, &fd).ok());
+    ASSERT_GE(fd, 0);
+    Bytes got(data.size());
+    EXPECT_EQ(::pread(fd, got.data(), got.size(), 0), static_cast<ssize_t>(got.size()));
+    EXPECT_TRUE(got == data) << "an unsealed file's bytes are in its staging file";
+    EXPECT_TRUE(store_->Release(ino, fh).ok());
+  }
+  EXPECT_EQ(StagingFiles(), inos.size());
+  // A healthy disk again: the next start seals them.
+  cfg_.cache_faults.clear();
+  Reopen();
+  ASSERT_TRUE(store_->SealAll().ok());
+  for (uint64_t ino : inos) EXPECT_TRUE(ReadFile(ino) == data);
+  EXPECT_EQ(StagingFiles(), 0u);
+  auto m = store_->CommittedManifest(inos[0]);
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(ChunkFiles(), (*m)->extents().size());
 }
 
 TEST_F(StoreStagedTest, AStagedFileUnlinkedBeforeItsSealLeavesNothing) {
