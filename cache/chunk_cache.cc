@@ -172,7 +172,7 @@ bool ChunkCache::AlreadyOnDisk(const ChunkId& id, size_t len) {
 
 Result<bool> ChunkCache::Put(const ChunkId& id, const void* data, size_t len) {
   if (AlreadyOnDisk(id, len)) return false;
-  if (auto copy = CopyForDirectPut(data, len)) return PutDirect(id, copy->bytes, len);
+  if (auto copy = PreparePut(data, len)) return PutDirect(id, copy->bytes, len);
   return PutBuffered(id, data, len);
 }
 
@@ -183,9 +183,9 @@ size_t ChunkCache::CopyFootprint(size_t len) {
   return len < kDirectPutMin ? len : std::max(ChunkBufferCapacity(len), DirectBuffer::kSize);
 }
 
-std::unique_ptr<ChunkCache::PreparedPut> ChunkCache::PreparePut(const ChunkId& id,
-                                                                const void* data, size_t len) {
-  return AlreadyOnDisk(id, len) ? nullptr : CopyForDirectPut(data, len);
+bool ChunkCache::PutCopies(const ChunkId& id, size_t len) {
+  return len >= kDirectPutMin && !direct_refused_.load(std::memory_order_relaxed) &&
+         !AlreadyOnDisk(id, len);
 }
 
 Result<bool> ChunkCache::PutPrepared(const ChunkId& id, const PreparedPut& prepared) {
@@ -193,8 +193,7 @@ Result<bool> ChunkCache::PutPrepared(const ChunkId& id, const PreparedPut& prepa
   return PutDirect(id, prepared.bytes, prepared.len);
 }
 
-std::unique_ptr<ChunkCache::PreparedPut> ChunkCache::CopyForDirectPut(const void* data,
-                                                                      size_t len) {
+std::unique_ptr<ChunkCache::PreparedPut> ChunkCache::PreparePut(const void* data, size_t len) {
   // A large chunk goes to disk with O_DIRECT, from an aligned copy (a pooled buffer, its pages
   // resident): a buffered write would copy it into fresh page cache, which nobody reads back
   // (a read of a chunk not in the page cache is direct too), and which pushes the job's own

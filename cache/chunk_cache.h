@@ -71,10 +71,10 @@ class ChunkCache {
   // behind.
   // REQUIRES: id == ChunkId::Of(data, len).
   Result<bool> Put(const ChunkId& id, const void* data, size_t len);
-  // Put in two steps, so that the caller may reuse `data` while the disk write runs elsewhere:
-  // PreparePut copies a chunk that Put would write with O_DIRECT into the aligned buffer that
-  // write goes from, and PutPrepared writes it as Put does. Null from PreparePut: the chunk is on
-  // disk already, or Put would write it buffered, or no buffer could be had; then Put it.
+  // Put in two steps, so that the caller may reuse `data` while the disk write runs elsewhere.
+  // PutCopies: whether Put would write chunk `id` from an aligned copy (not on disk yet, at least
+  // kDirectPutMin bytes, O_DIRECT not refused); when it would not, Put it. PreparePut makes that
+  // copy (null: no buffer could be had; Put it), and PutPrepared writes it as Put does.
   struct PreparedPut {
     ~PreparedPut();
     const uint8_t* bytes = nullptr;
@@ -82,7 +82,8 @@ class ChunkCache {
     std::unique_ptr<DirectBuffer> lent;  // the bytes' buffer: one of these two
     std::shared_ptr<ChunkData> own;
   };
-  std::unique_ptr<PreparedPut> PreparePut(const ChunkId& id, const void* data, size_t len);
+  bool PutCopies(const ChunkId& id, size_t len);
+  std::unique_ptr<PreparedPut> PreparePut(const void* data, size_t len);
   // The most memory PreparePut's copy of a `len`-byte chunk holds.
   static size_t CopyFootprint(size_t len);
   Result<bool> PutPrepared(const ChunkId& id, const PreparedPut& prepared);
@@ -171,8 +172,6 @@ class ChunkCache {
   Result<bool> PutBuffered(const ChunkId& id, const void* data, size_t len);
   // Whether chunk `id` already has its file of `len` bytes (then entered in the disk map).
   bool AlreadyOnDisk(const ChunkId& id, size_t len);
-  // PreparePut's copy, whether or not the chunk is on disk.
-  std::unique_ptr<PreparedPut> CopyForDirectPut(const void* data, size_t len);
   // A fresh name under <dir>/tmp/ for a chunk file being written.
   std::string TmpPath(const ChunkId& id);
   // Writes data[0..len) as chunk `id` through a temporary file (fd open on `tmp`), then renames it.

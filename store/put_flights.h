@@ -4,6 +4,7 @@
 // file repeating a chunk within one seal's window).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <functional>
 #include <mutex>
@@ -16,45 +17,42 @@
 
 namespace ckptfs {
 
-// Thread-safe. Every flight begun (Join returned false) is ended by its owner, with End or
-// EndIfAlone, exactly once.
+// Thread-safe. Every flight begun (Join returned false) is ended by its owner exactly once, with
+// End, or with EndIfUnwanted when that returns true.
 class PutFlights {
  public:
   using Done = std::function<void(Status)>;
-  struct Joined {
-    size_t len;
-    Done done;
-  };
+  // What a put that joined is done with: `stored(len, written)`, `written` being false (the
+  // chunk was found stored) or why it is not.
+  using Stored = std::function<Status(size_t len, const Result<bool>& written)>;
 
-  // True when a put of `id` is in flight: `done` is moved into it and runs when it ends. Otherwise
-  // a flight of `id` begins, and the caller owns it.
-  bool Join(const ChunkId& id, size_t len, Done& done) {
+  // True when a put of `id` is in flight: `done` is moved into it and runs when it ends (the
+  // joining put's cut may be given up: `cancelled`, null or valid until `done` runs). Otherwise a
+  // flight of `id` begins, and the caller owns it.
+  bool Join(const ChunkId& id, size_t len, const std::atomic<bool>* cancelled, Done& done) {
     std::lock_guard lock(mu_);
     auto [it, begun] = flights_.try_emplace(id);
     if (begun) return false;
-    it->second.push_back(Joined{len, std::move(done)});
+    it->second.push_back(Joined{len, cancelled, std::move(done)});
     return true;
   }
 
-  // Ends the flight of `id` if no put joined it (true). A put that its own cut no longer needs is
-  // skipped this way; once another put waits on it, it is written after all.
-  bool EndIfAlone(const ChunkId& id) {
-    std::lock_guard lock(mu_);
-    auto it = flights_.find(id);
-    if (it == flights_.end() || !it->second.empty()) return false;
-    flights_.erase(it);
-    return true;
+  // Ends the flight of `id` with the owner's outcome: true, the owner wrote the chunk; false, it
+  // was stored already; a failure, the chunk is not stored. Each put that joined finds it stored
+  // or shares the failure. The callbacks run after the flight is gone.
+  void End(const ChunkId& id, const Result<bool>& written, const Stored& stored) {
+    const Result<bool> theirs = written.ok() ? Result<bool>(false) : Result<bool>(written.status());
+    for (Joined& j : Take(id, /*only_if_unwanted=*/false)) j.done(stored(j.len, theirs));
   }
 
-  // Ends the flight of `id`; returns the puts that joined it, for the owner to finish with the
-  // flight's outcome (outside any lock of its own).
-  std::vector<Joined> End(const ChunkId& id) {
-    std::lock_guard lock(mu_);
-    auto it = flights_.find(id);
-    if (it == flights_.end()) return {};
-    std::vector<Joined> joined = std::move(it->second);
-    flights_.erase(it);
-    return joined;
+  // The owner's cut has been given up: ends the flight (true) when every put that joined it has
+  // been given up too, and they fail with `why`. Otherwise (false) the chunk is still wanted and
+  // the owner goes on to End.
+  bool EndIfUnwanted(const ChunkId& id, const Status& why, const Stored& stored) {
+    bool ended = false;
+    std::vector<Joined> joined = Take(id, /*only_if_unwanted=*/true, &ended);
+    for (Joined& j : joined) j.done(stored(j.len, why));
+    return ended;
   }
 
   size_t size() const {
@@ -63,6 +61,27 @@ class PutFlights {
   }
 
  private:
+  struct Joined {
+    size_t len;
+    const std::atomic<bool>* cancelled;
+    Done done;
+  };
+
+  std::vector<Joined> Take(const ChunkId& id, bool only_if_unwanted, bool* ended = nullptr) {
+    std::lock_guard lock(mu_);
+    auto it = flights_.find(id);
+    if (it == flights_.end()) return {};
+    if (only_if_unwanted) {
+      for (const Joined& j : it->second) {
+        if (!j.cancelled || !j.cancelled->load()) return {};
+      }
+    }
+    std::vector<Joined> joined = std::move(it->second);
+    flights_.erase(it);
+    if (ended) *ended = true;
+    return joined;
+  }
+
   mutable std::mutex mu_;
   std::unordered_map<ChunkId, std::vector<Joined>, ChunkIdHash> flights_;  // guarded by mu_
 };

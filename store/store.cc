@@ -13,7 +13,9 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
-#include <new>
+#include <exception>
+#include <optional>
+#include <utility>
 
 #include "backends/timed_backend.h"
 #include "cache/fault_io_engine.h"
@@ -170,6 +172,7 @@ Store::Gauges Store::gauges() {
   g.put_copy_bytes = put_copies_.used();
   g.put_copy_limit = put_copies_.limit();
   g.put_copy_peak = put_copies_.peak();
+  g.put_flights = put_flights_.size();
   {
     std::lock_guard lock(files_mu_);
     g.open_files = files_.size();
@@ -326,51 +329,73 @@ Status Store::PutChunk(const ChunkId& id, const uint8_t* data, size_t len) {
   return Stored(id, len, cache_->Put(id, data, len));
 }
 
+// A put of PutChunkAsync that owns its chunk's flight: what it holds until it ends.
+struct Store::PutJob {
+  size_t len;
+  const std::atomic<bool>* cancelled;
+  std::function<void(Status)> done;
+  uint64_t cost = 0;  // taken from put_copies_
+  std::unique_ptr<ChunkCache::PreparedPut> prepared;
+};
+
 void Store::PutChunkAsync(const ChunkId& id, const uint8_t* data, size_t len,
                           const std::atomic<bool>* cancelled, std::function<void(Status)> done) {
   {
     std::lock_guard lock(holds_mu_);
     ++holds_[id];
   }
+  auto job = std::make_shared<PutJob>(PutJob{len, cancelled, std::move(done)});
   // The same chunk already on its way to the disk: this put ends with that one.
-  if (put_flights_.Join(id, len, done)) return;
-  // The copy is made here (data is the caller's again on return), the disk write on put_pool_,
-  // within put_copies_ (back-pressure on the cutting thread).
-  const uint64_t cost = ChunkCache::CopyFootprint(len);
-  put_copies_.Take(cost);
-  std::shared_ptr<ChunkCache::PreparedPut> prepared;
+  if (put_flights_.Join(id, len, cancelled, job->done)) return;
+  // This put owns the flight of `id`, and ends it however it ends. A copy is made here, within
+  // put_copies_ (data is the caller's again on return; back-pressure on the cutting thread),
+  // and written on put_pool_. A chunk stored already, a small one, or one written buffered
+  // needs no copy: it is put now.
+  std::optional<Result<bool>> now;
   try {
-    prepared = cache_->PreparePut(id, data, len);
-  } catch (const std::bad_alloc&) {  // the flight must end: puts may have joined it
-    put_copies_.Release(cost);
-    return FinishPut(id, len, Status(Code::kIo, "no memory for a copy of chunk " + id.Hex()), done);
-  }
-  if (!prepared) {
-    put_copies_.Release(cost);
-    return FinishPut(id, len, cache_->Put(id, data, len), done);
-  }
-  put_pool_->Submit([this, id, len, cost, prepared = std::move(prepared), cancelled,
-                     done = std::move(done)]() mutable {
-    // A cut that failed skips its puts not yet begun, unless another cut waits on one.
-    if (cancelled && cancelled->load() && put_flights_.EndIfAlone(id)) {
-      prepared.reset();
-      put_copies_.Release(cost);
-      return done(Stored(id, len, Status(Code::kIo, "put of chunk " + id.Hex() + " cancelled")));
+    if (!cache_->PutCopies(id, len)) {
+      now = cache_->Put(id, data, len);
+    } else {
+      job->cost = ChunkCache::CopyFootprint(len);
+      put_copies_.Take(job->cost);
+      job->prepared = cache_->PreparePut(data, len);
+      if (job->prepared) {
+        put_pool_->Submit([this, id, job] { RunPut(id, *job); });
+      } else {
+        now = cache_->Put(id, data, len);
+      }
     }
-    Result<bool> written = cache_->PutPrepared(id, *prepared);
-    prepared.reset();
-    put_copies_.Release(cost);
-    FinishPut(id, len, written, done);
-  });
+  } catch (const std::exception& e) {
+    now = Status(Code::kIo, "put of chunk " + id.Hex() + ": " + e.what());
+  }
+  if (now) FinishPut(id, *job, *now);
 }
 
-void Store::FinishPut(const ChunkId& id, size_t len, const Result<bool>& written,
-                      PutFlights::Done& done) {
-  std::vector<PutFlights::Joined> joined = put_flights_.End(id);
-  done(Stored(id, len, written));
-  // The puts that joined find the chunk stored (a dedup hit each), or share the failure.
-  const Result<bool> theirs = written.ok() ? Result<bool>(false) : Result<bool>(written.status());
-  for (PutFlights::Joined& j : joined) j.done(Stored(id, j.len, theirs));
+void Store::RunPut(const ChunkId& id, PutJob& job) {
+  auto stored = [&](size_t len, const Result<bool>& r) { return Stored(id, len, r); };
+  Result<bool> written = false;
+  try {
+    // A cut given up skips its puts not yet begun, unless another cut still wants the chunk.
+    if (job.cancelled && job.cancelled->load()) {
+      Status why(Code::kIo, "put of chunk " + id.Hex() + " cancelled");
+      if (put_flights_.EndIfUnwanted(id, why, stored)) return EndJob(id, job, why);
+    }
+    written = cache_->PutPrepared(id, *job.prepared);
+  } catch (const std::exception& e) {
+    written = Status(Code::kIo, "put of chunk " + id.Hex() + ": " + e.what());
+  }
+  FinishPut(id, job, written);
+}
+
+void Store::FinishPut(const ChunkId& id, PutJob& job, const Result<bool>& written) {
+  put_flights_.End(id, written, [&](size_t len, const Result<bool>& r) { return Stored(id, len, r); });
+  EndJob(id, job, written);
+}
+
+void Store::EndJob(const ChunkId& id, PutJob& job, const Result<bool>& written) {
+  job.prepared.reset();
+  put_copies_.Release(std::exchange(job.cost, 0));
+  job.done(Stored(id, job.len, written));
 }
 
 Status Store::Stored(const ChunkId& id, size_t len, const Result<bool>& written) {

@@ -327,6 +327,7 @@ class Store final : private ChunkSink {
     uint64_t write_queue_bytes = 0, write_queue_limit = 0;  // acknowledged, not yet chunked
     // Chunk copies on their way to the local disk: now, the limit, the most held at once.
     uint64_t put_copy_bytes = 0, put_copy_limit = 0, put_copy_peak = 0;
+    uint64_t put_flights = 0;  // chunks with puts on their way (others of the same chunk join them)
     uint64_t open_files = 0;
     std::vector<uint64_t> ops_waiting;  // per remote tier, nearest first: files and names to publish
     std::vector<std::string> tier_names;   // per remote tier: where it is (Backend::Describe)
@@ -448,9 +449,13 @@ class Store final : private ChunkSink {
                      const std::atomic<bool>* cancelled, std::function<void(Status)> done) override;
   // PutChunk's end, once the local tier answered: the chunk's hold goes when it failed.
   Status Stored(const ChunkId& id, size_t len, const Result<bool>& written);
-  // PutChunkAsync's end: the flight of `id` ends, its own put and those that joined it are done.
-  void FinishPut(const ChunkId& id, size_t len, const Result<bool>& written,
-                 PutFlights::Done& done);
+  // PutChunkAsync's parts: a put that owns its chunk's flight (PutJob, store.cc), its disk write
+  // on put_pool_, its end with the flight's (FinishPut), and its own end (EndJob: its copy and
+  // memory go, its callback runs).
+  struct PutJob;
+  void RunPut(const ChunkId& id, PutJob& job);
+  void FinishPut(const ChunkId& id, PutJob& job, const Result<bool>& written);
+  void EndJob(const ChunkId& id, PutJob& job, const Result<bool>& written);
   Result<ChunkRef> GetChunk(const ChunkId& id, size_t len) override;
   std::string NewStagingPath() override;
 

@@ -47,6 +47,19 @@ class StoreStagedTest : public test::StoreFixture {
   // all at once from as many threads (beside the seals the closes queued), with chunks of
   // 512 KiB-2 MiB (each put goes to disk from an aligned copy) and four puts at a time. Each seal
   // succeeds, or with !expect_ok fails for want of space.
+  // The gauges once no chunk put is on its way (the seals the closes queued may still be
+  // finishing when the test's own have returned); waits at most 60 s.
+  Store::Gauges GaugesWhenPutsAreDone() {
+    Store::Gauges g = store_->gauges();
+    for (int i = 0; i < 6000 && (g.put_flights != 0 || g.put_copy_bytes != 0); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      g = store_->gauges();
+    }
+    EXPECT_EQ(g.put_flights, 0u) << "every flight ended";
+    EXPECT_EQ(g.put_copy_bytes, 0u) << "every copy freed";
+    return g;
+  }
+
   std::vector<uint64_t> SealAtOnce(const std::vector<Bytes>& data, bool expect_ok = true) {
     cfg_.chunking.min_bytes = 512 << 10;
     cfg_.chunking.avg_bytes = 1 << 20;
@@ -229,6 +242,7 @@ TEST_F(StoreStagedTest, ConcurrentSealsOfIdenticalFilesWriteEachChunkOnce) {
   EXPECT_EQ(ChunkFiles(), chunks) << "random bytes: no chunk repeats within the file";
   // Each chunk reached the disk once: every other put of it found it there or joined its put.
   EXPECT_EQ(store_->metrics().chunk_dedup_hits.Get(), (inos.size() - 1) * chunks);
+  GaugesWhenPutsAreDone();
   for (uint64_t ino : inos) EXPECT_TRUE(ReadFile(ino) == data);
   EXPECT_EQ(StagingFiles(), 0u);
 }
@@ -237,8 +251,7 @@ TEST_F(StoreStagedTest, ConcurrentSealsKeepTheirChunkCopiesWithinTheDaemonsLimit
   std::vector<Bytes> files;
   for (int i = 0; i < 8; ++i) files.push_back(test::RandomBytes(32 << 20, 20 + i));
   const std::vector<uint64_t> inos = SealAtOnce(files);
-  Store::Gauges g = store_->gauges();
-  EXPECT_EQ(g.put_copy_bytes, 0u);
+  Store::Gauges g = GaugesWhenPutsAreDone();
   EXPECT_GT(g.put_copy_peak, 0u);
   EXPECT_LE(g.put_copy_peak, Store::kPutCopyLimit) << "eight files' windows would be 128 MiB";
   for (size_t i = 0; i < inos.size(); ++i) EXPECT_TRUE(ReadFile(inos[i]) == files[i]);
@@ -250,8 +263,7 @@ TEST_F(StoreStagedTest, ConcurrentSealsOfIdenticalFilesOnAFailingDiskFailAndResu
   cfg_.cache_faults = "ops=write,error=enospc,after=8M";
   const Bytes data = test::RandomBytes(32 << 20, 11);
   const std::vector<uint64_t> inos = SealAtOnce(std::vector<Bytes>(6, data), /*expect_ok=*/false);
-  Store::Gauges g = store_->gauges();
-  EXPECT_EQ(g.put_copy_bytes, 0u) << "every copy was freed";
+  GaugesWhenPutsAreDone();
   for (uint64_t ino : inos) {
     EXPECT_EQ(store_->GetAttr(ino)->size, data.size());
     // A reader gets the staging file (as passthrough does).
