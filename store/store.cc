@@ -11,9 +11,9 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <exception>
 #include <fstream>
 #include <map>
-#include <exception>
 #include <optional>
 #include <utility>
 
