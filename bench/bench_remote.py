@@ -145,8 +145,10 @@ class CpuMeter:
     what the server was asked for meanwhile (requests, GETs, bytes sent, osd reads)."""
 
     def __init__(self, daemons=()):
-        self.server = [int(p) for name in ("radosgw", "ceph-osd") for p in subprocess.run(
+        self.parts = {name: [int(p) for p in subprocess.run(
             ["pgrep", "-x", name], capture_output=True, text=True).stdout.split()]
+            for name in ("radosgw", "ceph-osd")}
+        self.server = [p for pids in self.parts.values() for p in pids]
         self.daemons = list(daemons)
 
     def __enter__(self):
@@ -161,12 +163,14 @@ class CpuMeter:
         wall = time.perf_counter() - self.t0
         s1, d1 = cpu_seconds(self.server), cpu_seconds(self.daemons)
         server = sum(s1[p] - self.s0[p] for p in self.server)
+        parts = ", ".join(f"{name} {sum(s1[p] - self.s0[p] for p in pids):.1f}"
+                          for name, pids in self.parts.items())
         daemon = sum(d1[p] - self.d0[p] for p in self.daemons)
         reader = sum(getattr(own, k) - getattr(self.own0, k)
                      for k in ("user", "system", "children_user", "children_system"))
         cores = os.cpu_count()
         busy = busy_seconds() - self.busy0
-        self.line = (f"S3 server {server:.1f} core-s, ckptfs daemon {daemon:.1f}, reader/client "
+        self.line = (f"S3 server {server:.1f} core-s ({parts}), ckptfs daemon {daemon:.1f}, reader/client "
                      f"{reader:.1f}, all CPU {busy:.1f} of {cores * wall:.1f} core-s "
                      f"({100 * busy / (cores * wall):.0f}% of {cores} cores)")
         c1 = server_counters()
