@@ -580,7 +580,7 @@ class Store final : private ChunkSink {
   // Waits until the local tier has room for `len` more bytes of chunks the backend does not
   // hold yet (cache_size); kNoSpace after remote_timeout.
   Status WaitForRoom(size_t len);
-  // The namespace sync's steps (store_remote.cc).
+  // The namespace sync's steps (store_sync.cc).
   void SyncLoop();
   // `gc_generation`: RemoteTier::gc_generation() before the record was read.
   Status ApplyRemoteFile(const std::string& path, const FileRecord& r, uint64_t gc_generation);
