@@ -111,6 +111,7 @@ def main():
                         t += time.perf_counter() - t0
                     (tm if d == mnt else tp).append(t)
             p, m = statistics.median(tp), statistics.median(tm)
+            print("   runs plain", [round(x, 2) for x in tp], "mount", [round(x, 2) for x in tm])
             gb = n * mib / 1024 * 2**30 / 1e9
             out.add(name, p / m, subject="mount", baseline="plain", subject_s=m, baseline_s=p,
                     fastest_ratio=min(tp) / min(tm))
