@@ -9,10 +9,12 @@
 #   env         the machine: cores, kernel, FUSE limits, GPU, torch and transformers versions
 #   gpu         the GPU loader's mount tests and the hf view's transformers tests, on the GPU
 #   bench-fs    bench/bench_fs.py (save, write, read, load: the mount against a plain directory)
+#   bench-ranks bench/bench_ranks.py (RANKS processes, default 8, saving their shards at once)
 #   bench-gpu   bench/bench_gpu_load.py (ckptfs_gpu.load against torch.load, to host and GPU)
 #   torch       the torch, format and view mount tests with this machine's torch
-# STEPS (default "gpu bench-fs bench-gpu torch") picks steps; GIB (default 2) sizes both
-# benchmarks, REPEAT (default 3) and BENCH_FS_ONLY (default: every figure) go to bench_fs.
+# STEPS (default "gpu bench-fs bench-ranks bench-gpu torch") picks steps; GIB (default 2) sizes the
+# benchmarks, REPEAT (default 3) goes to bench_fs and bench_ranks, BENCH_FS_ONLY (default: every
+# figure) to bench_fs, RANKS (default 8) to bench_ranks.
 set -uo pipefail
 bundle=$(readlink -f "${1:?usage: scripts/gpu-node-checks.sh BUNDLE OUT}")
 out=$(readlink -f "${2:?usage: scripts/gpu-node-checks.sh BUNDLE OUT}")
@@ -26,7 +28,7 @@ gib=${GIB:-2}
 repeat=${REPEAT:-3}
 pytest=("$py" -m pytest -p no:cacheprovider -rs -v)
 
-steps=" ${STEPS:-gpu bench-fs bench-gpu torch} "
+steps=" ${STEPS:-gpu bench-fs bench-ranks bench-gpu torch} "
 
 step() {  # step NAME SECONDS COMMAND...: runs it under a time limit, its output in OUT/NAME.log
   local name=$1 limit=$2 start rc
@@ -59,6 +61,8 @@ step gpu "${GPU_LIMIT:-150}" "${pytest[@]}" tests/integration/test_gpu_loader.py
   "tests/integration/test_views_hf.py::test_hf_view_loads_with_ckptfs_gpu"
 step bench-fs "${BENCH_FS_LIMIT:-240}" "$py" bench/bench_fs.py --gib "$gib" --repeat "$repeat" \
   --bin "$CKPTFS_BIN" --json "$out/bench-fs.json" ${BENCH_FS_ONLY:+--only "$BENCH_FS_ONLY"}
+step bench-ranks "${BENCH_RANKS_LIMIT:-180}" "$py" bench/bench_ranks.py --ranks "${RANKS:-8}" \
+  --gib "$gib" --repeat "$repeat" --bin "$CKPTFS_BIN" --json "$out/bench-ranks.json"
 step bench-gpu "${BENCH_GPU_LIMIT:-120}" "$py" bench/bench_gpu_load.py --gib "$gib" \
   --bin "$CKPTFS_BIN" --lib "$CKPTFS_GPU_LIB" --json "$out/bench-gpu.json"
 step torch "${TORCH_LIMIT:-150}" "${pytest[@]}" tests/integration/test_torch.py \
