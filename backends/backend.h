@@ -58,6 +58,14 @@ class Backend {
   // kNotFound when there is no such object.
   virtual Result<size_t> Get(const std::string& key, uint64_t offset, void* buf, size_t len) = 0;
 
+  // Get of a whole object whose length is known to be `len` (a chunk object), from its start:
+  // the bytes read, fewer when the object is shorter. The default is Get(key, 0, buf, len). S3
+  // asks for the object without a Range (radosgw serves a whole small object with one read of
+  // its store, a ranged GET with two), and fails with kCorrupt when it is longer than `len`.
+  virtual Result<size_t> GetExact(const std::string& key, void* buf, size_t len) {
+    return Get(key, 0, buf, len);
+  }
+
   // The whole object. The default asks Head for the size, then Get; implementations that can do
   // it in one request override it. kCorrupt if the object changed size in between.
   virtual Result<std::string> GetObject(const std::string& key);

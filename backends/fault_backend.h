@@ -93,9 +93,9 @@ class FaultBackend : public Backend {
   Status Put(const std::string& key, const void* data, size_t len) override;
   Status PutIfAbsent(const std::string& key, const void* data, size_t len) override;
   Result<size_t> Get(const std::string& key, uint64_t offset, void* buf, size_t len) override;
-  // GetObject is deliberately the default (Head, then Get), even when the wrapped backend has
-  // its own: it goes through the faulty Head and Get, so a truncated body shows up as the
-  // kCorrupt that a lying server earns.
+  // GetObject and GetExact are deliberately the defaults (Head, then Get; Get), even when the
+  // wrapped backend has its own: they go through the faulty Head and Get, so a truncated body
+  // shows up as the kCorrupt that a lying server earns.
   Result<ObjectInfo> Head(const std::string& key) override;
   Status Delete(const std::string& key) override;
   Status List(const std::string& prefix, const std::string& start_after,

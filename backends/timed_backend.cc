@@ -44,6 +44,10 @@ Result<size_t> TimedBackend::Get(const std::string& key, uint64_t offset, void* 
   return Timed(BackendRequest::kGet, [&] { return base_->Get(key, offset, buf, len); });
 }
 
+Result<size_t> TimedBackend::GetExact(const std::string& key, void* buf, size_t len) {
+  return Timed(BackendRequest::kGet, [&] { return base_->GetExact(key, buf, len); });
+}
+
 Result<std::string> TimedBackend::GetObject(const std::string& key) {
   return Timed(BackendRequest::kGet, [&] { return base_->GetObject(key); });
 }

@@ -17,6 +17,7 @@ class TimedBackend : public Backend {
   Status Put(const std::string& key, const void* data, size_t len) override;
   Status PutIfAbsent(const std::string& key, const void* data, size_t len) override;
   Result<size_t> Get(const std::string& key, uint64_t offset, void* buf, size_t len) override;
+  Result<size_t> GetExact(const std::string& key, void* buf, size_t len) override;
   Result<std::string> GetObject(const std::string& key) override;
   Result<ObjectInfo> Head(const std::string& key) override;
   Status Delete(const std::string& key) override;

@@ -554,7 +554,7 @@ Result<ChunkRef> ChunkCache::Fetch(const ChunkId& id, size_t len) {
     uint8_t missing = 0;  // bit T: tier T answered "not here"
     for (size_t tier = 0; tier < tiers_.size(); ++tier) {
       Backend* backend = tiers_[tier];
-      auto n = backend->Get(ObjectKey(id), 0, data->bytes.get(), len);
+      auto n = backend->GetExact(ObjectKey(id), data->bytes.get(), len);
       Status st;
       if (!n.ok()) {
         if (n.status().code() == Code::kNotFound) {

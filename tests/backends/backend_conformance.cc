@@ -430,6 +430,34 @@ TEST_P(BackendConformanceTest, GetObjectReturnsWholeObject) {
   EXPECT_EQ(backend().GetObject(K("g/none")).status().code(), Code::kNotFound);
 }
 
+TEST_P(BackendConformanceTest, GetExactReturnsAnObjectOfTheLengthExpected) {
+  const std::string data = Bytes(300001, 4);
+  MustPut("e/obj", data);
+  std::vector<char> buf(data.size() + kGuardBytes, kGuard);
+  auto n = backend().GetExact(K("e/obj"), buf.data(), data.size());
+  ASSERT_TRUE(n.ok()) << n.status().ToString();
+  EXPECT_EQ(*n, data.size());
+  EXPECT_TRUE(std::string(buf.data(), data.size()) == data);
+  EXPECT_EQ(static_cast<uint8_t>(buf[data.size()]), kGuard) << "written past the length expected";
+  // An object shorter than expected: what there is.
+  std::fill(buf.begin(), buf.end(), kGuard);
+  n = backend().GetExact(K("e/obj"), buf.data(), data.size() + 10);
+  ASSERT_TRUE(n.ok()) << n.status().ToString();
+  EXPECT_EQ(*n, data.size());
+  EXPECT_TRUE(std::string(buf.data(), data.size()) == data);
+  EXPECT_EQ(backend().GetExact(K("e/none"), buf.data(), 10).status().code(), Code::kNotFound);
+  // Longer than expected: never past the buffer (S3: kCorrupt; the others: the first bytes).
+  std::fill(buf.begin(), buf.end(), kGuard);
+  n = backend().GetExact(K("e/obj"), buf.data(), 1000);
+  if (n.ok()) {
+    EXPECT_EQ(*n, 1000u);
+    EXPECT_TRUE(std::string(buf.data(), 1000) == data.substr(0, 1000));
+  } else {
+    EXPECT_EQ(n.status().code(), Code::kCorrupt) << n.status().ToString();
+  }
+  EXPECT_EQ(static_cast<uint8_t>(buf[1000]), kGuard) << "written past the length expected";
+}
+
 // Writers overwrite one key with objects that are each uniform in a byte of their own and of a
 // length of their own; readers must only ever see one whole object (Backend: atomic objects).
 TEST_P(BackendConformanceTest, ConcurrentOverwritesAreNeverTorn) {

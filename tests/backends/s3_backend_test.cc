@@ -389,6 +389,23 @@ TEST_F(S3FaultTest, BodyShorterOrLongerThanPromisedIsCorrupt) {
   EXPECT_EQ(std::string(buf, *n), "23456");
 }
 
+TEST_F(S3FaultTest, AWholeObjectLongerThanExpectedIsCorruptAndAShorterOneComesBackShort) {
+  char buf[10];
+  auto n = backend_->GetExact("obj", buf, 10);
+  ASSERT_TRUE(n.ok()) << n.status().ToString();
+  EXPECT_EQ(std::string(buf, *n), "0123456789");
+  Arm("mode=lengthen&count=1");  // 11 bytes where 10 are expected
+  n = backend_->GetExact("obj", buf, 10);
+  EXPECT_EQ(n.status().code(), Code::kCorrupt) << n.status().ToString();
+  Arm("mode=shorten&count=1");  // 9 bytes: what there is, for the caller (a chunk fetch) to refuse
+  n = backend_->GetExact("obj", buf, 10);
+  ASSERT_TRUE(n.ok()) << n.status().ToString();
+  EXPECT_EQ(*n, 9u);
+  n = backend_->GetExact("obj", buf, 10);
+  ASSERT_TRUE(n.ok()) << n.status().ToString();
+  EXPECT_EQ(std::string(buf, *n), "0123456789");
+}
+
 TEST_F(S3FaultTest, FailedMultipartUploadIsAborted) {
   const std::string data = Bytes((10 << 20) + 1, 9);
   // Every part upload is refused (the create and the abort pass).
