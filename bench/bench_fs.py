@@ -127,6 +127,21 @@ def reported_kib():
 GOALS = {"save": 1.0, "write-1M": 0.8, "read-1M-cold": 0.8, "load-warm": 0.95}
 
 
+def mount_beside_plain(ckptfs, base, opts):
+    """A fresh base/{plain,cache,mnt}: the mount (-o opts) with its cache beside the plain
+    directory it is compared with. Returns (plain, mnt, the daemon's pid)."""
+    plain, cache, mnt = (os.path.join(base, d) for d in ("plain", "cache", "mnt"))
+    subprocess.run([ckptfs, "umount", mnt], stderr=subprocess.DEVNULL)
+    shutil.rmtree(base, ignore_errors=True)
+    for d in (plain, mnt):
+        os.makedirs(d)
+    cmd = [ckptfs, "mount", mnt, "--cache-dir", cache]
+    if opts:
+        cmd += ["-o", opts]
+    subprocess.run(cmd, check=True)
+    return plain, mnt, daemon_pid(cache)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--gib", type=float, default=2.0)
@@ -142,16 +157,7 @@ def main():
 
     size = int(args.gib * (1 << 30))
     base = args.dir
-    plain, cache, mnt = (os.path.join(base, d) for d in ("plain", "cache", "mnt"))
-    subprocess.run([args.bin, "umount", mnt], stderr=subprocess.DEVNULL)
-    shutil.rmtree(base, ignore_errors=True)
-    for d in (plain, mnt):
-        os.makedirs(d)
-    cmd = [args.bin, "mount", mnt, "--cache-dir", cache]
-    if args.opts:
-        cmd += ["-o", args.opts]
-    subprocess.run(cmd, check=True)
-    pid = daemon_pid(cache)
+    plain, mnt, pid = mount_beside_plain(args.bin, base, args.opts)
     reported0 = reported_kib()
     results = {}
     try:

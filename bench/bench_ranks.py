@@ -24,7 +24,7 @@ import time
 import torch
 
 import benchjson  # noqa: E402  (bench/, the script's own folder)
-from bench_fs import daemon_pid, seal, vm_hwm_kib  # noqa: E402
+from bench_fs import mount_beside_plain, seal, vm_hwm_kib  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -63,16 +63,7 @@ def main():
     n = args.ranks
     mib = max(64, int(args.gib * 1024 / n) // 64 * 64)
     base = args.dir
-    plain, cache, mnt = (os.path.join(base, d) for d in ("plain", "cache", "mnt"))
-    subprocess.run([args.bin, "umount", mnt], stderr=subprocess.DEVNULL)
-    shutil.rmtree(base, ignore_errors=True)
-    for d in (plain, mnt):
-        os.makedirs(d)
-    cmd = [args.bin, "mount", mnt, "--cache-dir", cache]
-    if args.opts:
-        cmd += ["-o", args.opts]
-    subprocess.run(cmd, check=True)
-    pid = daemon_pid(cache)
+    plain, mnt, pid = mount_beside_plain(args.bin, base, args.opts)
     ctx = multiprocessing.get_context("fork")
     barrier, results = ctx.Barrier(n + 1), ctx.Queue()
     gos = [ctx.Queue() for _ in range(n)]
