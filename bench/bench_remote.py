@@ -12,7 +12,9 @@ scripts/rgw.sh), every figure a ratio measured in this run:
                               checkpoint (a DeepSpeed global_step directory) cold through a
                               fresh mount, against N processes each downloading the same object
                               with boto3 (then loading it). Aggregate throughput ratio: higher is
-                              better; the goal is >= 1.0 against the downloads alone.
+                              better; the goal is >= 1.0 against the downloads alone. Also with
+                              the processes only reading their files' bytes (no torch.load), on
+                              another fresh mount: the transport against the same downloads.
   upload ckptfs/boto3         the mount's background upload of a saved checkpoint (from close
                               to user.ckptfs.state == remote) against boto3's upload_file of the
                               same bytes. Higher is better (throughput ratio).
@@ -322,8 +324,15 @@ def main():
             names = [f"mp_rank_{r:02d}_model_states.pt" for r in range(args.ranks)]
             for r, n in enumerate(names):
                 torch.save(state_dict(args.gib / args.ranks, 10 + r), os.path.join(step, n))
+            # A second step of the same shape for the read-only storm, so that neither storm
+            # finds the other's objects in the osd's cache.
+            step2 = os.path.join(a, "global_step2")
+            os.makedirs(step2)
+            for r, n in enumerate(names):
+                torch.save(state_dict(args.gib / args.ranks, 20 + r), os.path.join(step2, n))
             for n in names:
                 wait_state(os.path.join(step, n), "remote")
+                wait_state(os.path.join(step2, n), "remote")
             for r, n in enumerate(names):
                 shutil.copyfile(os.path.join(step, n), plain)
                 s3.upload_file(plain, "bench", f"plain/{n}", Config=xfer)
@@ -340,6 +349,23 @@ def main():
 
             with CpuMeter([daemon_pid(os.path.join(work, "e", "cache"))]) as cpu_storm_mount:
                 (storm_mount,) = storm(args.ranks, load_from_mount)
+
+            # The same storm reading the files' bytes only (global_step2), on another fresh mount:
+            # the transport alone, against downloads that do no more (torch.load is work
+            # boto3's side skips).
+            f = mount("f", *([args.cold_options] if args.cold_options else []))
+            while not all(os.path.exists(os.path.join(f, "global_step2", n)) for n in names):
+                time.sleep(0.05)
+            drop_caches()
+
+            def read_from_mount(r):
+                with open(os.path.join(f, "global_step2", names[r]), "rb", buffering=0) as fh:
+                    while fh.read(4 << 20):
+                        pass
+                return [time.perf_counter()]
+
+            with CpuMeter([daemon_pid(os.path.join(work, "f", "cache"))]) as cpu_storm_read:
+                (storm_read,) = storm(args.ranks, read_from_mount)
             drop_caches()
 
             def download_and_load(r):
@@ -387,6 +413,10 @@ def main():
                   f"(mount {storm_mount:.1f} s, boto3 download+load {storm_download_load:.1f} s)")
             print(f"  CPU, mount:         {cpu_storm_mount.line}")
             print(f"  CPU, download+load: {cpu_storm_download.line}")
+            print(f"  reads alone   mount/boto3 = {storm_download / storm_read:.2f}   "
+                  f"(each process reads its file through a fresh mount: {storm_read:.1f} s, "
+                  f"boto3 downloads {storm_download:.1f} s)")
+            print(f"  CPU, mount reads:   {cpu_storm_read.line}")
         print(f"save       remote/local   = {remote_save / local_save:.2f}   "
               f"(durability=local {local_save:.1f} s, remote {remote_save:.1f} s)")
         print(f"upload     ckptfs/boto3   = {(mib / upload) / (mib / boto_up):.2f}   "
@@ -398,6 +428,8 @@ def main():
         if args.ranks:
             out.add(f"restore-{args.ranks}", storm_download / storm_mount, subject="mount",
                     baseline="boto3", goal=1.0, subject_s=storm_mount, baseline_s=storm_download)
+            out.add(f"restore-{args.ranks}-read", storm_download / storm_read, subject="mount reads",
+                    baseline="boto3", subject_s=storm_read, baseline_s=storm_download)
         out.add("save-remote", remote_save / local_save, subject="durability=remote",
                 baseline="durability=local", better="lower", subject_s=remote_save,
                 baseline_s=local_save)
