@@ -354,11 +354,12 @@ Status TpPlanner::LayerFiles(uint32_t t, std::vector<ViewEntry>* out) const {
         Put(root, k, nv);
         continue;
       }
-      auto at = [&, v = v](size_t i) -> std::pair<const TorchTensor*, uint32_t> {
-        const DsLayerFile& li = *layer.by_tp[i];
+      // layer and v named again: clang before 16 cannot capture a structured binding.
+      auto at = [&, v = v, &lay = layer](size_t i) -> std::pair<const TorchTensor*, uint32_t> {
+        const DsLayerFile& li = *lay.by_tp[i];
         ValuePtr x = Get(li.file->root, key);
-        auto it = x ? layer.tensors[i].find(x.get()) : layer.tensors[i].end();
-        return {it == layer.tensors[i].end() ? nullptr : it->second, li.source};
+        auto it = x ? lay.tensors[i].find(x.get()) : lay.tensors[i].end();
+        return {it == lay.tensors[i].end() ? nullptr : it->second, li.source};
       };
       ASSIGN_OR_RETURN(ValuePtr nt, ModuleSlice(&o, *p, at, t));
       Put(root, k, nt);

@@ -8,6 +8,7 @@
 #include <optional>
 #include <thread>
 
+#include "reshard/half.h"
 #include "reshard/view_file.h"
 
 namespace ckptfs::reshard {
@@ -232,28 +233,6 @@ Result<uint32_t> UnitCrc(const ViewFile& f, const CrcUnit& u, const SourceReadFn
   }));
   if (kept != u.len) return Internal("a source read gave a view record the wrong byte count");
   return static_cast<uint32_t>(crc);
-}
-
-}  // namespace
-
-namespace {
-
-// float -> bfloat16, rounding to nearest even; NaN -> the quiet NaN.
-uint16_t ToBFloat16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if (f != f) return 0x7fc0;
-  return static_cast<uint16_t>((u + 0x7fff + ((u >> 16) & 1)) >> 16);
-}
-// float -> float16 (IEEE, nearest even, subnormals kept); NaN -> the quiet NaN, sign kept.
-uint16_t ToFloat16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if (f != f) return static_cast<uint16_t>(((u >> 16) & 0x8000) | 0x7e00);
-  const _Float16 h = static_cast<_Float16>(f);
-  uint16_t out;
-  std::memcpy(&out, &h, 2);
-  return out;
 }
 
 }  // namespace

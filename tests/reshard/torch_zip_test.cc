@@ -5,6 +5,7 @@
 #include <zlib.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "formats/zip.h"
+#include "reshard/half.h"
 #include "reshard/view_file.h"
 #include "tests/test_util.h"
 #include "tests/reshard/reference.h"
@@ -501,6 +503,51 @@ TEST(TorchZip, Zip64WhenARecordPassesFourGiB) {
   // Its data near the end is the repeated row.
   EXPECT_EQ(ReadView(f.recipe, src, e[1].data_offset + big - 4096 - 10, 20),
             src[0].substr(4086, 10) + src[0].substr(0, 10));
+}
+
+TEST(TorchZip, SixteenBitRoundingAtTheEdges) {
+  auto bits = [](uint32_t u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  };
+  // float16: the largest finite value, the ties around it (65520 is the tie, to even: infinity),
+  // the smallest normal and the subnormals below it (2^-25 is a tie, to even: zero), signs.
+  EXPECT_EQ(ToFloat16(65504.0f), 0x7bff);
+  EXPECT_EQ(ToFloat16(65519.996f), 0x7bff);
+  EXPECT_EQ(ToFloat16(65520.0f), 0x7c00);
+  EXPECT_EQ(ToFloat16(-1e9f), 0xfc00);
+  EXPECT_EQ(ToFloat16(-std::numeric_limits<float>::infinity()), 0xfc00);
+  EXPECT_EQ(ToFloat16(0x1p-14f), 0x0400);
+  EXPECT_EQ(ToFloat16(0x1p-14f - 0x1p-26f), 0x0400);  // rounds up into the normals
+  EXPECT_EQ(ToFloat16(0x1p-24f), 0x0001);
+  EXPECT_EQ(ToFloat16(0x1p-25f), 0x0000);
+  EXPECT_EQ(ToFloat16(0x1.8p-25f), 0x0001);
+  EXPECT_EQ(ToFloat16(3 * 0x1p-25f), 0x0002);          // 1.5 units: to even
+  EXPECT_EQ(ToFloat16(5 * 0x1p-25f), 0x0002);          // 2.5 units: to even
+  EXPECT_EQ(ToFloat16(-0x1p-30f), 0x8000);
+  EXPECT_EQ(ToFloat16(bits(0x00000001)), 0x0000);      // a float subnormal
+  EXPECT_EQ(ToFloat16(bits(0xffc00001)), 0xfe00);      // NaN keeps its sign, quiet
+  EXPECT_EQ(ToBFloat16(bits(0x3f808000)), 0x3f80);     // a tie: to even
+  EXPECT_EQ(ToBFloat16(bits(0x3f818000)), 0x3f82);
+#ifdef __FLT16_MANT_DIG__
+  // Where the compiler has _Float16, the two agree on every sign, exponent and leading mantissa
+  // bits, with the low bits set to each rounding case (below, at and above a tie, odd and even).
+  const uint32_t lows[] = {0x0000, 0x0001, 0x0fff, 0x1000, 0x1001, 0x1fff, 0x0800, 0x17ff};
+  for (uint32_t hi = 0; hi < 0x10000; ++hi) {
+    for (uint32_t lo : lows) {
+      for (uint32_t low_half : {0u, 0x8000u}) {
+        const uint32_t u = hi << 16 | low_half | lo;
+        const float f = bits(u);
+        if (f != f) continue;  // NaN payloads: the quiet NaN by design, checked above
+        const _Float16 h = static_cast<_Float16>(f);
+        uint16_t want;
+        std::memcpy(&want, &h, 2);
+        ASSERT_EQ(ToFloat16(f), want) << std::hex << "float bits 0x" << u;
+      }
+    }
+  }
+#endif
 }
 
 }  // namespace
