@@ -66,6 +66,7 @@ Status Config::Validate() {
   if (read_threads < 1 || read_threads > 64) return Invalid("read_threads must be in 1..64");
   if (readahead_chunks > 64) return Invalid("readahead_chunks must be at most 64");
   if (write_threads < 1 || write_threads > 64) return Invalid("write_threads must be in 1..64");
+  if (cut_threads > 64) return Invalid("cut_threads must be in 0..64");
   if (write_queue_bytes < max_write_bytes) return Invalid("write queue smaller than one write");
   if (reorder_bytes < max_write_bytes) return Invalid("reorder buffer smaller than one write");
   if (write_memory_bytes < 2ull * max_write_bytes) {

@@ -78,6 +78,7 @@ std::string StatusJson(Context& ctx) {
   out += ",\"ram_cache\":" + Num(cfg.ram_cache_bytes);
   out += ",\"cache_size\":" + Num(cfg.cache_bytes);
   out += ",\"write_threads\":" + Num(cfg.write_threads);
+  out += ",\"cut_threads\":" + Num(cfg.cut_threads);
   out += ",\"write_queue\":" + Num(cfg.write_queue_bytes);
   out += ",\"read_threads\":" + Num(cfg.read_threads);
   out += ",\"readahead_chunks\":" + Num(cfg.readahead_chunks);

@@ -10,11 +10,13 @@
 #   gpu         the GPU loader's mount tests and the hf view's transformers tests, on the GPU
 #   bench-fs    bench/bench_fs.py (save, write, read, load: the mount against a plain directory)
 #   bench-ranks bench/bench_ranks.py (RANKS processes, default 8, saving their shards at once)
+#   bench-cut   bench_fs's write-1M+seal (random bytes: content-defined cuts) with -o cut_threads=0
+#               and then CUT_THREADS (default 7) helping the seal find its cuts
 #   bench-gpu   bench/bench_gpu_load.py (ckptfs_gpu.load against torch.load, to host and GPU)
 #   torch       the torch, format and view mount tests with this machine's torch
-# STEPS (default "gpu bench-fs bench-ranks bench-gpu torch") picks steps; GIB (default 2) sizes the
-# benchmarks, REPEAT (default 3) goes to bench_fs and bench_ranks, BENCH_FS_ONLY (default: every
-# figure) to bench_fs, RANKS (default 8) to bench_ranks.
+# STEPS (default "gpu bench-fs bench-ranks bench-gpu torch"; bench-cut only when named) picks steps;
+# GIB (default 2) sizes the benchmarks, REPEAT (default 3) goes to bench_fs, bench-cut and
+# bench_ranks, BENCH_FS_ONLY (default: every figure) to bench_fs, RANKS (default 8) to bench_ranks.
 set -uo pipefail
 bundle=$(readlink -f "${1:?usage: scripts/gpu-node-checks.sh BUNDLE OUT}")
 out=$(readlink -f "${2:?usage: scripts/gpu-node-checks.sh BUNDLE OUT}")
@@ -63,6 +65,12 @@ step bench-fs "${BENCH_FS_LIMIT:-240}" "$py" bench/bench_fs.py --gib "$gib" --re
   --bin "$CKPTFS_BIN" --json "$out/bench-fs.json" ${BENCH_FS_ONLY:+--only "$BENCH_FS_ONLY"}
 step bench-ranks "${BENCH_RANKS_LIMIT:-180}" "$py" bench/bench_ranks.py --ranks "${RANKS:-8}" \
   --gib "$gib" --repeat "$repeat" --bin "$CKPTFS_BIN" --json "$out/bench-ranks.json"
+# bench-cut: bench_fs's seal of random bytes without help, then with CUT_THREADS helping.
+step bench-cut "${BENCH_CUT_LIMIT:-240}" bash -c 'for t in 0 "$1"; do
+    echo "== -o cut_threads=$t"
+    "$2" bench/bench_fs.py --gib "$3" --repeat "$4" --bin "$CKPTFS_BIN" --only write-1M+seal \
+      -o "cut_threads=$t" --json "$5/bench-cut-$t.json" || exit
+  done' bench-cut "${CUT_THREADS:-7}" "$py" "$gib" "$repeat" "$out"
 step bench-gpu "${BENCH_GPU_LIMIT:-120}" "$py" bench/bench_gpu_load.py --gib "$gib" \
   --bin "$CKPTFS_BIN" --lib "$CKPTFS_GPU_LIB" --json "$out/bench-gpu.json"
 step torch "${TORCH_LIMIT:-150}" "${pytest[@]}" tests/integration/test_torch.py \

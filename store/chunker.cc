@@ -101,4 +101,54 @@ size_t Chunker::FindCut(const uint8_t* data, size_t len) {
   return 0;
 }
 
+bool Chunker::FindCandidates(const uint8_t* data, size_t len, size_t history, uint64_t begin,
+                             std::vector<uint64_t>* out) const {
+  const size_t warm = std::min(history, kExactBytes);
+  uint64_t h = 0;
+  for (size_t k = warm; k > 0; --k) h = (h << 1) + kGear[data[-static_cast<std::ptrdiff_t>(k)]];
+  // The bytes with fewer than 63 before them are hashed, not listed.
+  size_t j = 0;
+  for (const size_t first = std::min(kExactBytes - warm, len); j < first; ++j) {
+    h = (h << 1) + kGear[data[j]];
+  }
+  // A byte meets the large mask with odds 4 / avg_bytes: four times that, and the list is refused.
+  const size_t had = out->size();
+  const size_t most = had + len / std::max<size_t>(opts_.avg_bytes / 16, 1) + 64;
+  // Scan stops at each byte that meets the mask, with the hash after it: listed, then on.
+  while (size_t past = Scan(data, j, len, h, mask_large_)) {
+    if (out->size() == most) {
+      out->resize(had);
+      return false;
+    }
+    out->push_back((begin + past - 1) << 1 | ((h & mask_small_) == 0 ? 1 : 0));
+  }
+  return true;
+}
+
+size_t Chunker::FindCutWith(const CutCandidates& c, uint64_t pos, const uint8_t* data,
+                            size_t len) {
+  Reset();
+  const size_t min = opts_.min_bytes, avg = opts_.avg_bytes, max = opts_.max_bytes;
+  if (len <= min) return 0;
+  const size_t end = std::min(len, max);
+  // The first bytes as FindCut scans them.
+  const size_t exact_end = std::min(end, CandidatesFrom());
+  size_t i = min;
+  uint64_t h = 0;
+  if (i < std::min(exact_end, avg)) {
+    if (size_t cut = Scan(data, i, std::min(exact_end, avg), h, mask_small_)) return cut;
+  }
+  if (i < exact_end) {
+    if (size_t cut = Scan(data, i, exact_end, h, mask_large_)) return cut;
+  }
+  // The rest from the list: the first candidate that meets the mask of its place in the chunk.
+  const uint64_t to = pos + end;
+  auto it = std::lower_bound(c.at.begin(), c.at.end(), (pos + exact_end) << 1);
+  for (; it != c.at.end() && (*it >> 1) < to; ++it) {
+    const auto at = static_cast<size_t>((*it >> 1) - pos);
+    if (at >= avg || (*it & 1)) return at + 1;
+  }
+  return end == max ? max : 0;
+}
+
 }  // namespace ckptfs

@@ -9,6 +9,8 @@
 #include <cstring>
 #include <mutex>
 
+#include "common/thread_pool.h"
+
 namespace ckptfs {
 namespace {
 
@@ -216,13 +218,121 @@ size_t FileWriter::NextCut(uint64_t pos, const uint8_t* p, size_t avail, bool fi
   // Before a tensor (or with none known): content-defined, but never across the tensor's start.
   size_t limit = avail;
   if (r && r->begin - pos < avail) limit = static_cast<size_t>(r->begin - pos);
-  if (limit < chunker_.scanned()) chunker_.Reset();  // a hint arrived late: scan again
-  size_t cut = chunker_.FindCut(p, limit);
+  size_t cut;
+  if (UseAhead(pos, p, limit)) {
+    cut = chunker_.FindCutWith(ahead_, pos, p, limit);
+    if (cut) ++ahead_cuts_;
+  } else {
+    if (limit < chunker_.scanned()) chunker_.Reset();  // a hint arrived late: scan again
+    cut = chunker_.FindCut(p, limit);
+  }
   if (cut == 0 && (limit < avail || final)) {
     cut = limit;
     chunker_.Reset();
   }
   return cut;
+}
+
+// Cut-ahead: the least bytes worth handing to other threads, and the least each one gets.
+constexpr size_t kAheadMin = 2u << 20;
+constexpr size_t kAheadPart = 1u << 20;
+// A staging file is read this much at a time when cut with help (else one maximum chunk).
+constexpr size_t kAheadRead = 16u << 20;
+
+bool FileWriter::UseAhead(uint64_t pos, const uint8_t* p, size_t limit) {
+  if (!ahead_pool_ || !cutting_staged_) return false;
+  const size_t end = std::min<size_t>(limit, chunker_.options().max_bytes);
+  const size_t from = chunker_.CandidatesFrom();
+  if (end <= from) return false;  // no candidate would be read: scanned in line
+  if (ahead_.Covers(pos + from, pos + end)) return true;
+  if (pos + limit <= ahead_dense_until_) return false;
+  PlanAhead(pos, p, limit);
+  return ahead_.Covers(pos + from, pos + end);
+}
+
+void FileWriter::PlanAhead(uint64_t pos, const uint8_t* p, size_t avail) {
+  // The list goes on from where it ends when that is within these bytes, with the 63 bytes before
+  // at hand; else it starts again at pos (a byte is listed once 63 bytes precede it: no chunk
+  // reads a candidate that close to its start).
+  uint64_t from = pos;
+  if (ahead_.begin <= pos && ahead_.end >= pos + 63 && ahead_.end < pos + avail) {
+    from = ahead_.end;
+    ahead_.at.erase(ahead_.at.begin(),
+                    std::lower_bound(ahead_.at.begin(), ahead_.at.end(), pos << 1));
+    ahead_.begin = pos;
+  } else {
+    ahead_.Clear();
+    ahead_.begin = ahead_.end = pos + 63;
+  }
+  const uint64_t to = pos + avail;
+  if (to - from < kAheadMin) return;
+  const size_t n = static_cast<size_t>(std::min<uint64_t>(ahead_parts_, (to - from) / kAheadPart));
+  struct Part {
+    uint64_t begin = 0, end = 0;
+    std::vector<uint64_t> found;
+    bool ok = false;
+  };
+  std::vector<Part> parts(n);
+  for (size_t k = 0; k < n; ++k) {
+    parts[k].begin = from + (to - from) * k / n;
+    parts[k].end = from + (to - from) * (k + 1) / n;
+  }
+  auto find = [&](Part& part) {
+    const size_t at = static_cast<size_t>(part.begin - pos);
+    part.ok = chunker_.FindCandidates(p + at, static_cast<size_t>(part.end - part.begin), at,
+                                      part.begin, &part.found);
+  };
+  // Parts 1.. on the pool, part 0 here; every part handed out is waited for, however this ends.
+  std::mutex mu;
+  std::condition_variable cv;
+  size_t left = 0;
+  struct WaitAll {
+    std::mutex& mu;
+    std::condition_variable& cv;
+    size_t& left;
+    ~WaitAll() {
+      std::unique_lock lock(mu);
+      cv.wait(lock, [&] { return left == 0; });
+    }
+  } wait_all{mu, cv, left};
+  size_t inline_from = n;
+  for (size_t k = 1; k < n; ++k) {
+    {
+      std::lock_guard lock(mu);
+      ++left;
+    }
+    try {
+      ahead_pool_->Submit([&, k] {
+        try {
+          find(parts[k]);
+        } catch (...) {  // out of memory: that part is scanned in line
+          parts[k].ok = false;
+        }
+        std::lock_guard lock(mu);
+        if (--left == 0) cv.notify_all();
+      });
+    } catch (...) {
+      std::lock_guard lock(mu);
+      --left;
+      inline_from = k;  // not handed out: found here
+      break;
+    }
+  }
+  find(parts[0]);
+  for (size_t k = inline_from; k < n; ++k) find(parts[k]);
+  {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return left == 0; });
+  }
+  // The list covers the parts up to the first with too many candidates.
+  for (Part& part : parts) {
+    if (!part.ok) {
+      ahead_dense_until_ = to;
+      break;
+    }
+    ahead_.at.insert(ahead_.at.end(), part.found.begin(), part.found.end());
+    ahead_.end = part.end;
+  }
 }
 
 struct FileWriter::PutWindow {
@@ -498,9 +608,17 @@ Result<Manifest> FileWriter::ChunkStagingFile() {
 
 Result<Manifest> FileWriter::CutStagingFile() {
   Manifest m;
-  const size_t max = chunker_.options().max_bytes;
+  // With help, more at a time: the other threads each get a part of what is read.
+  const size_t max = ahead_pool_ ? kAheadRead : chunker_.options().max_bytes;
   TailBuffer buf;
   chunker_.Reset();
+  ahead_.Clear();
+  ahead_dense_until_ = 0;
+  cutting_staged_ = true;
+  struct Done {
+    bool& flag;
+    ~Done() { flag = false; }
+  } done{cutting_staged_};
   scanner_ = scanners_ ? scanners_() : nullptr;
   auto cut_all = [&](bool final) { return CutInto(buf, final, &m); };
   // Walk the data regions, so that a sparse file's holes stay holes.

@@ -30,6 +30,8 @@
 
 namespace ckptfs {
 
+class ThreadPool;
+
 // A piece of a read's reply: `len` bytes at `data`, alive as long as `keep` is.
 struct ReadSlice {
   std::shared_ptr<const void> keep;
@@ -135,6 +137,15 @@ class FileWriter {
 
   // Chunks whatever is left and returns the manifest of the file's new bytes. The writer is spent
   // afterwards. An error here or earlier is sticky: the new bytes cannot be committed.
+  // A staging file (AdoptFile, or a writer moved to one) is cut with help: its content-defined
+  // cut candidates are found ahead of the cutting thread in `parts` pieces at once, all but one on
+  // `pool` (which must not wait on this writer). The chunks are the same either way.
+  void CutAhead(ThreadPool* pool, unsigned parts) {
+    ahead_pool_ = parts > 1 ? pool : nullptr;
+    ahead_parts_ = parts;
+  }
+  // Chunks whose cut was read off candidates found ahead.
+  uint64_t cuts_from_candidates() const { return ahead_cuts_; }
   Result<Manifest> Finish();
   // Chunks this writer put (some possibly no longer in its manifest). The store releases them.
   const std::vector<ChunkId>& held() const { return held_; }
@@ -160,6 +171,10 @@ class FileWriter {
   // Where the next chunk ends: at a tensor boundary or piece, else where content-defined chunking
   // says. p[0..avail) are the bytes from file offset pos; 0: more bytes are needed.
   size_t NextCut(uint64_t pos, const uint8_t* p, size_t avail, bool final);
+  // Whether the cut of the chunk at pos (p[0..limit) its CDC bytes) can be read off ahead_,
+  // finding the candidates of the bytes not covered yet first when that is worth it.
+  bool UseAhead(uint64_t pos, const uint8_t* p, size_t limit);
+  void PlanAhead(uint64_t pos, const uint8_t* p, size_t avail);
   // Bytes appended at the stream end, in order: the scanner sees them.
   void Scan(const uint8_t* data, size_t len) {
     if (scanner_) scanner_->Feed(data, len);
@@ -186,6 +201,12 @@ class FileWriter {
     if (reorder_budget_) reorder_budget_->Release(n);
   }
   Chunker chunker_;
+  ThreadPool* ahead_pool_ = nullptr;  // CutAhead
+  unsigned ahead_parts_ = 1;
+  bool cutting_staged_ = false;       // within CutStagingFile: ahead_ may be used
+  CutCandidates ahead_;
+  uint64_t ahead_dense_until_ = 0;    // candidates were too many up to here: scanned in line
+  uint64_t ahead_cuts_ = 0;
   const uint32_t piece_bytes_;
   const PayloadScannerFactory scanners_;
   // Null when the bytes are not seen front to back (a rewrite, a hole): no hints from then on.

@@ -658,6 +658,10 @@ class Store final : private ChunkSink {
   // Last members: destroyed first, so their threads are joined before anything they use goes.
   // put_pool_: the disk writes of chunks cut from staging files (PutChunkAsync), which seals
   // and commits of staged writers submit; joined after the other pools.
+  // cut_pool_: the threads that find a seal's cut candidates (FileWriter::CutAhead); joined last
+  // (a seal waits for its parts before it ends).
+  std::unique_ptr<ThreadPool> cut_pool_;
+  unsigned cut_parts_ = 1;
   std::unique_ptr<ThreadPool> put_pool_;
   std::unique_ptr<ThreadPool> read_pool_;
   std::unique_ptr<ThreadPool> write_pool_;

@@ -100,6 +100,7 @@ Status ApplyOption(const std::string& opt, Config& cfg, GivenKeys& given, int de
     if (key == "write_queue") return size(cfg.write_queue_bytes);
     if (key == "write_memory") return size(cfg.write_memory_bytes);
     if (key == "write_threads") return (cfg.write_threads = std::stoul(val)), Status::Ok();
+    if (key == "cut_threads") return (cfg.cut_threads = std::stoul(val)), Status::Ok();
     if (key == "readahead_chunks") return (cfg.readahead_chunks = std::stoul(val)), Status::Ok();
     if (key == "read_threads") return (cfg.read_threads = std::stoul(val)), Status::Ok();
     if (key == "max_readahead") return size(cfg.max_readahead_bytes);

@@ -1,5 +1,6 @@
 # What survives: overwrites, atomic replace, unlink, a clean remount, and a kill -9 of the daemon.
 import errno
+import json
 import signal
 import time
 import os
@@ -292,6 +293,31 @@ def test_signal_unmounts_cleanly(make_mount, sig, ignored):
     assert "unclean" not in m.log()  # a clean stop: nothing to recover
     assert read_file(m.mnt / "closed") == data
     assert read_file(m.mnt / "open") == b"written before the signal"
+
+
+def test_seals_with_cut_threads_cut_the_chunks_seals_without_them_cut(make_mount):
+    # With cut_threads a seal's content-defined cut candidates are found ahead, 16 MiB at a time
+    # in parts on other threads; the chunks must be the same as without them. Random bytes (every
+    # cut content-defined), staged by passthrough front to back, and back to front.
+    data = rand_bytes(40 * MiB, 720)
+    chunks = {}
+    for threads in (0, 3):
+        m = make_mount(options=f"passthrough=1,cut_threads={threads}", name=f"cut{threads}")
+        write_file(m / "front.bin", data)
+        fd = os.open(m / "back.bin", os.O_WRONLY | os.O_CREAT, 0o644)
+        for off in range(len(data) - MiB, -1, -MiB):
+            os.pwrite(fd, data[off:off + MiB], off)
+        os.close(fd)
+        usage = [json.loads(os.getxattr(m / n, "user.ckptfs.chunks"))
+                 for n in ("front.bin", "back.bin")]
+        assert read_file(m / "front.bin") == data and read_file(m / "back.bin") == data
+        # The same bytes, the same chunks, however they were written: back.bin shares them all.
+        assert usage[1]["shared_chunks"] == usage[1]["chunks"] == usage[0]["chunks"] > 20, usage
+        status = json.loads(os.getxattr(m.mnt, "user.ckptfs.status"))
+        assert status["options"]["cut_threads"] == threads
+        chunks[threads] = sorted(p.name for p in m.chunk_files())
+        assert len(chunks[threads]) == usage[0]["chunks"]
+    assert chunks[3] == chunks[0]
 
 
 def test_passthrough_staged_files_through_a_crash(make_mount):

@@ -71,13 +71,17 @@ std::multiset<ChunkId> Ids(const std::vector<uint8_t>& data, const std::vector<s
   return ids;
 }
 
-ChunkingOptions SmallOptions() {
+ChunkingOptions Sizes(uint32_t min, uint32_t avg, uint32_t max) {
   ChunkingOptions o;
-  o.min_bytes = 4 << 10;
-  o.avg_bytes = 16 << 10;
-  o.max_bytes = 64 << 10;
+  o.min_bytes = min;
+  o.avg_bytes = avg;
+  o.max_bytes = max;
   return o;
 }
+
+ChunkingOptions SmallOptions() { return Sizes(4 << 10, 16 << 10, 64 << 10); }
+// The smallest chunks the options allow.
+ChunkingOptions TinyOptions() { return Sizes(4 << 10, 8 << 10, 16 << 10); }
 
 TEST(ChunkerTest, GoldenCutsWithDefaultOptions) {
   // Guards the gear table and the cut rule: any change moves every boundary of every stored file
@@ -240,6 +244,141 @@ TEST(ChunkerTest, StableUnderDeletion) {
     after.erase(after.begin() + at, after.begin() + at + 333);
     ExpectResync(before, after, at, -333, opts);
   }
+}
+
+// Candidates of data[0..) found in `parts` pieces, each with the bytes before it as history (as
+// FileWriter::PlanAhead does); false if a piece had too many. `list` covers the pieces up to it.
+bool FindAhead(const Chunker& c, const std::vector<uint8_t>& data, size_t parts,
+               CutCandidates* list) {
+  list->Clear();
+  list->begin = list->end = 63;  // a byte is listed once 63 bytes precede it
+  for (size_t k = 0; k < parts; ++k) {
+    const size_t b = data.size() * k / parts, e = data.size() * (k + 1) / parts;
+    if (!c.FindCandidates(data.data() + b, e - b, b, b, &list->at)) return false;
+    list->end = e;
+  }
+  return true;
+}
+
+// CutAll, reading each chunk's cut off candidates found ahead where they cover it.
+std::vector<size_t> CutAhead(const std::vector<uint8_t>& data, const ChunkingOptions& opts,
+                             size_t parts, size_t* from_list) {
+  Chunker c(opts);
+  CutCandidates list;
+  FindAhead(c, data, parts, &list);
+  std::vector<size_t> cuts;
+  *from_list = 0;
+  size_t start = 0;
+  while (start < data.size()) {
+    const size_t len = data.size() - start;
+    const size_t end = std::min<size_t>(len, opts.max_bytes);
+    size_t cut;
+    if (end > c.CandidatesFrom() && list.Covers(start + c.CandidatesFrom(), start + end)) {
+      cut = c.FindCutWith(list, start, data.data() + start, len);
+      ++*from_list;
+    } else {
+      cut = c.FindCut(data.data() + start, len);
+    }
+    if (cut == 0) {
+      cut = len;
+      c.Reset();
+    }
+    cuts.push_back(cut);
+    start += cut;
+  }
+  return cuts;
+}
+
+TEST(ChunkerTest, CandidatesFoundAheadGiveTheSameCuts) {
+  for (const ChunkingOptions& opts : {ChunkingOptions{}, SmallOptions(), TinyOptions()}) {
+    // Random bytes, with a run of zeros and a repeated short pattern in the middle.
+    std::vector<uint8_t> data = test::RandomBytes(opts.max_bytes * 6, kSeed + 20);
+    std::fill(data.begin() + opts.max_bytes, data.begin() + opts.max_bytes + opts.avg_bytes * 3, 0);
+    for (size_t i = opts.max_bytes * 3; i < opts.max_bytes * 4; ++i) data[i] = "ckptfs"[i % 6];
+    const std::vector<size_t> want = CutAll(data, opts);
+    for (size_t parts : {1, 2, 3, 7}) {
+      size_t from_list = 0;
+      EXPECT_EQ(CutAhead(data, opts, parts, &from_list), want)
+          << "avg " << opts.avg_bytes << ", " << parts << " parts";
+      EXPECT_GT(from_list, want.size() / 2) << "the candidates were hardly used";
+    }
+  }
+}
+
+TEST(ChunkerTest, FindCutWithAgreesWithFindCutAtAnyStartAndLength) {
+  // Chunk starts that are no cut of the sequence, and lengths around every bound: below min,
+  // within the 63 scanned bytes after it, short of a cut (0: more bytes), past max. The smallest
+  // chunks make a candidate among the first 63 bytes after min likely at some start: there the
+  // scan's hash covers fewer bytes than the candidate's, and only the scan is right.
+  for (const auto& [opts, rounds] : {std::pair{SmallOptions(), 400}, std::pair{TinyOptions(), 6000}}) {
+    const std::vector<uint8_t> data = test::RandomBytes(1 << 20, kSeed + 21);
+    Chunker ahead(opts), plain(opts);
+    CutCandidates list;
+    ASSERT_TRUE(FindAhead(ahead, data, 3, &list));
+    test::SplitMix64 rng(kSeed + 22);
+    const size_t lens[] = {0, opts.min_bytes, opts.min_bytes + 1, opts.min_bytes + 30,
+                           opts.min_bytes + 63, opts.min_bytes + 64, opts.avg_bytes,
+                           opts.avg_bytes + 1, opts.max_bytes - 1, opts.max_bytes,
+                           opts.max_bytes + 4096};
+    size_t zeros = 0, cuts = 0;
+    for (int round = 0; round < rounds; ++round) {
+      const size_t start = rng.Next() % (data.size() - 2 * opts.max_bytes);
+      for (size_t len : lens) {
+        plain.Reset();
+        const size_t want = plain.FindCut(data.data() + start, len);
+        ASSERT_EQ(ahead.FindCutWith(list, start, data.data() + start, len), want)
+            << "avg " << opts.avg_bytes << ", start " << start << ", length " << len;
+        (want ? cuts : zeros)++;
+      }
+    }
+    EXPECT_GT(zeros, 400u);  // both outcomes were checked
+    EXPECT_GT(cuts, 400u);
+  }
+}
+
+TEST(ChunkerTest, CandidatesDoNotDependOnWhereTheBytesWereSplit) {
+  // One list found in a single piece, and again in pieces of random sizes (each warmed up on the
+  // bytes before it): the same candidates.
+  const ChunkingOptions opts = TinyOptions();
+  const std::vector<uint8_t> data = test::RandomBytes(4 << 20, kSeed + 24);
+  Chunker c(opts);
+  std::vector<uint64_t> whole, pieces;
+  ASSERT_TRUE(c.FindCandidates(data.data(), data.size(), 0, 0, &whole));
+  test::SplitMix64 rng(kSeed + 25);
+  size_t pieces_n = 0;
+  for (size_t b = 0; b < data.size(); ++pieces_n) {
+    const size_t n = std::min<size_t>(data.size() - b, 64 + rng.Next() % 4000);
+    ASSERT_TRUE(c.FindCandidates(data.data() + b, n, b, b, &pieces));
+    b += n;
+  }
+  EXPECT_GT(pieces_n, 1000u);
+  EXPECT_GT(whole.size(), 1000u);
+  EXPECT_EQ(pieces, whole);
+}
+
+TEST(ChunkerTest, TooManyCandidatesAreRefusedAndScanned) {
+  // A two-byte pattern whose window hashes meet the large mask: every other byte, or every byte,
+  // is a candidate. The list refuses it; the chunks are still the scanned ones.
+  const ChunkingOptions opts = TinyOptions();
+  Chunker c(opts);
+  std::vector<uint8_t> dense;
+  for (unsigned ab = 0; ab < 65536 && dense.empty(); ++ab) {
+    std::vector<uint8_t> v(8192);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<uint8_t>(i % 2 ? ab >> 8 : ab);
+    std::vector<uint64_t> out;
+    if (!c.FindCandidates(v.data(), v.size(), 0, 0, &out)) {
+      EXPECT_TRUE(out.empty());
+      dense = v;
+    }
+  }
+  ASSERT_FALSE(dense.empty()) << "no two-byte pattern is dense under these options";
+  std::vector<uint8_t> data = test::RandomBytes(opts.max_bytes * 8, kSeed + 23);
+  for (size_t i = 0; i < opts.max_bytes * 2; ++i) data[opts.max_bytes * 3 + i] = dense[i % 2];
+  CutCandidates list;
+  EXPECT_FALSE(FindAhead(c, data, 4, &list));
+  size_t from_list = 0;
+  EXPECT_EQ(CutAhead(data, opts, 4, &from_list), CutAll(data, opts));
+  EXPECT_GT(from_list, 0u);  // the pieces before the dense one were used
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/thread_pool.h"
 #include "tests/test_util.h"
 
 namespace ckptfs {
@@ -708,6 +709,55 @@ TEST_F(FileWriterTest, StagingFileGetsTensorBoundariesToo) {
   for (const ByteRange& r : tensors) {
     EXPECT_TRUE(cuts.count(r.begin) && cuts.count(r.end)) << "tensor at " << r.begin;
   }
+}
+
+// A staging file cut with help (its cut candidates found ahead on a pool, FileWriter::CutAhead)
+// gives the chunks it gives without: random bytes, a run of zeros, a repeated pattern, a hole,
+// and tensors a scanner reveals (content-defined chunks end where a tensor starts).
+TEST(FileWriterCutAheadTest, AStagingFileCutWithHelpGivesTheSameChunks) {
+  test::TempDir dir;
+  const ChunkingOptions opts;  // chunks of about 1 MiB; a staging file is read 16 MiB at a time
+  constexpr size_t kMiB = 1 << 20;
+  Bytes want = test::RandomBytes(44 * kMiB, 31);
+  std::fill(want.begin() + 6 * kMiB, want.begin() + 9 * kMiB, 0);
+  for (size_t i = 12 * kMiB; i < 14 * kMiB; ++i) want[i] = "ckptfs"[i % 6];
+  std::fill(want.begin() + 20 * kMiB, want.begin() + 23 * kMiB, 0);  // the hole
+  const std::vector<ByteRange> tensors = {{30 * kMiB + 12345, 35 * kMiB + 777},
+                                          {35 * kMiB + 5000, 36 * kMiB}};
+  const std::string path = dir.Sub("staged");
+  {
+    int fd = ::open(path.c_str(), O_RDWR | O_CREAT, 0600);
+    ASSERT_GE(fd, 0);
+    for (auto [b, e] : {std::pair{size_t{0}, 20 * kMiB}, std::pair{23 * kMiB, want.size()}}) {
+      ASSERT_EQ(::pwrite(fd, want.data() + b, e - b, static_cast<off_t>(b)),
+                static_cast<ssize_t>(e - b));
+    }
+    ::close(fd);
+  }
+  auto cut = [&](ThreadPool* pool, uint64_t* from_candidates) {
+    MemSink sink(dir.path());
+    Metrics metrics;
+    FileWriter w(Manifest(), &sink, opts, 1 << 20, &metrics, FakeScanners(tensors));
+    w.CutAhead(pool, 4);
+    int fd = ::open(path.c_str(), O_RDONLY);
+    EXPECT_TRUE(w.AdoptFile(fd, want.size()).ok());
+    ::close(fd);
+    auto m = w.Finish();
+    EXPECT_TRUE(m.ok()) << m.status().ToString();
+    if (!m.ok()) return std::vector<std::pair<std::string, uint64_t>>{};
+    EXPECT_TRUE(SameBytes(sink.Reassemble(*m), want));
+    EXPECT_GE(Holes(*m), 1u);
+    *from_candidates = w.cuts_from_candidates();
+    std::vector<std::pair<std::string, uint64_t>> extents;
+    for (const Extent& e : m->extents()) extents.emplace_back(e.hole() ? "hole" : e.id.Hex(), e.len);
+    return extents;
+  };
+  uint64_t alone = 0, helped = 0;
+  const auto plain = cut(nullptr, &alone);
+  ThreadPool pool(3);
+  EXPECT_EQ(cut(&pool, &helped), plain);
+  EXPECT_EQ(alone, 0u);
+  EXPECT_GT(helped, 15u) << "the candidates found ahead were hardly used";
 }
 
 }  // namespace
