@@ -40,6 +40,8 @@ std::vector<std::pair<std::string, uint64_t>> Metrics::Snapshot() const {
       {"staged_seals", staged_seals.Get()},
       {"staged_seal_bytes", staged_seal_bytes.Get()},
       {"tensor_chunk_bytes", tensor_chunk_bytes.Get()},
+      {"cut_ahead_cuts", cut_ahead_cuts.Get()},
+      {"cut_ahead_refused", cut_ahead_refused.Get()},
       {"remote_fetches", remote_fetches.Get()},
       {"remote_fetch_bytes", remote_fetch_bytes.Get()},
       {"remote_fetch_fallthrough", remote_fetch_fallthrough.Get()},

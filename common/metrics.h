@@ -85,6 +85,8 @@ struct Metrics {
   Counter file_commit_bytes;    // the sizes of the files they describe
   Counter staging_switches;     // files that left the streaming write path for a staging file
   Counter tensor_chunk_bytes;   // bytes cut at tensor boundaries (the rest: content-defined)
+  Counter cut_ahead_cuts;       // seal chunks whose cut was read off candidates found ahead
+  Counter cut_ahead_refused;    // parts whose candidates were too many: scanned in line
   Counter staged_files;         // files written through a passthrough staging file
   Counter staged_seals;         // staged files cut into chunks and committed
   Counter staged_seal_bytes;    // their bytes

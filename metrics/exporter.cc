@@ -43,6 +43,8 @@ constexpr CounterInfo kCounters[] = {
     {"staged_seals", "ckptfs_staged_seals", "Staged files cut into chunks and committed."},
     {"staged_seal_bytes", "ckptfs_staged_seal_bytes", "Bytes of staged files cut into chunks."},
     {"tensor_chunk_bytes", "ckptfs_tensor_chunk_bytes", "Bytes chunked at tensor boundaries."},
+    {"cut_ahead_cuts", "ckptfs_cut_ahead_cuts", "Seal chunks cut from candidates found ahead (cut_threads)."},
+    {"cut_ahead_refused", "ckptfs_cut_ahead_refused", "Parts of a seal with too many cut candidates, scanned in line."},
     {"remote_fetches", "ckptfs_remote_fetches", "Chunks fetched from a remote tier."},
     {"remote_fetch_bytes", "ckptfs_remote_fetch_bytes", "Bytes fetched from remote tiers."},
     {"remote_fetch_fallthrough", "ckptfs_remote_fetch_fallthrough", "Fetched chunks a farther tier than the nearest served."},

@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
+#include <new>
 
 #include "common/thread_pool.h"
 
@@ -221,7 +222,10 @@ size_t FileWriter::NextCut(uint64_t pos, const uint8_t* p, size_t avail, bool fi
   size_t cut;
   if (UseAhead(pos, p, limit)) {
     cut = chunker_.FindCutWith(ahead_, pos, p, limit);
-    if (cut) ++ahead_cuts_;
+    if (cut) {
+      ++ahead_cuts_;
+      metrics_->cut_ahead_cuts.Add(1);
+    }
   } else {
     if (limit < chunker_.scanned()) chunker_.Reset();  // a hint arrived late: scan again
     cut = chunker_.FindCut(p, limit);
@@ -255,11 +259,11 @@ void FileWriter::PlanAhead(uint64_t pos, const uint8_t* p, size_t avail) {
   // at hand; else it starts again at pos (a byte is listed once 63 bytes precede it: no chunk
   // reads a candidate that close to its start).
   uint64_t from = pos;
-  if (ahead_.begin <= pos && ahead_.end >= pos + 63 && ahead_.end < pos + avail) {
+  if (ahead_.begin <= pos + 63 && ahead_.end >= pos + 63 && ahead_.end < pos + avail) {
     from = ahead_.end;
     ahead_.at.erase(ahead_.at.begin(),
                     std::lower_bound(ahead_.at.begin(), ahead_.at.end(), pos << 1));
-    ahead_.begin = pos;
+    ahead_.begin = std::max(ahead_.begin, pos);
   } else {
     ahead_.Clear();
     ahead_.begin = ahead_.end = pos + 63;
@@ -279,8 +283,12 @@ void FileWriter::PlanAhead(uint64_t pos, const uint8_t* p, size_t avail) {
   }
   auto find = [&](Part& part) {
     const size_t at = static_cast<size_t>(part.begin - pos);
-    part.ok = chunker_.FindCandidates(p + at, static_cast<size_t>(part.end - part.begin), at,
-                                      part.begin, &part.found);
+    try {
+      part.ok = chunker_.FindCandidates(p + at, static_cast<size_t>(part.end - part.begin), at,
+                                        part.begin, &part.found);
+    } catch (const std::bad_alloc&) {  // no room for the list: that part is scanned in line
+      part.ok = false;
+    }
   };
   // Parts 1.. on the pool, part 0 here; every part handed out is waited for, however this ends.
   std::mutex mu;
@@ -303,11 +311,7 @@ void FileWriter::PlanAhead(uint64_t pos, const uint8_t* p, size_t avail) {
     }
     try {
       ahead_pool_->Submit([&, k] {
-        try {
-          find(parts[k]);
-        } catch (...) {  // out of memory: that part is scanned in line
-          parts[k].ok = false;
-        }
+        find(parts[k]);
         std::lock_guard lock(mu);
         if (--left == 0) cv.notify_all();
       });
@@ -324,13 +328,20 @@ void FileWriter::PlanAhead(uint64_t pos, const uint8_t* p, size_t avail) {
     std::unique_lock lock(mu);
     cv.wait(lock, [&] { return left == 0; });
   }
-  // The list covers the parts up to the first with too many candidates.
+  // The list covers the parts up to the first with too many candidates (or no room for them).
   for (Part& part : parts) {
+    if (part.ok) {
+      try {
+        ahead_.at.insert(ahead_.at.end(), part.found.begin(), part.found.end());
+      } catch (const std::bad_alloc&) {
+        part.ok = false;
+      }
+    }
     if (!part.ok) {
+      metrics_->cut_ahead_refused.Add(1);
       ahead_dense_until_ = to;
       break;
     }
-    ahead_.at.insert(ahead_.at.end(), part.found.begin(), part.found.end());
     ahead_.end = part.end;
   }
 }

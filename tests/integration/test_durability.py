@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from conftest import expect_errno, pid_alive, read_file, write_file
+from test_metrics import free_port, get, samples
 
 MiB = 1 << 20
 
@@ -302,7 +303,9 @@ def test_seals_with_cut_threads_cut_the_chunks_seals_without_them_cut(make_mount
     data = rand_bytes(40 * MiB, 720)
     chunks = {}
     for threads in (0, 3):
-        m = make_mount(options=f"passthrough=1,cut_threads={threads}", name=f"cut{threads}")
+        port = free_port()
+        m = make_mount(options=f"passthrough=1,cut_threads={threads},metrics=127.0.0.1:{port}",
+                       name=f"cut{threads}")
         write_file(m / "front.bin", data)
         fd = os.open(m / "back.bin", os.O_WRONLY | os.O_CREAT, 0o644)
         for off in range(len(data) - MiB, -1, -MiB):
@@ -315,6 +318,9 @@ def test_seals_with_cut_threads_cut_the_chunks_seals_without_them_cut(make_mount
         assert usage[1]["shared_chunks"] == usage[1]["chunks"] == usage[0]["chunks"] > 20, usage
         status = json.loads(os.getxattr(m.mnt, "user.ckptfs.status"))
         assert status["options"]["cut_threads"] == threads
+        # The cuts were read off candidates found ahead exactly when there were threads to help.
+        cuts = samples(get(f"http://127.0.0.1:{port}/metrics"))["ckptfs_cut_ahead_cuts_total"]
+        assert (cuts > 20) == (threads > 0), cuts
         chunks[threads] = sorted(p.name for p in m.chunk_files())
         assert len(chunks[threads]) == usage[0]["chunks"]
     assert chunks[3] == chunks[0]
