@@ -650,7 +650,7 @@ Result<Manifest> FileWriter::CutStagingFile() {
     while (pos < data_end) {
       size_t want = static_cast<size_t>(std::min<uint64_t>(max, data_end - pos));
       size_t at = buf.size();
-      buf.Resize(at + want);
+      buf.Grow(at + want);
       ssize_t r = ::pread(staging_fd_, buf.data() + at, want, static_cast<off_t>(pos));
       if (r < 0 && errno == EINTR) {
         buf.Resize(at);

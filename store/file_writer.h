@@ -14,10 +14,12 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cache/chunk_cache.h"
@@ -88,6 +90,12 @@ class TailBuffer {
   }
   // Grows with zeros or shrinks to n bytes.
   void Resize(size_t n) {
+    const size_t had = size();
+    Grow(n);
+    if (n > had) std::memset(data() + had, 0, n - had);
+  }
+  // Resize, leaving grown bytes unset: for bytes about to be read into them.
+  void Grow(size_t n) {
     if (n > size()) MakeRoom(n - size());
     v_.resize(start_ + n);
   }
@@ -107,7 +115,24 @@ class TailBuffer {
       start_ = 0;
     }
   }
-  std::vector<uint8_t> v_;
+  // An allocator whose resize leaves bytes unset (Resize sets them), so that a read into a grown
+  // buffer does not write it twice.
+  template <class T>
+  struct Unset : std::allocator<T> {
+    template <class U>
+    struct rebind {
+      using other = Unset<U>;
+    };
+    template <class U, class... Args>
+    void construct(U* p, Args&&... args) {
+      if constexpr (sizeof...(Args) == 0) {
+        ::new (static_cast<void*>(p)) U;
+      } else {
+        ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+      }
+    }
+  };
+  std::vector<uint8_t, Unset<uint8_t>> v_;
   size_t start_ = 0;
 };
 

@@ -192,17 +192,25 @@ size_t Holes(const Manifest& m) {
   return std::count_if(m.extents().begin(), m.extents().end(), [](auto& e) { return e.hole(); });
 }
 
-TEST(TailBufferTest, ConsumeAppendResizeKeepTheBytes) {
+TEST(TailBufferTest, ConsumeAppendGrowResizeKeepTheBytes) {
   TailBuffer b;
   EXPECT_TRUE(b.empty());
   Bytes model;
   test::SplitMix64 rng(1);
   for (int i = 0; i < 2000; ++i) {
-    switch (rng.Below(4)) {
+    switch (rng.Below(5)) {
       case 0:
       case 1: {
         Bytes more = test::RandomBytes(1 + rng.Below(5000), rng.Next());
         b.Append(more.data(), more.size());
+        model.insert(model.end(), more.begin(), more.end());
+        break;
+      }
+      case 3: {  // grown unset, then filled (a read into the buffer)
+        Bytes more = test::RandomBytes(1 + rng.Below(5000), rng.Next());
+        const size_t at = b.size();
+        b.Grow(at + more.size());
+        std::memcpy(b.data() + at, more.data(), more.size());
         model.insert(model.end(), more.begin(), more.end());
         break;
       }
