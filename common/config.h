@@ -51,8 +51,8 @@ struct Config {
   // Threads that chunk, hash and store queued writes (each file is handled by one at a time).
   uint32_t write_threads = 2;
   // Threads that help a seal find its content-defined cuts, ahead of the thread that cuts (0:
-  // none). Off by default: their candidate scan covers every byte, 1.7 times the work of the
-  // cutting thread's own scan (which skips each chunk's first min_bytes), and on two cores a
+  // none). Off by default: their candidate scan covers every byte, 1.4-1.8 times the work of
+  // the cutting thread's own scan (which skips each chunk's first min_bytes), and on two cores a
   // seal ran slower with one; a many-core node is where it can pay (bench-cut in
   // scripts/gpu-node-checks.sh measures it).
   uint32_t cut_threads = 0;
