@@ -16,108 +16,13 @@
 #include <thread>
 #include <vector>
 
-#include "common/thread_pool.h"
-#include "store/chunker.h"
+#include "tests/store/file_writer_util.h"
 #include "tests/test_util.h"
 
 namespace ckptfs {
 namespace {
 
-using Bytes = std::vector<uint8_t>;
-
-// An in-memory chunk store; optionally runs out of space after `space` puts.
-class MemSink : public ChunkSink {
- public:
-  explicit MemSink(std::string dir) : dir_(std::move(dir)) {}
-
-  Status PutChunk(const ChunkId& id, const uint8_t* data, size_t len) override {
-    EXPECT_EQ(id, ChunkId::Of(data, len)) << "a chunk's id must be the hash of its bytes";
-    if (space_ == 0) return Status(Code::kNoSpace, "test sink is full");
-    if (space_ > 0) --space_;
-    ++puts_;
-    chunks_.emplace(id, Bytes(data, data + len));
-    return Status::Ok();
-  }
-  Result<ChunkRef> GetChunk(const ChunkId& id, size_t len) override {
-    auto it = chunks_.find(id);
-    if (it == chunks_.end()) return NotFound("no chunk " + id.Hex());
-    EXPECT_EQ(it->second.size(), len);
-    auto d = ChunkData::Allocate(len);
-    std::memcpy(d->bytes.get(), it->second.data(), len);
-    return ChunkRef(std::move(d));
-  }
-  std::string NewStagingPath() override { return dir_ + "/staging." + std::to_string(++seq_); }
-
-  // The bytes a manifest names, holes as zeros.
-  Bytes Reassemble(const Manifest& m) const {
-    Bytes out;
-    for (const Extent& e : m.extents()) {
-      if (e.hole()) {
-        out.resize(out.size() + e.len, 0);
-        continue;
-      }
-      auto it = chunks_.find(e.id);
-      EXPECT_NE(it, chunks_.end()) << "manifest names a chunk that was never put";
-      if (it == chunks_.end()) return {};
-      EXPECT_EQ(it->second.size(), e.len);
-      out.insert(out.end(), it->second.begin(), it->second.end());
-    }
-    return out;
-  }
-
-  size_t distinct() const { return chunks_.size(); }
-  int puts() const { return puts_; }
-  void set_space(int puts_left) { space_ = puts_left; }
-
- private:
-  std::string dir_;
-  std::map<ChunkId, Bytes> chunks_;
-  int puts_ = 0;
-  int space_ = -1;  // -1: unlimited
-  int seq_ = 0;
-};
-
-// Equal bytes, or a short message naming the first difference (not two megabyte-long dumps).
-::testing::AssertionResult SameBytes(const Bytes& got, const Bytes& want) {
-  if (got == want) return ::testing::AssertionSuccess();
-  size_t i = 0;
-  while (i < got.size() && i < want.size() && got[i] == want[i]) ++i;
-  return ::testing::AssertionFailure() << "got " << got.size() << " bytes, want " << want.size()
-                                       << "; first difference at offset " << i;
-}
-
-ChunkingOptions Small() {
-  ChunkingOptions o;
-  o.min_bytes = 4 << 10;
-  o.avg_bytes = 16 << 10;
-  o.max_bytes = 64 << 10;
-  o.piece_bytes = 32 << 10;
-  return o;
-}
-
-// A scanner that knows where the tensors are in advance and reveals each one only once the bytes
-// up to its start have been fed, as a real scanner learns of a tensor from the header before it.
-class FakeScanner : public PayloadScanner {
- public:
-  explicit FakeScanner(std::vector<ByteRange> ranges) : ranges_(std::move(ranges)) {}
-  void Feed(const uint8_t*, size_t len) override { fed_ += len; }
-  std::optional<ByteRange> NextPayload(uint64_t pos) override {
-    for (const ByteRange& r : ranges_) {
-      if (r.begin > fed_) break;
-      if (r.end > pos) return r;
-    }
-    return std::nullopt;
-  }
-  std::string_view format() const override { return "fake"; }
-
- private:
-  std::vector<ByteRange> ranges_;
-  uint64_t fed_ = 0;
-};
-
-PayloadScannerFactory FakeScanners(std::vector<ByteRange> ranges) {
-  return [ranges] { return std::make_unique<FakeScanner>(ranges); };
-}
+using namespace fwtest;  // NOLINT: the sink, scanners and helpers shared with cut_ahead_test
 
 // A FileWriter next to a plain byte-string model of what the file should hold.
 class FileWriterTest : public ::testing::Test {
@@ -187,10 +92,6 @@ class FileWriterTest : public ::testing::Test {
   Bytes model_;
   std::set<ChunkId> base_ids_;
 };
-
-size_t Holes(const Manifest& m) {
-  return std::count_if(m.extents().begin(), m.extents().end(), [](auto& e) { return e.hole(); });
-}
 
 TEST(TailBufferTest, ConsumeAppendGrowResizeKeepTheBytes) {
   TailBuffer b;
@@ -615,14 +516,6 @@ TEST_F(FileWriterAsyncTest, AFailedAsynchronousPutFailsFinish) {
   EXPECT_EQ(Held().size(), static_cast<size_t>(sink_.submitted_ - 1 - sink_.skipped_));
 }
 
-// The chunk boundaries of a manifest, as file offsets.
-std::set<uint64_t> Cuts(const Manifest& m) {
-  std::set<uint64_t> cuts;
-  uint64_t pos = 0;
-  for (const Extent& e : m.extents()) cuts.insert(pos += e.len);
-  return cuts;
-}
-
 // A file of structure and tensor bytes: `layout` alternates structure and tensor lengths,
 // starting with structure. Returns the bytes and the tensors' ranges.
 Bytes Layout(const std::vector<size_t>& layout, uint64_t seed, std::vector<ByteRange>* tensors,
@@ -718,85 +611,6 @@ TEST_F(FileWriterTest, StagingFileGetsTensorBoundariesToo) {
   for (const ByteRange& r : tensors) {
     EXPECT_TRUE(cuts.count(r.begin) && cuts.count(r.end)) << "tensor at " << r.begin;
   }
-}
-
-// A short pattern that, repeated, gives a candidate every few bytes under `opts`: a part of it
-// is refused and scanned in line.
-Bytes DensePattern(const ChunkingOptions& opts) {
-  Chunker c(opts);
-  test::SplitMix64 rng(77);
-  for (int tries = 0; tries < 1000000; ++tries) {
-    const uint64_t word = rng.Next();
-    Bytes v(4096);
-    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<uint8_t>(word >> (8 * (i % 4)));
-    std::vector<uint64_t> out;
-    if (!c.FindCandidates(v.data(), v.size(), 0, 0, &out)) return Bytes(v.begin(), v.begin() + 4);
-  }
-  return {};
-}
-
-// A staging file cut with help (its cut candidates found ahead on a pool, FileWriter::CutAhead)
-// gives the chunks it gives without: random bytes, a run of zeros, a pattern with a candidate
-// every few bytes (refused, scanned in line), a hole, and tensors a scanner reveals (content-
-// defined chunks end where a tensor starts; a hole makes the scanner lose its place, so one
-// tensor comes before it).
-TEST(FileWriterCutAheadTest, AStagingFileCutWithHelpGivesTheSameChunks) {
-  test::TempDir dir;
-  const ChunkingOptions opts;  // chunks of about 1 MiB; a staging file is read 16 MiB at a time
-  constexpr size_t kMiB = 1 << 20;
-  const Bytes dense = DensePattern(opts);
-  ASSERT_EQ(dense.size(), 4u) << "no dense four-byte pattern found";
-  Bytes want = test::RandomBytes(44 * kMiB, 31);
-  std::fill(want.begin() + 6 * kMiB, want.begin() + 8 * kMiB, 0);
-  // Within one part of the plan that covers it, with random bytes in the part after: that part's
-  // candidates are listed, the dense one's are not, and the list must end before the dense part.
-  for (size_t i = 8 * kMiB + kMiB / 2; i < 9 * kMiB + kMiB / 2; ++i) want[i] = dense[i % 4];
-  std::fill(want.begin() + 20 * kMiB, want.begin() + 23 * kMiB, 0);  // the hole
-  const std::vector<ByteRange> tensors = {{3 * kMiB + 12345, 5 * kMiB + 777},
-                                          {30 * kMiB + 12345, 35 * kMiB + 777}};
-  const std::string path = dir.Sub("staged");
-  {
-    int fd = ::open(path.c_str(), O_RDWR | O_CREAT, 0600);
-    ASSERT_GE(fd, 0);
-    for (auto [b, e] : {std::pair{size_t{0}, 20 * kMiB}, std::pair{23 * kMiB, want.size()}}) {
-      ASSERT_EQ(::pwrite(fd, want.data() + b, e - b, static_cast<off_t>(b)),
-                static_cast<ssize_t>(e - b));
-    }
-    ::close(fd);
-  }
-  struct Cut {
-    std::vector<std::pair<std::string, uint64_t>> extents;
-    uint64_t from_candidates = 0, refused = 0;
-  };
-  auto cut = [&](ThreadPool* pool) {
-    Cut out;
-    MemSink sink(dir.path());
-    Metrics metrics;
-    FileWriter w(Manifest(), &sink, opts, 1 << 20, &metrics, FakeScanners(tensors));
-    w.CutAhead(pool, 4);
-    int fd = ::open(path.c_str(), O_RDONLY);
-    EXPECT_TRUE(w.AdoptFile(fd, want.size()).ok());
-    ::close(fd);
-    auto m = w.Finish();
-    EXPECT_TRUE(m.ok()) << m.status().ToString();
-    if (!m.ok()) return out;
-    EXPECT_TRUE(SameBytes(sink.Reassemble(*m), want));
-    EXPECT_GE(Holes(*m), 1u);
-    EXPECT_TRUE(Cuts(*m).count(tensors[0].begin)) << "no cut where the first tensor starts";
-    out.from_candidates = w.cuts_from_candidates();
-    EXPECT_EQ(metrics.cut_ahead_cuts.Get(), out.from_candidates);
-    out.refused = metrics.cut_ahead_refused.Get();
-    for (const Extent& e : m->extents()) out.extents.emplace_back(e.hole() ? "hole" : e.id.Hex(), e.len);
-    return out;
-  };
-  const Cut plain = cut(nullptr);
-  ThreadPool pool(3);
-  const Cut helped = cut(&pool);
-  ASSERT_EQ(helped.extents.size(), plain.extents.size());
-  EXPECT_TRUE(helped.extents == plain.extents) << "the chunks differ with help";
-  EXPECT_EQ(plain.from_candidates, 0u);
-  EXPECT_GT(helped.from_candidates, 15u) << "the candidates found ahead were hardly used";
-  EXPECT_GE(helped.refused, 1u) << "the dense pattern was not refused";
 }
 
 }  // namespace
