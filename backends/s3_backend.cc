@@ -251,41 +251,19 @@ Result<size_t> S3Backend::Get(const std::string& key, uint64_t offset, void* buf
   return static_cast<size_t>(expect);
 }
 
-// A whole object's body, written straight into the caller's buffer, which it must not overflow.
-class ExactSink : public BodySink {
- public:
-  ExactSink(char* buf, size_t len) : buf_(buf), len_(len) {}
-  void Reset() override { received_ = 0; }
-  bool Write(const HttpResponse& head, const char* data, size_t n) override {
-    if (head.status != 200) return true;  // an error's body: not the object
-    if (n > len_ - received_) return false;
-    std::memcpy(buf_ + received_, data, n);
-    received_ += n;
-    return true;
-  }
-  std::string Why() const override {
-    return "a body longer than the " + std::to_string(len_) + " bytes of the object expected";
-  }
-  size_t received() const { return received_; }
-
- private:
-  char* buf_;
-  size_t len_;
-  size_t received_ = 0;
-};
-
 Result<size_t> S3Backend::GetExact(const std::string& key, void* buf, size_t len) {
   RETURN_IF_ERROR(CheckKey(key));
-  ExactSink sink(static_cast<char*>(buf), len);
+  // No Range: a 200's whole body, of which RangeSink keeps no more than len bytes.
+  RangeSink sink(static_cast<char*>(buf), len, 0);
   S3Call call{.method = "GET", .key = FullKey(key), .sink = &sink};
   HttpResponse resp;
   RETURN_IF_ERROR(client_->Send(call, &resp));
   if (resp.status != 200) return client_->Error(call, resp);
-  if (sink.received() != resp.body_bytes) {
-    return Corrupt("S3 GET " + key + " (" + describe_ + "): " + std::to_string(sink.received()) +
-                   " bytes kept of " + std::to_string(resp.body_bytes) + " received");
+  if (sink.kept() != resp.body_bytes) {  // longer than len, or not all of it written
+    return Corrupt("S3 GET " + key + " (" + describe_ + "): " + std::to_string(resp.body_bytes) +
+                   " bytes received where an object of " + std::to_string(len) + " was expected");
   }
-  return sink.received();
+  return static_cast<size_t>(sink.kept());
 }
 
 Result<std::string> S3Backend::GetObject(const std::string& key) {

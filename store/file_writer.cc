@@ -290,43 +290,42 @@ void FileWriter::PlanAhead(uint64_t pos, const uint8_t* p, size_t avail) {
       part.ok = false;
     }
   };
-  // Parts 1.. on the pool, part 0 here; every part handed out is waited for, however this ends.
-  std::mutex mu;
-  std::condition_variable cv;
-  size_t left = 0;
-  struct WaitAll {
-    std::mutex& mu;
-    std::condition_variable& cv;
-    size_t& left;
-    ~WaitAll() {
-      std::unique_lock lock(mu);
-      cv.wait(lock, [&] { return left == 0; });
-    }
-  } wait_all{mu, cv, left};
-  size_t inline_from = n;
-  for (size_t k = 1; k < n; ++k) {
-    {
-      std::lock_guard lock(mu);
-      ++left;
-    }
-    try {
-      ahead_pool_->Submit([&, k] {
-        find(parts[k]);
-        std::lock_guard lock(mu);
-        if (--left == 0) cv.notify_all();
-      });
-    } catch (...) {
-      std::lock_guard lock(mu);
-      --left;
-      inline_from = k;  // not handed out: found here
-      break;
-    }
-  }
-  find(parts[0]);
-  for (size_t k = inline_from; k < n; ++k) find(parts[k]);
   {
-    std::unique_lock lock(mu);
-    cv.wait(lock, [&] { return left == 0; });
+    // Parts 1.. on the pool, part 0 here; every part handed out is waited for at the end of this
+    // block, however it ends.
+    std::mutex mu;
+    std::condition_variable cv;
+    size_t left = 0;
+    struct WaitAll {
+      std::mutex& mu;
+      std::condition_variable& cv;
+      size_t& left;
+      ~WaitAll() {
+        std::unique_lock lock(mu);
+        cv.wait(lock, [&] { return left == 0; });
+      }
+    } wait_all{mu, cv, left};
+    size_t inline_from = n;
+    for (size_t k = 1; k < n; ++k) {
+      {
+        std::lock_guard lock(mu);
+        ++left;
+      }
+      try {
+        ahead_pool_->Submit([&, k] {
+          find(parts[k]);
+          std::lock_guard lock(mu);
+          if (--left == 0) cv.notify_all();
+        });
+      } catch (...) {
+        std::lock_guard lock(mu);
+        --left;
+        inline_from = k;  // not handed out: found here
+        break;
+      }
+    }
+    find(parts[0]);
+    for (size_t k = inline_from; k < n; ++k) find(parts[k]);
   }
   // The list covers the parts up to the first with too many candidates (or no room for them).
   for (Part& part : parts) {

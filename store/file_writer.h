@@ -160,8 +160,6 @@ class FileWriter {
   Status Read(uint64_t offset, size_t len, std::vector<ReadSlice>* out);
   uint64_t size() const { return size_; }
 
-  // Chunks whatever is left and returns the manifest of the file's new bytes. The writer is spent
-  // afterwards. An error here or earlier is sticky: the new bytes cannot be committed.
   // A staging file (AdoptFile, or a writer moved to one) is cut with help: its content-defined
   // cut candidates are found ahead of the cutting thread in `parts` pieces at once, all but one on
   // `pool` (which must not wait on this writer). The chunks are the same either way.
@@ -171,6 +169,8 @@ class FileWriter {
   }
   // Chunks whose cut was read off candidates found ahead.
   uint64_t cuts_from_candidates() const { return ahead_cuts_; }
+  // Chunks whatever is left and returns the manifest of the file's new bytes. The writer is spent
+  // afterwards. An error here or earlier is sticky: the new bytes cannot be committed.
   Result<Manifest> Finish();
   // Chunks this writer put (some possibly no longer in its manifest). The store releases them.
   const std::vector<ChunkId>& held() const { return held_; }

@@ -158,7 +158,6 @@ Store::Store(Config cfg, std::unique_ptr<IoEngine> engine, std::unique_ptr<Chunk
       reorder_budget_(cfg_.write_memory_bytes / 2),
       put_copies_(kPutCopyLimit),
       cut_pool_(cfg_.cut_threads ? std::make_unique<ThreadPool>(cfg_.cut_threads) : nullptr),
-      cut_parts_(cfg_.cut_threads + 1),
       put_pool_(std::make_unique<ThreadPool>(cfg_.write_threads)),
       read_pool_(std::make_unique<ThreadPool>(cfg_.read_threads)),
       write_pool_(std::make_unique<ThreadPool>(cfg_.write_threads)),

@@ -661,7 +661,6 @@ class Store final : private ChunkSink {
   // cut_pool_: the threads that find a seal's cut candidates (FileWriter::CutAhead); joined last
   // (a seal waits for its parts before it ends).
   std::unique_ptr<ThreadPool> cut_pool_;
-  unsigned cut_parts_ = 1;
   std::unique_ptr<ThreadPool> put_pool_;
   std::unique_ptr<ThreadPool> read_pool_;
   std::unique_ptr<ThreadPool> write_pool_;

@@ -208,7 +208,7 @@ Status Store::EnsureWriter(uint64_t ino, OpenFile& f) {
   f.writer = std::make_unique<FileWriter>(std::move(base), static_cast<ChunkSink*>(this),
                                           cfg_.chunking, cfg_.reorder_bytes, &metrics_,
                                           scanners_, &reorder_budget_);
-  f.writer->CutAhead(cut_pool_.get(), cut_parts_);
+  f.writer->CutAhead(cut_pool_.get(), cfg_.cut_threads + 1);
   return Status::Ok();
 }
 

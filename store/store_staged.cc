@@ -328,7 +328,7 @@ Status Store::Seal(uint64_t ino, OpenFile& f, bool wait_release) {
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   FileWriter writer(Manifest(), static_cast<ChunkSink*>(this), cfg_.chunking, cfg_.reorder_bytes,
                     &metrics_, scanners_, &reorder_budget_);
-  writer.CutAhead(cut_pool_.get(), cut_parts_);
+  writer.CutAhead(cut_pool_.get(), cfg_.cut_threads + 1);
   // The writer reads the file with pread, data regions only (holes stay holes). A writer may
   // truncate it under the seal: a short read then fails the cut, and the epoch check below
   // discards it.

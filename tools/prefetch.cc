@@ -142,7 +142,7 @@ int Prefetch(const std::vector<std::string>& args) {
     }
     // The next look: after kPoll, or sooner when the rate so far says the rest lands sooner (a
     // script waiting on --wait goes on within ~10 ms of the last chunk, not up to kPoll late).
-    auto next = std::chrono::duration_cast<std::chrono::milliseconds>(kPoll);
+    auto next = kPoll;
     if (rate > 0) {
       const double left_ms = static_cast<double>(p->bytes - p->cached_bytes) / rate * 1000;
       if (left_ms < static_cast<double>(kPoll.count())) {
