@@ -648,6 +648,39 @@ Status ChunkCache::Sync() {
   return Status::Ok();
 }
 
+Status ChunkCache::SyncChunks(const std::vector<ChunkId>& ids) {
+  bool dirs[256] = {};
+  for (const ChunkId& id : ids) {
+    if (id.IsZero()) continue;
+    const std::string path = PathOf(id);
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      if (errno == ENOENT) continue;
+      return Status::FromErrno(errno, "open " + path);
+    }
+    const int rc = ::fsync(fd);
+    const int err = errno;
+    ::close(fd);
+    if (rc != 0) return Status::FromErrno(err, "fsync " + path);
+    uint8_t b[16];
+    id.ToBytes(b);
+    dirs[b[0]] = true;
+  }
+  char sub[8];
+  for (int i = 0; i < 256; ++i) {
+    if (!dirs[i]) continue;
+    std::snprintf(sub, sizeof(sub), "/%02x", i);
+    const std::string d = dir_ + sub;
+    const int fd = ::open(d.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return Status::FromErrno(errno, "open " + d);
+    const int rc = ::fsync(fd);
+    const int err = errno;
+    ::close(fd);
+    if (rc != 0) return Status::FromErrno(err, "fsync " + d);
+  }
+  return Status::Ok();
+}
+
 Status ChunkCache::ForEach(const std::function<void(const ChunkId&, uint64_t)>& fn) const {
   char sub[8];
   for (int i = 0; i < 256; ++i) {

@@ -153,6 +153,10 @@ class ChunkCache {
   Status Remove(const ChunkId& id);
   // Makes every chunk written so far durable (one syncfs over the tier's filesystem).
   Status Sync();
+  // Makes the files of chunks `ids` durable, and their names (an fsync of each file and of each
+  // directory holding one), leaving the rest of the filesystem's dirty pages alone. A chunk with
+  // no file here (evicted, or a hole's zero id) is skipped.
+  Status SyncChunks(const std::vector<ChunkId>& ids);
   // Calls fn for every chunk file on disk (recovery and garbage collection).
   Status ForEach(const std::function<void(const ChunkId&, uint64_t size)>& fn) const;
 

@@ -42,9 +42,10 @@ Status Config::Validate() {
     }
   }
   for (double t : {gc_window_s, sync_interval_s, remote_timeout_s, mount_timeout_s, attr_timeout_s,
-                   entry_timeout_s}) {
+                   entry_timeout_s, settle_interval_s}) {
     if (!std::isfinite(t)) return Invalid("times in seconds must be finite numbers");
   }
+  if (settle_interval_s < 0) return Invalid("settle_interval must be 0 or more seconds");
   if (!(gc_window_s > 0)) return Invalid("gc_window must be positive");
   if (upload_threads == 0 || upload_threads > 256) return Invalid("upload_threads must be 1..256");
   if (cache_bytes > 0 && cache_bytes < 4 * uint64_t{chunking.max_bytes}) {

@@ -102,6 +102,11 @@ struct Config {
   double remote_timeout_s = 600;
   // Seconds between two looks at what other nodes published to the backend (0: never).
   double sync_interval_s = 1.0;
+  // Seconds between two passes that make durable the newest versions of files closed without
+  // fsync (their chunk files are synced) and end the fallbacks kept for them (Store::Settle).
+  // A machine crash can take back at most this much of such saves. 0: only fsync and a clean
+  // stop do it.
+  double settle_interval_s = 5.0;
   // What the first open of a file whose chunks are off the local tier pulls in behind it
   // (fs/warm.cc): "checkpoint" (the whole checkpoint it belongs to: one job on one node reads
   // it all), "file" (the file alone: a node of a many-node job reads only its own ranks, and

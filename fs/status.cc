@@ -100,6 +100,7 @@ std::string StatusJson(Context& ctx) {
   out += ",\"write_queue\":{\"bytes\":" + Num(g.write_queue_bytes) +
          ",\"limit\":" + Num(g.write_queue_limit) + "}";
   out += ",\"open_files\":" + Num(g.open_files);
+  out += ",\"files_not_yet_durable\":" + Num(g.fallback_files);
   out += ",\"tiers\":[";
   for (size_t t = 0; t < g.tier_names.size(); ++t) {
     out += std::string(t ? "," : "") + "{\"tier\":" + Num(t + 1) +

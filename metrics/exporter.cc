@@ -126,6 +126,9 @@ std::vector<MetricFamily> Collect(Store* store) {
   gauge("ckptfs_put_copy_limit_bytes", "The limit of chunk copies on their way to the local tier.",
         g.put_copy_limit);
   gauge("ckptfs_open_files", "Files with open handles or uncommitted bytes.", g.open_files);
+  gauge("ckptfs_files_not_yet_durable",
+        "Files whose newest version, closed without fsync, is not yet synced (a fallback kept).",
+        g.fallback_files);
   gauge("ckptfs_view_plans", "View directories planned and held (until unmount).",
         metrics.view_plans.Get());
   out.push_back(Family("ckptfs_tier_ops_waiting",

@@ -10,10 +10,15 @@
 #include <utility>
 #include <vector>
 
+#include "store/meta_codec.h"
+
 namespace ckptfs {
 namespace {
 
-constexpr uint8_t kInodeVersion = 1;
+// Inode records: version 1 has 12 fields, or 13 when written by the binaries that added data_bytes
+// without a new version; version 2 has 13.
+constexpr uint8_t kInodeVersion = 2;
+constexpr std::string_view kFormatKey = "format";
 constexpr std::string_view kNextInoKey = "next_ino";
 constexpr std::string_view kNextRemoteOpKey = "next_remote_op";
 constexpr std::string_view kGcEpochKey = "gc_epoch";
@@ -32,21 +37,9 @@ Status LmdbError(int rc, const std::string& what) {
   return Status(code, what + ": " + mdb_strerror(rc));
 }
 
-void PutU64(std::string& out, uint64_t v) {
-  for (int i = 7; i >= 0; --i) out.push_back(static_cast<char>(v >> (8 * i)));
-}
-
-uint64_t GetU64(const char* p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v = (v << 8) | static_cast<uint8_t>(p[i]);
-  return v;
-}
-
-std::string InoKey(uint64_t ino) {
-  std::string k;
-  PutU64(k, ino);
-  return k;
-}
+using meta_codec::GetU64;
+using meta_codec::InoKey;
+using meta_codec::PutU64;
 
 std::string NameKey(uint64_t ino, std::string_view name) {
   std::string k = InoKey(ino);
@@ -70,12 +63,16 @@ std::string EncodeInode(const InodeRecord& r) {
 }
 
 Result<InodeRecord> DecodeInode(std::string_view b) {
-  // 12 fields, or 13 with data_bytes.
   const size_t fields = b.empty() ? 0 : (b.size() - 1) / 8;
-  if ((fields != 12 && fields != 13) || b.size() != 1 + fields * 8 ||
-      static_cast<uint8_t>(b[0]) != kInodeVersion) {
-    return Corrupt("inode record is damaged");
+  const uint8_t version = b.empty() ? 0 : static_cast<uint8_t>(b[0]);
+  if (version > kInodeVersion) {
+    return Status(Code::kUnsupported, "inode record version " + std::to_string(version) +
+                                          " is from a newer ckptfs (this binary reads up to " +
+                                          std::to_string(kInodeVersion) + ")");
   }
+  const bool known = (version == 1 && (fields == 12 || fields == 13)) ||
+                     (version == 2 && fields == 13);
+  if (!known || b.size() != 1 + fields * 8) return Corrupt("inode record is damaged");
   uint64_t f[13];
   for (size_t i = 0; i < fields; ++i) f[i] = GetU64(b.data() + 1 + 8 * i);
   if (fields == 12) f[12] = f[5];
@@ -160,11 +157,51 @@ Result<std::unique_ptr<MetaStore>> MetaStore::Open(const std::string& dir, uint6
     RETURN_IF_ERROR(open_new(t.first, t.second, &present));
     if (!present) s->has_remote_tables_ = false;
   }
+  {
+    bool present = false;
+    RETURN_IF_ERROR(open_new("fallbacks", &s->fallbacks_, &present));
+    s->has_fallbacks_ = present;
+  }
   for (int tier = 0; tier < kMaxTiers; ++tier) {
     bool ops = false, published = false;
     RETURN_IF_ERROR(open_new(TierKey("remote_ops", tier), &s->remote_ops_[tier], &ops));
     RETURN_IF_ERROR(open_new(TierKey("published", tier), &s->published_[tier], &published));
     s->has_tier_tables_[tier] = ops && published;
+  }
+  // The store's format: refused when newer than this binary, raised when older (every older
+  // format is read as it is).
+  MDB_val key = Val(kFormatKey), val;
+  rc = mdb_get(txn, s->meta_, &key, &val);
+  if (rc != 0 && rc != MDB_NOTFOUND) {
+    mdb_txn_abort(txn);
+    return LmdbError(rc, "reading the store's format");
+  }
+  uint64_t format = 1;  // stores made before the format was recorded
+  if (rc == 0) {
+    if (val.mv_size != 8) {
+      mdb_txn_abort(txn);
+      return Corrupt("the store's format record in " + dir + " is damaged");
+    }
+    format = GetU64(static_cast<const char*>(val.mv_data));
+  }
+  if (format > kStoreFormat) {
+    mdb_txn_abort(txn);
+    return Status(Code::kUnsupported,
+                  "the metadata in " + dir + " was written by ckptfs format " +
+                      std::to_string(format) + "; this binary reads up to format " +
+                      std::to_string(kStoreFormat) + " (use a newer ckptfs)");
+  }
+  s->format_ = format;
+  if (!read_only && format < kStoreFormat) {
+    std::string v;
+    PutU64(v, kStoreFormat);
+    MDB_val nv = Val(v);
+    rc = mdb_put(txn, s->meta_, &key, &nv, 0);
+    if (rc) {
+      mdb_txn_abort(txn);
+      return LmdbError(rc, "recording the store's format");
+    }
+    s->format_ = kStoreFormat;
   }
   rc = mdb_txn_commit(txn);
   if (rc) return LmdbError(rc, "mdb_txn_commit");

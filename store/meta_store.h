@@ -20,6 +20,10 @@
 //   remote_ops.T, published.T       the same for remote tier T (1..kMaxTiers-1) of the chain
 //   staged     ino                  -> StagedRecord  (bytes closed in a passthrough staging
 //                                      file and not yet cut into chunks; see store/staged.cc)
+//   fallbacks  ino                  -> FallbackRecord (the version a file goes back to after a
+//                                      machine crash if its newest did not reach the disk)
+// The meta table's "format" names the store's format (kStoreFormat): a binary refuses a store
+// of a newer format with that reason and raises an older one when it opens it for writing.
 //
 // A Txn is used by one thread from Begin to Commit/Abort. Write transactions are serialized by
 // LMDB itself; read transactions run concurrently with them and see a consistent snapshot.
@@ -87,6 +91,26 @@ struct StagedRecord {
   };
   std::string boot_id;   // the boot the bytes were written in (a non-durable record outlives
                          // a daemon crash, not a machine crash)
+};
+
+// The store format this binary writes. 1: stores made before the format was recorded; 2: inode
+// records of version 2, the fallbacks table.
+constexpr uint64_t kStoreFormat = 2;
+
+// A file whose newest version may not be on the disk yet (committed without fsync, or renamed
+// over another file while its bytes are only staged), with the last version of it that is: after
+// a machine crash, recovery serves this one when a chunk of the newest is lost or damaged
+// (Store::Recover). The record holds a reference on each chunk of its manifest. It goes once
+// the newest version's chunks are synced (Store::Settle), by fsync, or with the file.
+struct FallbackRecord {
+  Manifest manifest;     // the durable version's bytes (empty when `absent`)
+  int64_t mtime_ns = 0;  // and its modification time
+  bool absent = false;   // the file had no durable version: recovery removes it
+  // The newest version is a staged record (a rename put it in place of the durable one): when
+  // recovery drops that record, the file falls back whatever its manifest holds.
+  bool staged = false;
+  uint64_t touch = 0;    // a new value whenever the record or what it covers changes
+  std::string boot_id;   // the boot that made the newest version (page cache lost with it)
 };
 
 // Remote tiers a store writes back to, nearest first (`--backend` given more than once).
@@ -208,6 +232,12 @@ class MetaStore {
     Status DelStaged(uint64_t ino);
     Status ForEachStaged(const std::function<void(uint64_t, const StagedRecord&)>& fn);
 
+    Result<std::optional<FallbackRecord>> GetFallback(uint64_t ino);
+    Status PutFallback(uint64_t ino, const FallbackRecord& r);
+    Status DelFallback(uint64_t ino);  // Ok when none
+    // fn(ino, record) for every fallback, in inode order. Stops at the first damaged record.
+    Status ForEachFallback(const std::function<void(uint64_t, const FallbackRecord&)>& fn);
+
     Status AddOrphan(uint64_t ino);
     Status DelOrphan(uint64_t ino);
     // A file made by create(2): until ClearUnborn (its first commit or close), a restart removes
@@ -243,12 +273,17 @@ class MetaStore {
   int remote_tiers() const { return tiers_; }
   // Makes every committed transaction durable (the meta page included).
   Status Sync();
+  // The format of the store as opened (kStoreFormat once opened for writing).
+  uint64_t format() const { return format_; }
 
  private:
   MetaStore() = default;
   MDB_env* env_ = nullptr;
   MDB_dbi inodes_ = 0, dentries_ = 0, dircookies_ = 0, manifests_ = 0, symlinks_ = 0,
           xattrs_ = 0, chunks_ = 0, orphans_ = 0, meta_ = 0, parents_ = 0, staged_ = 0;
+  MDB_dbi fallbacks_ = 0;
+  bool has_fallbacks_ = false;  // false: a read-only open of a store made before format 2
+  uint64_t format_ = kStoreFormat;
   MDB_dbi remote_ops_[kMaxTiers] = {}, published_[kMaxTiers] = {};
   bool has_tier_tables_[kMaxTiers] = {};  // false: a read-only open of an older store
   int tiers_ = 0;

@@ -139,6 +139,7 @@ Result<std::unique_ptr<Store>> Store::Open(const Config& cfg, PayloadScannerFact
   }
   for (uint64_t ino : s->resume_seals_) s->ScheduleSeal(ino);
   s->resume_seals_.clear();
+  if (cfg.settle_interval_s > 0) s->settle_thread_ = std::thread([p = s.get()] { p->SettleLoop(); });
   std::string pid = std::to_string(::getpid()) + "\n";
   if (::ftruncate(lock_fd, 0) == 0) {
     [[maybe_unused]] ssize_t n = ::pwrite(lock_fd, pid.data(), pid.size(), 0);
@@ -154,6 +155,7 @@ Store::Store(Config cfg, std::unique_ptr<IoEngine> engine, std::unique_ptr<Chunk
       cache_(std::move(cache)),
       meta_(std::move(meta)),
       lock_fd_(lock_fd),
+      fallback_touch_(static_cast<uint64_t>(NowNs())),
       queue_budget_(cfg_.write_memory_bytes / 2),
       reorder_budget_(cfg_.write_memory_bytes / 2),
       put_copies_(kPutCopyLimit),
@@ -179,6 +181,7 @@ Store::Gauges Store::gauges() {
     g.open_files = files_.size();
   }
   if (auto txn = meta_->Begin(false); txn.ok()) {
+    (void)txn->ForEachFallback([&](uint64_t, const FallbackRecord&) { ++g.fallback_files; });
     for (const auto& r : remotes_) {
       auto n = txn->CountRemoteOps(r->tier());
       g.ops_waiting.push_back(n.ok() ? *n : 0);
@@ -240,8 +243,10 @@ Status Store::Recover(bool clean) {
     }
     RETURN_IF_ERROR(txn.DelOrphan(ino));
   }
-  // Staged files (store_staged.cc): sealed once the store is open.
-  ASSIGN_OR_RETURN(resume_seals_, RecoverStaged(txn, &freed));
+  // Files whose newest version a machine crash may have lost (store_fallback.cc), then staged
+  // files (store_staged.cc), sealed once the store is open.
+  RETURN_IF_ERROR(RecoverFallbacks(txn, clean, &freed));
+  ASSIGN_OR_RETURN(resume_seals_, RecoverStaged(txn, clean, &freed));
   std::unordered_map<ChunkId, uint64_t, ChunkIdHash> referenced;
   if (!clean) {
     RETURN_IF_ERROR(txn.ForEachChunk(
@@ -282,6 +287,14 @@ Status Store::Close() {
   }
   seals_stopped_ = true;
   seal_pool_.reset();
+  if (settle_thread_.joinable()) {  // the final syncs below make every version durable
+    {
+      std::lock_guard lock(settle_mu_);
+      settle_stop_ = true;
+    }
+    settle_cv_.notify_all();
+    settle_thread_.join();
+  }
   {
     // Restores queued and not begun are dropped (a later read asks again); the one running ends
     // first. Reset outside the lock: a task takes it as it ends.
@@ -498,6 +511,7 @@ Status Store::DeleteInode(MetaStore::Txn& txn, const InodeRecord& rec,
   ASSIGN_OR_RETURN(auto m, txn.GetManifest(rec.ino));
   if (m) RETURN_IF_ERROR(AddManifestRefs(txn, *m, -1, freed));
   RETURN_IF_ERROR(txn.DelManifest(rec.ino));
+  RETURN_IF_ERROR(DropFallback(txn, rec.ino, freed));
   // Bytes staged and not sealed go with it (nothing has the file open: no handle uses them).
   ASSIGN_OR_RETURN(auto staged, txn.GetStaged(rec.ino));
   if (staged) {

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <cstdint>
@@ -193,6 +194,12 @@ class Store final : private ChunkSink {
   Status SealAll();
   // Flush, and makes the file's committed bytes durable (fsync(2)).
   Status Fsync(uint64_t ino, uint64_t fh = 0);
+  // Makes durable the newest version of every file committed without fsync (an fsync of each of
+  // its chunk files, not of the whole disk), and drops the fallbacks that covered them. A thread
+  // does it every settle_interval; tests call it directly. After a machine crash a file reads as
+  // its newest version whose chunks are whole, or as the one before it that was durable (a
+  // version closed since then may be lost, never torn or unreadable).
+  Status Settle();
 
   // --- the remote tier ---
   // "local" (no backend, or bytes not committed yet), "uploading" (committed, a remote tier
@@ -329,6 +336,8 @@ class Store final : private ChunkSink {
     uint64_t put_copy_bytes = 0, put_copy_limit = 0, put_copy_peak = 0;
     uint64_t put_flights = 0;  // chunks with puts on their way (others of the same chunk join them)
     uint64_t open_files = 0;
+    // Files whose newest version is not yet known durable (a fallback kept; Settle ends them).
+    uint64_t fallback_files = 0;
     std::vector<uint64_t> ops_waiting;  // per remote tier, nearest first: files and names to publish
     std::vector<std::string> tier_names;   // per remote tier: where it is (Backend::Describe)
     // Per remote tier: the error its write-back is retrying ("" when none: not failing).
@@ -527,12 +536,41 @@ class Store final : private ChunkSink {
   Status Seal(uint64_t ino, OpenFile& f, bool wait_release = false);
   // At open: drops staged records whose bytes did not survive (see StagedRecord) and returns
   // the inodes whose staged bytes are to be sealed. REQUIRES: inside txn, ns_mu_ held.
-  Result<std::vector<uint64_t>> RecoverStaged(MetaStore::Txn& txn, std::vector<ChunkId>* freed);
+  // `clean`: the last stop was clean (it synced every staging file).
+  Result<std::vector<uint64_t>> RecoverStaged(MetaStore::Txn& txn, bool clean,
+                                              std::vector<ChunkId>* freed);
   std::string StagePath(const std::string& name) const;
   // The commit's metadata: m replaces ino's manifest (mtime, a new generation), its staged
   // record and new-file mark go, and the backend is told. REQUIRES: ns_mu_ held, inside txn.
+  // `durable`: m's chunks are synced (fsync), so the file needs no fallback (its own goes).
   Status CommitManifestTxn(MetaStore::Txn& txn, uint64_t ino, const Manifest& m, int64_t mtime,
-                           std::vector<ChunkId>* freed);
+                           bool durable, std::vector<ChunkId>* freed);
+  // Fallbacks (store_fallback.cc; see FallbackRecord): what a file goes back to after a machine
+  // crash when its newest version did not reach the disk.
+  // REQUIRES: ns_mu_ held, inside txn. A commit replaces `old` (rec: the inode before it): a
+  // non-durable one keeps `old` as the file's fallback unless it has one already (true: old's
+  // references now belong to the fallback); a durable one drops the fallback.
+  Result<bool> CoverWithFallback(MetaStore::Txn& txn, const InodeRecord& rec,
+                                 const std::optional<Manifest>& old, bool durable,
+                                 std::vector<ChunkId>* freed);
+  // REQUIRES: ns_mu_ held, inside txn. A rename puts `src` in place of `dst` (a regular file
+  // about to lose that name): when src's newest version may not be durable (a fallback, or a
+  // staged record without fsync), src's fallback becomes dst's last durable version.
+  Status FallBackToReplaced(MetaStore::Txn& txn, const InodeRecord& src, const InodeRecord& dst,
+                            std::vector<ChunkId>* freed);
+  // REQUIRES: inside txn. Drops ino's fallback and its references.
+  Status DropFallback(MetaStore::Txn& txn, uint64_t ino, std::vector<ChunkId>* freed);
+  // At open, before RecoverStaged (REQUIRES: ns_mu_ held, inside txn): after a clean stop every
+  // fallback goes (all was synced); after a crash of this boot they stay (the page cache kept
+  // the bytes; Settle ends them); after a machine crash each file whose newest version lost a
+  // chunk goes back to its fallback, the others keep what they have.
+  Status RecoverFallbacks(MetaStore::Txn& txn, bool clean, std::vector<ChunkId>* freed);
+  // Drops the fallbacks in `covered` (ino, touch) still as they were, whose newest versions
+  // were synced since they were read.
+  Status DropSettled(const std::vector<std::pair<uint64_t, uint64_t>>& covered);
+  // The settle thread's loop: Settle every settle_interval until Close.
+  void SettleLoop();
+  uint64_t NextTouch() { return fallback_touch_.fetch_add(1) + 1; }
 
   // REQUIRES: f.mu held, f's queue drained. Commits f's writer, if any. durable: sync chunks
   // before, metadata after.
@@ -601,6 +639,13 @@ class Store final : private ChunkSink {
   std::unique_ptr<MetaStore> meta_;
   int lock_fd_;
   bool closed_ = false;
+  // Fallback touches: unique across the daemons that use this store (seeded by the clock).
+  std::atomic<uint64_t> fallback_touch_;
+  // The settle thread (SettleLoop).
+  std::thread settle_thread_;
+  std::mutex settle_mu_;
+  std::condition_variable settle_cv_;
+  bool settle_stop_ = false;  // guarded by settle_mu_
 
   std::mutex ns_mu_;
   std::mutex files_mu_;

@@ -459,8 +459,14 @@ Status Store::Fsync(uint64_t ino, uint64_t fh) {
   }
   // A new file fsync'd with nothing written is kept too.
   if (auto f = FindFile(ino)) RETURN_IF_ERROR(KeepCreated(ino, *f));
-  // A file committed earlier by close(2) is made durable here too.
+  // A file committed earlier by close(2) is made durable here too, and needs no fallback.
+  std::optional<FallbackRecord> fb;
+  {
+    ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
+    ASSIGN_OR_RETURN(fb, txn.GetFallback(ino));
+  }
   RETURN_IF_ERROR(cache_->Sync());
+  if (fb) RETURN_IF_ERROR(DropSettled({{ino, fb->touch}}));
   RETURN_IF_ERROR(meta_->Sync());
   // durability=remote: fsync returns once the tiers named by durability_tier (default: every
   // tier) hold the committed version.
@@ -523,7 +529,7 @@ Status Store::Commit(uint64_t ino, OpenFile& f, bool durable) {
     std::lock_guard lock(ns_mu_);
     st = [&]() -> Status {
       ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
-      RETURN_IF_ERROR(CommitManifestTxn(txn, ino, *finished, mtime, &freed));
+      RETURN_IF_ERROR(CommitManifestTxn(txn, ino, *finished, mtime, durable, &freed));
       return txn.Commit();
     }();
     if (st.ok()) f.unborn = false;
@@ -563,11 +569,14 @@ Status Store::Commit(uint64_t ino, OpenFile& f, bool durable) {
 }
 
 Status Store::CommitManifestTxn(MetaStore::Txn& txn, uint64_t ino, const Manifest& m,
-                                int64_t mtime, std::vector<ChunkId>* freed) {
+                                int64_t mtime, bool durable, std::vector<ChunkId>* freed) {
   ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(ino));
   ASSIGN_OR_RETURN(auto old, txn.GetManifest(ino));
   RETURN_IF_ERROR(AddManifestRefs(txn, m, +1, nullptr));
-  if (old) RETURN_IF_ERROR(AddManifestRefs(txn, *old, -1, freed));
+  // The version replaced becomes the file's fallback when it is the last durable one; its
+  // references then move to the fallback record.
+  ASSIGN_OR_RETURN(bool kept, CoverWithFallback(txn, rec, old, durable, freed));
+  if (old && !kept) RETURN_IF_ERROR(AddManifestRefs(txn, *old, -1, freed));
   RETURN_IF_ERROR(txn.PutManifest(ino, m));
   rec.size = m.size();
   rec.data_bytes = m.DataBytes();

@@ -89,6 +89,12 @@ Result<Store::FsckReport> Store::Fsck(uint64_t ino, const FsckOptions& options) 
           if (!e.hole()) ++counted[e.id];
         }
       }));
+      // Fallbacks (versions kept until a newer one is durable) hold references too.
+      RETURN_IF_ERROR(txn.ForEachFallback([&](uint64_t, const FallbackRecord& fb) {
+        for (const Extent& e : fb.manifest.extents()) {
+          if (!e.hole()) ++counted[e.id];
+        }
+      }));
       RETURN_IF_ERROR(txn.ForEachChunk([&](const ChunkId& id, const ChunkRecord& rec) {
         auto it = counted.find(id);
         const uint64_t want = it == counted.end() ? 0 : it->second;

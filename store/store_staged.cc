@@ -344,24 +344,30 @@ Status Store::Seal(uint64_t ino, OpenFile& f, bool wait_release) {
       return Status::Ok();  // written again meanwhile: the next seal cuts the new bytes
     }
     RETURN_IF_ERROR(finished.status());
-    // fsync'd bytes (the record may have become durable since the seal began) stay durable:
-    // chunks before the commit, the commit before the staging file goes below.
-    bool durable;
-    {
-      ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
-      ASSIGN_OR_RETURN(auto now, txn.GetStaged(ino));
-      if (!now || now->name != rec->name) return Status::Ok();  // unlinked, or staged anew
-      durable = now->durable;
-    }
-    if (durable) RETURN_IF_ERROR(cache_->Sync());
-    {
+    // fsync'd bytes stay durable: their chunks are synced before the commit, and the commit
+    // before the staging file goes below. The record may become durable while the chunks are
+    // not synced yet: then they are synced and the commit tried again.
+    bool synced = false;
+    for (bool durable = rec->durable;;) {
+      if (durable && !synced) {
+        std::vector<ChunkId> ids;
+        for (const Extent& e : finished->extents()) ids.push_back(e.id);
+        RETURN_IF_ERROR(cache_->SyncChunks(ids));
+        synced = true;
+      }
       std::lock_guard ns(ns_mu_);
       ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
       ASSIGN_OR_RETURN(auto now, txn.GetStaged(ino));
-      if (!now || now->name != rec->name) return Status::Ok();
-      RETURN_IF_ERROR(CommitManifestTxn(txn, ino, *finished, now->mtime_ns, &freed));
+      if (!now || now->name != rec->name) return Status::Ok();  // unlinked, or staged anew
+      if (now->durable && !synced) {
+        durable = true;
+        continue;
+      }
+      RETURN_IF_ERROR(CommitManifestTxn(txn, ino, *finished, now->mtime_ns, synced, &freed));
       RETURN_IF_ERROR(txn.Commit());
+      break;
     }
+    const bool durable = synced;
     if (durable) RETURN_IF_ERROR(meta_->Sync());
     f.manifest = std::make_shared<const Manifest>(std::move(*finished));
     {
@@ -451,7 +457,7 @@ Status Store::LoadStage(uint64_t ino, OpenFile& f) {
   return Status::Ok();
 }
 
-Result<std::vector<uint64_t>> Store::RecoverStaged(MetaStore::Txn& txn,
+Result<std::vector<uint64_t>> Store::RecoverStaged(MetaStore::Txn& txn, bool clean,
                                                    std::vector<ChunkId>* freed) {
   std::vector<std::pair<uint64_t, StagedRecord>> staged;
   RETURN_IF_ERROR(txn.ForEachStaged(
@@ -462,7 +468,8 @@ Result<std::vector<uint64_t>> Store::RecoverStaged(MetaStore::Txn& txn,
     struct stat st;
     const bool present = ::stat(StagePath(r.name).c_str(), &st) == 0 &&
                          static_cast<uint64_t>(st.st_size) == r.size;
-    const bool survived = present && (r.durable || r.boot_id == boot_id_);
+    // A clean stop synced every staging file: their bytes outlive a reboot after it.
+    const bool survived = present && (r.durable || r.boot_id == boot_id_ || clean);
     auto rec = txn.GetInode(ino);
     if (survived && rec.ok()) {
       kept.insert(r.name);

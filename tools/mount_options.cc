@@ -136,6 +136,7 @@ Status ApplyOption(const std::string& opt, Config& cfg, GivenKeys& given, int de
     if (key == "upload_threads") return (cfg.upload_threads = std::stoul(val)), Status::Ok();
     if (key == "remote_timeout") return (cfg.remote_timeout_s = std::stod(val)), Status::Ok();
     if (key == "sync_interval") return (cfg.sync_interval_s = std::stod(val)), Status::Ok();
+    if (key == "settle_interval") return (cfg.settle_interval_s = std::stod(val)), Status::Ok();
     if (key == "warm") {
       if (val != "checkpoint" && val != "file" && val != "off") {
         return Invalid("warm must be checkpoint, file or off");

@@ -70,6 +70,8 @@ void PrintHuman(const json::Value& st) {
               HumanBytes(static_cast<double>(Int(queue, "bytes"))).c_str(),
               HumanBytes(static_cast<double>(Int(queue, "limit"))).c_str(),
               static_cast<long long>(Int(st, "open_files")));
+  std::printf("files closed without fsync and not yet durable: %lld\n",
+              static_cast<long long>(Int(st, "files_not_yet_durable")));
   const json::Value* tiers = st.Find("tiers");
   const json::Array none;
   const json::Array& tier_list = tiers && tiers->is_array() ? tiers->as_array() : none;

@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -60,6 +62,14 @@ class StoreFixture : public ::testing::Test {
     }
     ASSERT_TRUE(store_->Flush(ino).ok());
     ASSERT_TRUE(store_->Release(ino).ok());
+  }
+
+  // A new file in `parent` holding `data`, fsync'd (durable: no fallback).
+  InodeRecord DurableFile(uint64_t parent, const std::string& name, const Bytes& data) {
+    InodeRecord f = File(parent, name);
+    WriteFile(f.ino, data);
+    EXPECT_TRUE(store_->Fsync(f.ino).ok());
+    return f;
   }
 
   // Reads through a handle that is already open.
@@ -115,6 +125,31 @@ class StoreFixture : public ::testing::Test {
     return names;
   }
 
+  // A crash, as a unit test can show one: the cache directory as it is now (the store open),
+  // less what `lose` takes from it (what had not reached the disk), opens in another boot (or in
+  // this one: a daemon crash).
+  void Crash(const std::function<void(const std::string& cache)>& lose,
+             const std::string& boot = "after-the-crash") {
+    namespace fs = std::filesystem;
+    const fs::path copy = dir_.Sub("crash" + std::to_string(++crashes_));
+    for (const auto& e : fs::recursive_directory_iterator(cfg_.cache_dir)) {
+      const fs::path rel = fs::relative(e.path(), cfg_.cache_dir);
+      if (rel.filename() == "lock.mdb") continue;  // LMDB's reader table: made anew
+      if (e.is_directory()) {
+        fs::create_directories(copy / rel);
+      } else {
+        fs::create_directories((copy / rel).parent_path());
+        fs::copy_file(e.path(), copy / rel);
+      }
+    }
+    store_.reset();
+    cfg_.cache_dir = copy.string();
+    if (lose) lose(copy.string());
+    ::setenv("CKPTFS_BOOT_ID", boot.c_str(), 1);
+    Reopen();
+    ::unsetenv("CKPTFS_BOOT_ID");
+  }
+
   uint32_t Nlink(uint64_t ino) {
     auto r = store_->GetAttr(ino);
     EXPECT_TRUE(r.ok());
@@ -125,6 +160,7 @@ class StoreFixture : public ::testing::Test {
   Config cfg_;
   Caller who_{1000, 100};
   std::unique_ptr<Store> store_;
+  int crashes_ = 0;
 };
 
 }  // namespace ckptfs::test

@@ -299,11 +299,10 @@ TEST_F(StoreStagedTest, AStagedFileUnlinkedBeforeItsSealLeavesNothing) {
 }
 
 TEST_F(StoreStagedTest, AStagedRecordFromAnotherBootSurvivesOnlyIfFsynced) {
-  // Two files staged and not sealed: one closed, one fsync'd. The store stops before sealing
-  // them (an open reader keeps neither from its seal, so seals are stopped by the close).
+  // Two files staged and not sealed: one closed, one fsync'd, both still open for writing (no
+  // seal runs). The machine then stops.
   const Bytes old = test::RandomBytes(400000, 7);
-  InodeRecord kept = File(kRootIno, "kept");
-  WriteFile(kept.ino, old);
+  InodeRecord kept = DurableFile(kRootIno, "kept", old);
   uint64_t fh1 = 0, fh2 = 0;
   int fd1 = -1, fd2 = -1;
   ASSERT_TRUE(store_->Open(kept.ino, true, &fh1, nullptr, true, &fd1).ok());
@@ -314,15 +313,65 @@ TEST_F(StoreStagedTest, AStagedRecordFromAnotherBootSurvivesOnlyIfFsynced) {
   ASSERT_EQ(::pwrite(fd2, b.data(), b.size(), 0), static_cast<ssize_t>(b.size()));
   ASSERT_TRUE(store_->Flush(kept.ino, fh1).ok());
   ASSERT_TRUE(store_->Fsync(synced->ino, fh2).ok());
-  // Still open for writing: no seal runs. The close of the store records them as they are.
-  ::setenv("CKPTFS_BOOT_ID", "another-boot", 1);
-  Reopen();
-  ::unsetenv("CKPTFS_BOOT_ID");
+  Crash(nullptr);
   // The closed one's bytes may not have reached the disk in another boot: its previous
   // version stands. The fsync'd one is there.
   EXPECT_TRUE(ReadFile(kept.ino) == old);
   EXPECT_TRUE(ReadFile(synced->ino) == b);
   EXPECT_EQ(StagingFiles(), 0u);
+}
+
+TEST_F(StoreStagedTest, StagedBytesOutliveARebootAfterACleanStop) {
+  // A clean stop syncs every staging file: bytes closed without fsync and not yet sealed are
+  // there after a reboot, and sealed then.
+  InodeRecord f = File(kRootIno, "f");
+  WriteFile(f.ino, test::RandomBytes(400000, 10));
+  uint64_t fh = 0;
+  int fd = -1;
+  ASSERT_TRUE(store_->Open(f.ino, true, &fh, nullptr, true, &fd).ok());
+  const Bytes now = test::RandomBytes(300000, 11);
+  ASSERT_EQ(::pwrite(fd, now.data(), now.size(), 0), static_cast<ssize_t>(now.size()));
+  ASSERT_TRUE(store_->Flush(f.ino, fh).ok());
+  ::setenv("CKPTFS_BOOT_ID", "after-a-reboot", 1);
+  Reopen();
+  ::unsetenv("CKPTFS_BOOT_ID");
+  ASSERT_TRUE(store_->SealAll().ok());
+  EXPECT_TRUE(ReadFile(f.ino) == now);
+  EXPECT_EQ(StagingFiles(), 0u);
+}
+
+TEST_F(StoreStagedTest, AStagedFileRenamedOverAnotherFallsBackToItAfterAMachineCrash) {
+  // torch.save to a temporary name, then rename over the checkpoint: the staged bytes never
+  // reached the disk, and the checkpoint reads as it was, not empty or absent.
+  const Bytes v1 = test::RandomBytes(500000, 12);
+  DurableFile(kRootIno, "model.pt", v1);
+  uint64_t fh = 0;
+  int fd = -1;
+  auto tmp = store_->CreateFile(kRootIno, "model.pt.tmp", 0644, who_, &fh, nullptr, &fd);
+  ASSERT_TRUE(tmp.ok());
+  const Bytes v2 = test::RandomBytes(400000, 13);
+  ASSERT_EQ(::pwrite(fd, v2.data(), v2.size(), 0), static_cast<ssize_t>(v2.size()));
+  ASSERT_TRUE(store_->Flush(tmp->ino, fh).ok());  // still open: not sealed
+  ASSERT_TRUE(store_->Rename(kRootIno, "model.pt.tmp", kRootIno, "model.pt", 0).ok());
+  EXPECT_EQ(store_->gauges().fallback_files, 1u);
+  Crash(nullptr);
+  auto now = store_->Lookup(kRootIno, "model.pt");
+  ASSERT_TRUE(now.ok());
+  EXPECT_TRUE(ReadFile(now->ino) == v1);
+  EXPECT_EQ(store_->gauges().fallback_files, 0u);
+  EXPECT_EQ(StagingFiles(), 0u);
+}
+
+TEST_F(StoreStagedTest, AStagedFileRenamedOverAnotherIsKeptOnceSealedAndSettled) {
+  const Bytes v1 = test::RandomBytes(500000, 14), v2 = test::RandomBytes(400000, 15);
+  DurableFile(kRootIno, "model.pt", v1);
+  const uint64_t tmp = CreateStaged("model.pt.tmp", v2);
+  ASSERT_TRUE(store_->Rename(kRootIno, "model.pt.tmp", kRootIno, "model.pt", 0).ok());
+  ASSERT_TRUE(store_->SealAll().ok());
+  ASSERT_TRUE(store_->Settle().ok());
+  EXPECT_EQ(store_->gauges().fallback_files, 0u);
+  Crash(nullptr);
+  EXPECT_TRUE(ReadFile(tmp) == v2);
 }
 
 }  // namespace
