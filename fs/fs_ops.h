@@ -36,6 +36,9 @@ struct Context {
   std::chrono::system_clock::time_point started = std::chrono::system_clock::now();
   std::chrono::steady_clock::time_point started_steady = std::chrono::steady_clock::now();
   std::string passthrough_mode;  // what Init decided, and why (the mount log's words)
+  // Tests only ($CKPTFS_TEST_RELEASE_DELAY_MS): how long a release waits before it reaches the
+  // store, so that a test can open a file between a writer's close(2) and its release.
+  std::chrono::milliseconds release_delay{0};
 };
 
 // user.ckptfs.status on the mount's root: the daemon's state as JSON (`ckptfs status`).

@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -106,6 +107,10 @@ Status ServeMount(Store* store, const Config& cfg, const std::function<void()>& 
                                   reshard::HfOptions{cfg.view_hf_shard_bytes});
   if (!views.ok()) return views.status();
   fs::Context ctx{store, cfg, GetLogger("fs"), fs::NewFileInfoCache(), *views};
+  if (const char* ms = std::getenv("CKPTFS_TEST_RELEASE_DELAY_MS"); ms && *ms) {
+    ctx.release_delay = std::chrono::milliseconds(std::atol(ms));
+    ctx.log->warn("tests: every release waits {} ms", ctx.release_delay.count());
+  }
   fuse_lowlevel_ops ops{};
   ops.init = Init;
   fs::AddEntryOps(&ops);

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 #include <sys/uio.h>
 
+#include <thread>
 #include <vector>
 
 #include "fs/fs_ops.h"
@@ -176,6 +177,7 @@ void Flush(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
 
 void Release(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   if (IsViewIno(ino)) return static_cast<void>(fuse_reply_err(req, 0));
+  if (Ctx(req).release_delay.count() > 0) std::this_thread::sleep_for(Ctx(req).release_delay);
   Ctx(req).backing.Release(req, fi->fh);  // before the store may close the staging file
   Status st = Ctx(req).store->Release(ino, fi->fh);
   if (!st.ok()) return ReplyError(req, st, "release", ino);

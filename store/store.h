@@ -404,7 +404,9 @@ class Store final : private ChunkSink {
       bool durable = false;   // fsync recorded it: its later records are made durable too
       std::string replaces;   // the staging file of the version it replaces, removed at its commit
       StagedRecord::Stamp stamp;  // the file as last recorded
-      Status failed;  // a close refused this session's bytes (no room): later commits fail too
+      // A close refused this session's bytes (no room, or their commit failed): later commits
+      // fail too, and no reader is served them.
+      Status failed;
       uint64_t epoch = 0;     // bumped by every writable open and truncate: a seal started
                               // before it is stale
     };
@@ -514,6 +516,11 @@ class Store final : private ChunkSink {
   Status StageCommit(uint64_t ino, OpenFile& f, bool durable);
   // Release of a handle served by passthrough; false when fh is not one.
   Result<bool> ReleaseStaged(uint64_t ino, OpenFile& f, uint64_t fh);
+  // REQUIRES: lock holds f.mu. Before a reader is served from f's staging file: when a commit of
+  // its bytes failed (Stage::failed) and writers still hold it, waits for their releases (up to
+  // kReleaseWait), which drop those bytes, so that the reader gets the committed version; kIo
+  // if they are still held then.
+  Status WaitFailedRelease(uint64_t ino, OpenFile& f, std::unique_lock<std::mutex>& lock);
   // REQUIRES: f.mu held. Sets or clears f.writing_fd as f's stage has writers or not.
   static void TrackWriters(OpenFile& f);
   // REQUIRES: f.mu held. Opens the staging file of ino's staged record into f.stage, unless

@@ -101,7 +101,8 @@ Status Store::Open(uint64_t ino, bool truncate, uint64_t* fh, bool* keep_cache, 
   const uint64_t handle = next_fh_++;
   bool seal_first = false;
   Status st = [&]() -> Status {
-    std::lock_guard lock(f->mu);  // no commit of this file runs meanwhile
+    std::unique_lock lock(f->mu);  // no commit of this file runs meanwhile
+    if (passthrough_fd && !write && !truncate) RETURN_IF_ERROR(WaitFailedRelease(ino, *f, lock));
     ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
     ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(ino));
     if (S_ISDIR(rec.mode)) return Status(Code::kIsDir, "open of a directory as a file");
@@ -430,9 +431,8 @@ Status Store::Flush(uint64_t ino, uint64_t fh) {
     std::lock_guard lock(f->mu);
     if (f->stage && fh != 0 && f->stage->handles.count(fh)) {
       if (!f->stage->handles[fh]) return Status::Ok();
-      RETURN_IF_ERROR(StageCommit(ino, *f, false));
-      f->stage->closed.insert(fh);
-      return Status::Ok();
+      f->stage->closed.insert(fh);  // closed, whether its bytes commit or not
+      return StageCommit(ino, *f, false);
     }
   }
   if (InSession(*f, fh)) {

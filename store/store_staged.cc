@@ -131,6 +131,19 @@ Result<Store::StagedOpen> Store::OpenStaged(uint64_t ino, OpenFile& f, bool writ
   return StagedOpen::kYes;
 }
 
+Status Store::WaitFailedRelease(uint64_t ino, OpenFile& f, std::unique_lock<std::mutex>& lock) {
+  // A staging file whose session failed, still held by writer handles: the kernel serves every
+  // open of the inode from it, and it holds bytes that are not the file's.
+  auto held_failed = [&] { return f.stage && !f.stage->failed.ok() && f.stage->writers > 0; };
+  if (!held_failed()) return Status::Ok();
+  // Their close has failed and their release is on its way (the kernel sends it after close(2)
+  // returns): it drops those bytes.
+  f.released.wait_for(lock, kReleaseWait, [&] { return !held_failed(); });
+  if (!held_failed()) return Status::Ok();
+  return Status(Code::kIo, "inode " + std::to_string(ino) +
+                               ": a writer whose bytes could not be committed still has it open");
+}
+
 void Store::TrackWriters(OpenFile& f) {
   const bool writing = f.stage && f.stage->writers > 0;
   {
@@ -199,6 +212,9 @@ Status Store::StageCommit(uint64_t ino, OpenFile& f, bool durable) {
   }();
   if (!committed.ok()) {
     log_->error("inode {}: its new bytes could not be committed: {}", ino, committed.ToString());
+    // The close that reported this failed: these bytes are never the file's, not even if a
+    // later commit (the release's) would succeed. No reader is served them (WaitFailedRelease).
+    s.failed = committed;
     return committed;
   }
   s.recorded = true;

@@ -304,6 +304,35 @@ def test_chunk_write_errors_during_a_seal_lose_nothing(make_mount):
     assert not os.listdir(m.cache / "passthrough")
 
 
+@pytest.mark.timeout(120)
+def test_a_reader_between_a_failed_close_and_its_release_gets_the_previous_version(
+        make_mount, workdir):
+    # The kernel sends a passthrough writer's release after its close(2) has returned; here it
+    # reaches the store a second later, and a reader opens the file in between.
+    trigger = workdir / "lmdb-fails"
+    m = make_mount(options="passthrough=1",
+                   env={"LD_PRELOAD": str(lmdb_fault_shim()),
+                        "CKPTFS_TEST_LMDB_FAULT": str(trigger),
+                        "CKPTFS_TEST_RELEASE_DELAY_MS": "1000"})
+    assert "passthrough on" in m.log()
+    old = rand_bytes(3 * MiB, 53)
+    write_file(m / "ckpt.pt", old)
+    m.stats()  # sealed: no commit of it is left
+    trigger.touch()
+    for attempt in range(3):
+        with pytest.raises(OSError) as e:
+            write_file(m / "ckpt.pt", rand_bytes(4 * MiB, 54 + attempt))
+        assert e.value.errno == errno.EIO
+        # Before the release: the file is still what was committed.
+        assert read_file(m / "ckpt.pt") == old
+        assert os.stat(m / "ckpt.pt").st_size == len(old)
+    trigger.unlink()
+    # The failed sessions are dropped for good: a healthy disk does not bring them back.
+    m.remount()
+    assert read_file(m / "ckpt.pt") == old
+    assert not os.listdir(m.cache / "passthrough")
+
+
 def lmdb_fault_shim():
     """The LD_PRELOAD shim that fails LMDB's data file writes while a trigger file exists."""
     env = os.environ.get("CKPTFS_LMDB_FAULT_SHIM")
