@@ -595,6 +595,9 @@ class Store final : private ChunkSink {
   // MakeNode; `unborn`: a regular file for CreateFile, marked new and not yet published.
   Result<InodeRecord> MakeNode(uint64_t parent, std::string_view name, uint32_t mode,
                                uint64_t rdev, const Caller& who, bool unborn);
+  // CreateFile's open of the file it made failed: removes parent/name and the inode, unless a
+  // commit or another open has kept the file since.
+  Status UndoCreate(uint64_t parent, std::string_view name, uint64_t ino);
   // REQUIRES: ns_mu_ held, inside txn, at recovery. Removes a new file's entry and inode.
   Status RemoveUnborn(MetaStore::Txn& txn, InodeRecord rec, std::vector<ChunkId>* freed);
   Status DeleteInode(MetaStore::Txn& txn, const InodeRecord& rec, std::vector<ChunkId>* freed);

@@ -176,13 +176,45 @@ Result<InodeRecord> Store::CreateFile(uint64_t parent, std::string_view name, ui
                                       int* passthrough_fd) {
   ASSIGN_OR_RETURN(InodeRecord rec, MakeNode(parent, name, S_IFREG | (mode & 07777), 0, who, true));
   // In passthrough mode the new file's bytes start in a staging file (an empty one: "truncate").
-  RETURN_IF_ERROR(Open(rec.ino, passthrough_fd != nullptr, fh, keep_cache, true, passthrough_fd));
+  if (Status st = Open(rec.ino, passthrough_fd != nullptr, fh, keep_cache, true, passthrough_fd);
+      !st.ok()) {
+    // A create that fails leaves no file behind: the entry goes with the error.
+    if (Status undo = UndoCreate(parent, name, rec.ino); !undo.ok()) {
+      log_->warn("{}: removing the entry of a create that failed: {}",
+                 std::string(name), undo.ToString());
+    }
+    return st;
+  }
   if (auto f = FindFile(rec.ino)) {
     std::lock_guard lock(f->mu);
     f->unborn = true;
     f->creator_fh = fh ? *fh : 0;
   }
   return rec;
+}
+
+Status Store::UndoCreate(uint64_t parent, std::string_view name, uint64_t ino) {
+  std::vector<ChunkId> freed;
+  {
+    std::lock_guard lock(ns_mu_);
+    // Only the entry this create made, of a file nobody has opened since.
+    if (IsOpen(ino)) return Status::Ok();
+    ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
+    auto e = txn.GetEntry(parent, name);
+    if (!e.ok() || e->ino != ino) return Status::Ok();
+    ASSIGN_OR_RETURN(bool unborn, txn.IsUnborn(ino));
+    if (!unborn) return Status::Ok();
+    ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(ino));
+    ASSIGN_OR_RETURN(InodeRecord dir, txn.GetInode(parent));
+    RETURN_IF_ERROR(txn.DelEntry(parent, name));
+    dir.mtime_ns = dir.ctime_ns = NowNs();
+    RETURN_IF_ERROR(txn.PutInode(dir));
+    RETURN_IF_ERROR(DropLink(txn, rec, &freed));
+    RETURN_IF_ERROR(txn.DelOrphan(ino));
+    RETURN_IF_ERROR(txn.Commit());
+  }
+  Reclaim(freed);
+  return Status::Ok();
 }
 
 Result<InodeRecord> Store::MakeNode(uint64_t parent, std::string_view name, uint32_t mode,

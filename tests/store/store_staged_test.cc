@@ -321,6 +321,23 @@ TEST_F(StoreStagedTest, AStagedRecordFromAnotherBootSurvivesOnlyIfFsynced) {
   EXPECT_EQ(StagingFiles(), 0u);
 }
 
+TEST_F(StoreStagedTest, ACreateWhoseOpenFailsLeavesNoEntry) {
+  // The staging file cannot be made (its directory is gone): create(2) fails, and no file is
+  // left to be swept at the next mount.
+  const std::string staging = cfg_.cache_dir + "/passthrough";
+  ASSERT_EQ(::rmdir(staging.c_str()), 0);
+  uint64_t fh = 0;
+  int fd = -1;
+  auto made = store_->CreateFile(kRootIno, "new.pt", 0644, who_, &fh, nullptr, &fd);
+  EXPECT_FALSE(made.ok());
+  EXPECT_EQ(store_->Lookup(kRootIno, "new.pt").status().code(), Code::kNotFound);
+  EXPECT_EQ(List(kRootIno), (std::vector<std::string>{".", ".."}));
+  ASSERT_EQ(::mkdir(staging.c_str(), 0700), 0);
+  // The name is free again, and nothing is left for the next mount to sweep.
+  EXPECT_TRUE(store_->CreateFile(kRootIno, "new.pt", 0644, who_, &fh, nullptr, &fd).ok());
+  EXPECT_TRUE(store_->Release(store_->Lookup(kRootIno, "new.pt")->ino, fh).ok());
+}
+
 TEST_F(StoreStagedTest, StagedBytesOutliveARebootAfterACleanStop) {
   // A clean stop syncs every staging file: bytes closed without fsync and not yet sealed are
   // there after a reboot, and sealed then.
