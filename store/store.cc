@@ -324,6 +324,7 @@ Status Store::Close() {
     Status st = CommitOrDrop(ino, *f, false);
     if (!st.ok() && first.ok()) first = st;
   }
+  for (auto& [ino, f] : open) RunAfterCommit(ino, *f);
   Status st = cache_->Sync();
   if (!st.ok() && first.ok()) first = st;
   st = meta_->Sync();

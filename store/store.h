@@ -6,8 +6,16 @@
 //   OpenFile::mu (one file's bytes)  ->  OpenFile::qmu (its write queue)
 //   OpenFile::mu  ->  ns_mu_ (namespace changes and commits)
 //     ->  files_mu_ (the open-file table)  ->  holds_mu_ (chunk holds and reclamation)
-// qmu is never held while taking mu or ns_mu_.
+// qmu is never held while taking mu or ns_mu_. listener_mu_ and the settle thread's settle_mu_
+// are leaves.
 // Reads of metadata use LMDB read transactions and take no store lock.
+//
+// Waits: no lock that another file's operation could need (ns_mu_, files_mu_, holds_mu_, a
+// file's qmu, which stat takes) is held across a wait for room, a backend request or an fsync.
+// A writer waits for room with no lock (Write); a commit's after-effects (Reclaim, which syncs
+// LMDB; waking the uploaders; retention) run after the file's mu is released (RunAfterCommit).
+// The exception is LMDB's own commit, which syncs inside ns_mu_: LMDB has one writer anyway. A
+// file's own mu and seal_mu may be held across its own chunk syncs (fsync, a durable seal).
 //
 // Writes are acknowledged once copied into the file's bounded queue; pool threads chunk, hash and
 // store them behind the writer, so the application and the daemon work in parallel. An error
@@ -416,6 +424,9 @@ class Store final : private ChunkSink {
     std::shared_ptr<const int> writing_fd;
     int cached_opens = 0;  // guarded by mu: handles served through the daemon (page cache)
     std::mutex seal_mu;    // one seal of this file at a time; taken before mu
+    // What commits left to do once mu is released (RunAfterCommit), guarded by mu.
+    std::vector<ChunkId> after_freed;
+    bool after_committed = false;
 
     // Readahead of committed bytes (guarded by mu): the extent index the last read ended in,
     // and the highest index already prefetched for this manifest.
@@ -580,8 +591,12 @@ class Store final : private ChunkSink {
   uint64_t NextTouch() { return fallback_touch_.fetch_add(1) + 1; }
 
   // REQUIRES: f.mu held, f's queue drained. Commits f's writer, if any. durable: sync chunks
-  // before, metadata after.
+  // before, metadata after. Its after-effects wait in f for RunAfterCommit.
   Status Commit(uint64_t ino, OpenFile& f, bool durable);
+  // REQUIRES: f.mu not held. Runs what commits of f left to do: reclaims the chunks they freed
+  // (an LMDB sync), wakes the uploaders, queues retention. Every caller of Commit or CommitOrDrop
+  // calls it once it has released f.mu.
+  void RunAfterCommit(uint64_t ino, OpenFile& f);
   // Commit, unless a write since the last commit failed: then drops the writer and returns that
   // error (the file keeps its committed bytes). REQUIRES: as Commit.
   Status CommitOrDrop(uint64_t ino, OpenFile& f, bool durable);
@@ -682,7 +697,11 @@ class Store final : private ChunkSink {
   std::atomic<bool> full_logged_{false};
   std::vector<std::unique_ptr<Backend>> backends_;  // the remote tiers' backends, nearest first
   std::string node_id_;  // this node's name in published records
-  ChangeListener on_change_;
+  // The listener the sync and retention tell what changed under the kernel. A leaf lock: held
+  // only to copy it (TellChange calls it with no lock held).
+  std::mutex listener_mu_;
+  ChangeListener on_change_;  // guarded by listener_mu_
+  void TellChange(uint64_t parent, const std::string& name, uint64_t ino);
   // The namespace sync: its thread, and what it has applied (sync thread only): for each
   // files/<path> and dirs/<path> key, the object version seen.
   std::thread sync_thread_;

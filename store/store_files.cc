@@ -235,10 +235,16 @@ Status Store::Write(uint64_t ino, uint64_t offset, const uint8_t* data, size_t l
            f->queued_bytes + len <= cfg_.write_queue_bytes;
   });
   if (!f->async_error.ok()) return f->async_error;
-  if (Status room = AdmitWrite(len); !room.ok()) {
+  // Admission may wait for uploads to make room (up to remote_timeout): not under the queue
+  // lock, which a stat, chmod or link of this file takes inside the namespace lock.
+  q.unlock();
+  Status room = AdmitWrite(len);
+  q.lock();
+  if (!room.ok()) {
     f->async_error = room;  // the file's new bytes are dropped at close, like any failed write
     return room;
   }
+  if (!f->async_error.ok()) return f->async_error;
   unstored_bytes_ += len;
   QueuedWrite w{offset, std::unique_ptr<uint8_t[]>(new uint8_t[len]), len};
   std::memcpy(w.data.get(), data, len);
@@ -437,8 +443,13 @@ Status Store::Flush(uint64_t ino, uint64_t fh) {
   }
   if (InSession(*f, fh)) {
     WaitDrained(*f);
-    std::lock_guard lock(f->mu);
-    RETURN_IF_ERROR(CommitOrDrop(ino, *f, false));
+    Status st;
+    {
+      std::lock_guard lock(f->mu);
+      st = CommitOrDrop(ino, *f, false);
+    }
+    RunAfterCommit(ino, *f);
+    RETURN_IF_ERROR(st);
   }
   // The creator's close keeps a new file it wrote nothing to (its release comes later, async).
   return fh != 0 ? KeepCreated(ino, *f, fh) : Status::Ok();
@@ -454,8 +465,13 @@ Status Store::Fsync(uint64_t ino, uint64_t fh) {
   }
   if (auto f = FindFile(ino); f && InSession(*f, fh)) {
     WaitDrained(*f);
-    std::lock_guard lock(f->mu);
-    RETURN_IF_ERROR(CommitOrDrop(ino, *f, true));
+    Status st;
+    {
+      std::lock_guard lock(f->mu);
+      st = CommitOrDrop(ino, *f, true);
+    }
+    RunAfterCommit(ino, *f);
+    RETURN_IF_ERROR(st);
   }
   // A new file fsync'd with nothing written is kept too.
   if (auto f = FindFile(ino)) RETURN_IF_ERROR(KeepCreated(ino, *f));
@@ -560,12 +576,26 @@ Status Store::Commit(uint64_t ino, OpenFile& f, bool durable) {
     stale_pages_.insert(ino);
   }
   ReleaseHolds(writer->held());
+  // Reclaim (which syncs LMDB), the uploaders and retention run once the caller has released
+  // f.mu (RunAfterCommit): a stat or open of this file must not wait for them.
+  f.after_freed.insert(f.after_freed.end(), freed.begin(), freed.end());
+  f.after_committed = f.after_committed || st.ok();
+  return st;
+}
+
+void Store::RunAfterCommit(uint64_t ino, OpenFile& f) {
+  std::vector<ChunkId> freed;
+  bool committed;
+  {
+    std::lock_guard lock(f.mu);
+    freed.swap(f.after_freed);
+    committed = std::exchange(f.after_committed, false);
+  }
   Reclaim(freed);
-  if (st.ok()) {
+  if (committed) {
     KickRemote();
     NoteCommitted(ino);
   }
-  return st;
 }
 
 Status Store::CommitManifestTxn(MetaStore::Txn& txn, uint64_t ino, const Manifest& m,

@@ -98,6 +98,7 @@ Result<InodeRecord> Store::SetAttr(uint64_t ino, const SetAttrRequest& req, uint
       if (fh || !alone) return Status::Ok();
       return CommitOrDrop(ino, *f, false);
     }();
+    RunAfterCommit(ino, *f);
     if (UnpinFile(ino)) RETURN_IF_ERROR(ReapIfOrphan(ino));
     RETURN_IF_ERROR(st);
   }

@@ -340,8 +340,17 @@ Result<std::vector<std::string>> Store::StatesOf(uint64_t ino) {
 }
 
 void Store::SetChangeListener(ChangeListener fn) {
-  std::lock_guard lock(retain_mu_);  // a retention pass (resumed seals) may read it already
+  std::lock_guard lock(listener_mu_);  // a retention pass (resumed seals) may read it already
   on_change_ = std::move(fn);
+}
+
+void Store::TellChange(uint64_t parent, const std::string& name, uint64_t ino) {
+  ChangeListener tell;
+  {
+    std::lock_guard lock(listener_mu_);
+    tell = on_change_;
+  }
+  if (tell) tell(parent, name, ino);
 }
 
 }  // namespace ckptfs

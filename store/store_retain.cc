@@ -149,12 +149,12 @@ Status Store::RemoveTree(uint64_t parent, const std::string& name) {
     RETURN_IF_ERROR(Unlink(parent, name));
   }
   // The kernel forgets the entry; not once closing (the FUSE session is gone).
-  ChangeListener tell;
+  bool tell;
   {
     std::lock_guard lock(retain_mu_);
-    if (!stopping_.load()) tell = on_change_;
+    tell = !stopping_.load();
   }
-  if (tell) tell(parent, name, 0);
+  if (tell) TellChange(parent, name, 0);
   return Status::Ok();
 }
 

@@ -327,7 +327,7 @@ Status Store::ApplyRemoteRmdir(const std::string& path) {
     RETURN_IF_ERROR(txn.Commit());
   }
   if (sync_tier().tier() > 0) KickRemote();
-  if (on_change_) on_change_(parent, parts.back(), 0);
+  TellChange(parent, parts.back(), 0);
   return Status::Ok();
 }
 
@@ -375,7 +375,7 @@ Status Store::ApplyRemoteDir(const std::string& path) {
     RETURN_IF_ERROR(txn.Commit());
   }
   for (const auto& [parent, name] : created) {
-    if (on_change_) on_change_(parent, name, 0);
+    TellChange(parent, name, 0);
   }
   return Status::Ok();
 }
@@ -458,10 +458,8 @@ Status Store::ApplyRemoteFile(const std::string& path, const FileRecord& r,
     if (marked && !x.hole()) cache_->MarkRemote(x.id, sync);
   }
   Reclaim(freed);
-  if (on_change_) {
-    for (const auto& [p, n] : created) on_change_(p, n, 0);
-    on_change_(parent, name, ino);
-  }
+  for (const auto& [p, n] : created) TellChange(p, n, 0);
+  TellChange(parent, name, ino);
   return Status::Ok();
 }
 
@@ -500,7 +498,7 @@ Status Store::ApplyRemoteDelete(const std::string& path) {
   }
   if (sync > 0) KickRemote();
   Reclaim(freed);
-  if (on_change_) on_change_(parent, parts.back(), 0);
+  TellChange(parent, parts.back(), 0);
   (void)ino;
   return Status::Ok();
 }
