@@ -66,11 +66,12 @@ def _unescape_mountinfo(s):
     return "".join(out)
 
 
-def mount_fstype(path):
-    """The filesystem type mounted exactly at path (the last stacked), or None."""
+def mount_fstype(path, pid="self"):
+    """The filesystem type mounted exactly at path (the last stacked), or None; in the mount
+    namespace of process `pid` (this process's by default)."""
     path = os.path.abspath(path)
     found = None
-    with open("/proc/self/mountinfo", errors="surrogateescape") as f:
+    with open(f"/proc/{pid}/mountinfo", errors="surrogateescape") as f:
         for line in f:
             fields = line.split()
             dash = fields.index("-")
