@@ -13,8 +13,9 @@ pkgs=(
   # The Prometheus exporter (-o metrics=) and the Prometheus server its test scrapes it with;
   # matplotlib for bench/plot.py.
   prometheus-cpp-dev prometheus python3-matplotlib
-  # The set-id and systemd-unit mount tests: setcap, systemd-escape.
-  libcap2-bin systemd
+  # The set-id and systemd-unit mount tests: setcap, systemd-escape; the views' page-cache test
+  # watches the daemon's writes to /dev/fuse with strace.
+  libcap2-bin systemd strace
   # HIP (AMD's runtime and headers) so that scripts/test.sh compiles gpu/ with CKPTFS_WITH_HIP=ON:
   # 66 MB to download, 350 MB installed. No GPU is needed to build.
   hipcc libamdhip64-dev
