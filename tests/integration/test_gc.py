@@ -101,12 +101,16 @@ def test_gc_refuses_with_an_unreadable_record(make_mount, new_remote):
     write_file(m / "f.bin", os.urandom(MiB))
     assert wait_for(lambda: state_of(m / "f.bin"), lambda s: s == "remote", 120) == "remote"
     record = remote.root / "files.d" / "f.bin"
-    record.write_bytes(record.read_bytes()[:-1] + b"!")
+    good = record.read_bytes()
+    # Its last byte belongs to the record's checksum: inverted, never left as it was (setting it
+    # to a fixed value changed nothing when it already held that value, once in 256 runs).
+    record.write_bytes(good[:-1] + bytes([good[-1] ^ 0xFF]))
     p = gc(remote, "--dry-run")
-    assert p.returncode == 1 and "files/f.bin" in p.stderr
+    assert p.returncode == 1 and "files/f.bin" in p.stderr and "checksum" in p.stderr, p.stderr
     assert "nothing was deleted" in p.stdout
     p = gc(remote, "--grace", "1")
-    assert p.returncode == 1 and "nothing was deleted" in p.stdout
+    assert p.returncode == 1 and "files/f.bin" in p.stderr and "checksum" in p.stderr, p.stderr
+    assert "nothing was deleted" in p.stdout
     assert "round" not in p.stdout  # nothing condemned
 
 
