@@ -177,7 +177,7 @@ Store::Gauges Store::gauges() {
   g.put_copy_peak = put_copies_.peak();
   g.put_flights = put_flights_.size();
   {
-    std::lock_guard lock(files_mu_);
+    MutexLock lock(&files_mu_);
     g.open_files = files_.size();
   }
   if (auto txn = meta_->Begin(false); txn.ok()) {
@@ -205,7 +205,7 @@ Store::~Store() {
 
 Status Store::Recover(bool clean) {
   RemoveDirContents(cfg_.cache_dir + "/staging");
-  std::lock_guard lock(ns_mu_);
+  MutexLock lock(&ns_mu_);
   ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
   auto root = txn.GetInode(kRootIno);
   if (!root.ok()) {
@@ -279,7 +279,7 @@ Status Store::Close() {
     // Reset outside the lock: a task takes it.
     std::unique_ptr<ThreadPool> retains;
     {
-      std::lock_guard lock(retain_mu_);
+      MutexLock lock(&retain_mu_);
       stopping_ = true;
       retains = std::move(retain_pool_);
     }
@@ -300,7 +300,7 @@ Status Store::Close() {
     // first. Reset outside the lock: a task takes it as it ends.
     std::unique_ptr<ThreadPool> restores;
     {
-      std::lock_guard lock(restore_mu_);
+      MutexLock lock(&restore_mu_);
       restores = std::move(restore_pool_);
     }
     restores.reset();
@@ -311,7 +311,7 @@ Status Store::Close() {
   Status first;
   std::vector<std::pair<uint64_t, std::shared_ptr<OpenFile>>> open;
   {
-    std::lock_guard lock(files_mu_);
+    MutexLock lock(&files_mu_);
     open.assign(files_.begin(), files_.end());
   }
   for (auto& [ino, f] : open) {
@@ -338,7 +338,7 @@ Status Store::Close() {
 
 Status Store::PutChunk(const ChunkId& id, const uint8_t* data, size_t len) {
   {
-    std::lock_guard lock(holds_mu_);
+    MutexLock lock(&holds_mu_);
     ++holds_[id];
   }
   return Stored(id, len, cache_->Put(id, data, len));
@@ -356,7 +356,7 @@ struct Store::PutJob {
 void Store::PutChunkAsync(const ChunkId& id, const uint8_t* data, size_t len,
                           const std::atomic<bool>* cancelled, std::function<void(Status)> done) {
   {
-    std::lock_guard lock(holds_mu_);
+    MutexLock lock(&holds_mu_);
     ++holds_[id];
   }
   auto job = std::make_shared<PutJob>(PutJob{len, cancelled, std::move(done)});
@@ -438,7 +438,7 @@ std::string Store::NewStagingPath() {
 void Store::ReleaseHolds(const std::vector<ChunkId>& ids) {
   std::vector<ChunkId> unheld;
   {
-    std::lock_guard lock(holds_mu_);
+    MutexLock lock(&holds_mu_);
     for (const ChunkId& id : ids) {
       auto it = holds_.find(id);
       if (it == holds_.end()) continue;
@@ -456,7 +456,7 @@ void Store::Reclaim(const std::vector<ChunkId>& ids) {
   // Find the candidates, make the commits that dropped their last references durable, then
   // delete those still unreferenced and unheld. The final check runs under holds_mu_, so that no
   // writer can start holding a chunk between the check and the unlink.
-  auto unreferenced = [&](const std::vector<ChunkId>& in) {
+  auto unreferenced = [&](const std::vector<ChunkId>& in) REQUIRES(holds_mu_) {
     std::vector<ChunkId> out;
     auto txn = meta_->Begin(false);
     if (!txn.ok()) {
@@ -472,7 +472,7 @@ void Store::Reclaim(const std::vector<ChunkId>& ids) {
   };
   std::vector<ChunkId> dead;
   {
-    std::lock_guard lock(holds_mu_);
+    MutexLock lock(&holds_mu_);
     dead = unreferenced(ids);
   }
   if (dead.empty()) return;
@@ -480,7 +480,7 @@ void Store::Reclaim(const std::vector<ChunkId>& ids) {
     log_->error("not reclaiming {} chunks: {}", dead.size(), st.ToString());
     return;
   }
-  std::lock_guard lock(holds_mu_);
+  MutexLock lock(&holds_mu_);
   for (const ChunkId& id : unreferenced(dead)) {
     Status st = cache_->Remove(id);
     if (st.ok()) {
@@ -557,7 +557,7 @@ Status Store::DropLink(MetaStore::Txn& txn, InodeRecord& rec, std::vector<ChunkI
 Status Store::ReapIfOrphan(uint64_t ino) {
   std::vector<ChunkId> freed;
   {
-    std::lock_guard lock(ns_mu_);
+    MutexLock lock(&ns_mu_);
     if (IsOpen(ino)) return Status::Ok();
     ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
     auto rec = txn.GetInode(ino);

@@ -55,6 +55,7 @@
 #include "common/config.h"
 #include "common/log.h"
 #include "common/metrics.h"
+#include "common/mutex.h"
 #include "common/thread_pool.h"
 #include "store/file_writer.h"
 #include "store/journal.h"
@@ -556,13 +557,13 @@ class Store final : private ChunkSink {
   // the inodes whose staged bytes are to be sealed. REQUIRES: inside txn, ns_mu_ held.
   // `clean`: the last stop was clean (it synced every staging file).
   Result<std::vector<uint64_t>> RecoverStaged(MetaStore::Txn& txn, bool clean,
-                                              std::vector<ChunkId>* freed);
+                                              std::vector<ChunkId>* freed) REQUIRES(ns_mu_);
   std::string StagePath(const std::string& name) const;
   // The commit's metadata: m replaces ino's manifest (mtime, a new generation), its staged
   // record and new-file mark go, and the backend is told. REQUIRES: ns_mu_ held, inside txn.
   // `durable`: m's chunks are synced (fsync), so the file needs no fallback (its own goes).
   Status CommitManifestTxn(MetaStore::Txn& txn, uint64_t ino, const Manifest& m, int64_t mtime,
-                           bool durable, std::vector<ChunkId>* freed);
+                           bool durable, std::vector<ChunkId>* freed) REQUIRES(ns_mu_);
   // Fallbacks (store_fallback.cc; see FallbackRecord): what a file goes back to after a machine
   // crash when its newest version did not reach the disk.
   // REQUIRES: ns_mu_ held, inside txn. A commit replaces `old` (rec: the inode before it): a
@@ -570,19 +571,20 @@ class Store final : private ChunkSink {
   // references now belong to the fallback); a durable one drops the fallback.
   Result<bool> CoverWithFallback(MetaStore::Txn& txn, const InodeRecord& rec,
                                  const std::optional<Manifest>& old, bool durable,
-                                 std::vector<ChunkId>* freed);
+                                 std::vector<ChunkId>* freed) REQUIRES(ns_mu_);
   // REQUIRES: ns_mu_ held, inside txn. A rename puts `src` in place of `dst` (a regular file
   // about to lose that name): when src's newest version may not be durable (a fallback, or a
   // staged record without fsync), src's fallback becomes dst's last durable version.
   Status FallBackToReplaced(MetaStore::Txn& txn, const InodeRecord& src, const InodeRecord& dst,
-                            std::vector<ChunkId>* freed);
+                            std::vector<ChunkId>* freed) REQUIRES(ns_mu_);
   // REQUIRES: inside txn. Drops ino's fallback and its references.
   Status DropFallback(MetaStore::Txn& txn, uint64_t ino, std::vector<ChunkId>* freed);
   // At open, before RecoverStaged (REQUIRES: ns_mu_ held, inside txn): after a clean stop every
   // fallback goes (all was synced); after a crash of this boot they stay (the page cache kept
   // the bytes; Settle ends them); after a machine crash each file whose newest version lost a
   // chunk goes back to its fallback, the others keep what they have.
-  Status RecoverFallbacks(MetaStore::Txn& txn, bool clean, std::vector<ChunkId>* freed);
+  Status RecoverFallbacks(MetaStore::Txn& txn, bool clean, std::vector<ChunkId>* freed)
+      REQUIRES(ns_mu_);
   // Drops the fallbacks in `covered` (ino, touch) still as they were, whose newest versions
   // were synced since they were read.
   Status DropSettled(const std::vector<std::pair<uint64_t, uint64_t>>& covered);
@@ -602,7 +604,8 @@ class Store final : private ChunkSink {
   Status CommitOrDrop(uint64_t ino, OpenFile& f, bool durable);
   // REQUIRES: ns_mu_ held, inside txn. Drops rec's last link: keeps it as an orphan while open,
   // otherwise deletes it; chunks left unreferenced go into *freed.
-  Status DropLink(MetaStore::Txn& txn, InodeRecord& rec, std::vector<ChunkId>* freed);
+  Status DropLink(MetaStore::Txn& txn, InodeRecord& rec, std::vector<ChunkId>* freed)
+      REQUIRES(ns_mu_);
   // A file made by CreateFile that no commit has kept yet (nothing was written) is kept, and
   // published: at its creator's close (fh, which FUSE's flush runs before close returns), at an
   // fsync or at the last release (fh 0: any).
@@ -614,7 +617,8 @@ class Store final : private ChunkSink {
   // commit or another open has kept the file since.
   Status UndoCreate(uint64_t parent, std::string_view name, uint64_t ino);
   // REQUIRES: ns_mu_ held, inside txn, at recovery. Removes a new file's entry and inode.
-  Status RemoveUnborn(MetaStore::Txn& txn, InodeRecord rec, std::vector<ChunkId>* freed);
+  Status RemoveUnborn(MetaStore::Txn& txn, InodeRecord rec, std::vector<ChunkId>* freed)
+      REQUIRES(ns_mu_);
   Status DeleteInode(MetaStore::Txn& txn, const InodeRecord& rec, std::vector<ChunkId>* freed);
   Status AddManifestRefs(MetaStore::Txn& txn, const Manifest& m, int sign,
                          std::vector<ChunkId>* freed);
@@ -627,7 +631,7 @@ class Store final : private ChunkSink {
   Status ReapIfOrphan(uint64_t ino);
   // REQUIRES: inside a write txn (ns_mu_ held). Queues what the backend must learn of a change
   // (nothing without a backend); the txn's commit makes it durable with the change.
-  Status QueueRemote(MetaStore::Txn& txn, const std::string& op);
+  Status QueueRemote(MetaStore::Txn& txn, const std::string& op) REQUIRES(ns_mu_);
   // Queues, for ino and everything under it, the unpublishing of its old paths (publish=false,
   // `path` its path now) or the publishing under its new ones (publish=true).
   Status QueueTree(MetaStore::Txn& txn, uint64_t ino, const std::string& path, bool publish);
@@ -672,8 +676,8 @@ class Store final : private ChunkSink {
   std::condition_variable settle_cv_;
   bool settle_stop_ = false;  // guarded by settle_mu_
 
-  std::mutex ns_mu_;
-  std::mutex files_mu_;
+  Mutex ns_mu_ ACQUIRED_BEFORE(files_mu_, holds_mu_, unpublished_mu_);
+  Mutex files_mu_ ACQUIRED_BEFORE(holds_mu_);
   // write_memory: half for every file's queued writes (Write waits for room), half for every
   // reorder window (FileWriter spills to staging when it finds none). Declared before the open
   // files and the pools, so they outlive every writer and task that uses them.
@@ -684,23 +688,23 @@ class Store final : private ChunkSink {
   // which a put of the same chunk joins.
   MemoryBudget put_copies_;
   PutFlights put_flights_;
-  std::unordered_map<uint64_t, std::shared_ptr<OpenFile>> files_;  // guarded by files_mu_
-  std::mutex holds_mu_;
-  std::unordered_map<ChunkId, uint32_t, ChunkIdHash> holds_;  // guarded by holds_mu_
+  std::unordered_map<uint64_t, std::shared_ptr<OpenFile>> files_ GUARDED_BY(files_mu_);
+  Mutex holds_mu_;
+  std::unordered_map<ChunkId, uint32_t, ChunkIdHash> holds_ GUARDED_BY(holds_mu_);
   std::atomic<uint64_t> staging_seq_{0};
   std::atomic<uint64_t> stage_epoch_{0};  // Stage::epoch values, unique across stages
   std::atomic<uint64_t> unstored_bytes_{0};  // acknowledged writes still in queues
   std::atomic<uint64_t> next_fh_{1};
   // Files whose uncommitted bytes were dropped while the kernel may hold them in its page cache:
   // their next open drops the kernel's cached pages. Guarded by files_mu_.
-  std::unordered_set<uint64_t> stale_pages_;
+  std::unordered_set<uint64_t> stale_pages_ GUARDED_BY(files_mu_);
   std::atomic<bool> full_logged_{false};
   std::vector<std::unique_ptr<Backend>> backends_;  // the remote tiers' backends, nearest first
   std::string node_id_;  // this node's name in published records
   // The listener the sync and retention tell what changed under the kernel. A leaf lock: held
   // only to copy it (TellChange calls it with no lock held).
-  std::mutex listener_mu_;
-  ChangeListener on_change_;  // guarded by listener_mu_
+  Mutex listener_mu_;
+  ChangeListener on_change_ GUARDED_BY(listener_mu_);
   void TellChange(uint64_t parent, const std::string& name, uint64_t ino);
   // The namespace sync: its thread, and what it has applied (sync thread only): for each
   // files/<path> and dirs/<path> key, the object version seen.
@@ -746,9 +750,9 @@ class Store final : private ChunkSink {
   std::unique_ptr<ThreadPool> seal_pool_;
   // Retention passes of user.ckptfs.retain (one thread, declared after what it uses); the run
   // directories queued.
-  std::mutex retain_mu_;
-  std::set<uint64_t> retain_pending_;  // guarded by retain_mu_
-  std::unique_ptr<ThreadPool> retain_pool_;  // guarded by retain_mu_ (reset at Close)
+  Mutex retain_mu_;
+  std::set<uint64_t> retain_pending_ GUARDED_BY(retain_mu_);
+  std::unique_ptr<ThreadPool> retain_pool_ GUARDED_BY(retain_mu_);  // reset at Close
   // Set at Close: queued retention passes and restores end at once (a pool runs its queue
   // before it joins), and no retention pass tells the kernel anything more.
   std::atomic<bool> stopping_{false};
@@ -756,15 +760,15 @@ class Store final : private ChunkSink {
   // Chunks a read found missing from a nearer tier that this node counted as holding them, put
   // back there (store_remote.cc RestoreNearer): one thread, at most kMaxRestoreBytes queued.
   static constexpr uint64_t kMaxRestoreBytes = 64ull << 20;
-  std::mutex restore_mu_;
-  uint64_t restore_bytes_ = 0;              // guarded by restore_mu_
-  std::unique_ptr<ThreadPool> restore_pool_;  // guarded by restore_mu_ (reset at Close)
-  std::mutex unpublished_mu_;
+  Mutex restore_mu_;
+  uint64_t restore_bytes_ GUARDED_BY(restore_mu_) = 0;
+  std::unique_ptr<ThreadPool> restore_pool_ GUARDED_BY(restore_mu_);  // reset at Close
+  Mutex unpublished_mu_;
   // ino -> each version held: its generation and the chunk ids it names (sorted, distinct).
   // Versions stay until one at least as new is published (a commit whose transaction failed
   // leaves its entry; the version before it keeps its own).
   std::unordered_map<uint64_t, std::vector<std::pair<uint64_t, std::vector<ChunkId>>>>
-      unpublished_;
+      unpublished_ GUARDED_BY(unpublished_mu_);
   // Prefetch work and pins (store_prefetch.cc), made on first use by prefetcher(). Declared last:
   // its threads stop before the cache, the metadata and the backend they use go.
   class Prefetcher;

@@ -195,7 +195,7 @@ Status Store::Settle() {
 Status Store::DropSettled(const std::vector<std::pair<uint64_t, uint64_t>>& covered) {
   std::vector<ChunkId> freed;
   {
-    std::lock_guard lock(ns_mu_);
+    MutexLock lock(&ns_mu_);
     ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
     for (const auto& [ino, touch] : covered) {
       ASSIGN_OR_RETURN(auto fb, txn.GetFallback(ino));

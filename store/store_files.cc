@@ -14,7 +14,7 @@
 namespace ckptfs {
 
 std::shared_ptr<Store::OpenFile> Store::FindFile(uint64_t ino) {
-  std::lock_guard lock(files_mu_);
+  MutexLock lock(&files_mu_);
   auto it = files_.find(ino);
   return it == files_.end() ? nullptr : it->second;
 }
@@ -33,7 +33,7 @@ Result<bool> Store::Busy(uint64_t ino) {
 }
 
 std::shared_ptr<Store::OpenFile> Store::PinFile(uint64_t ino) {
-  std::lock_guard lock(files_mu_);
+  MutexLock lock(&files_mu_);
   auto& f = files_[ino];
   if (!f) f = std::make_shared<OpenFile>();
   ++f->opens;
@@ -41,7 +41,7 @@ std::shared_ptr<Store::OpenFile> Store::PinFile(uint64_t ino) {
 }
 
 bool Store::UnpinFile(uint64_t ino) {
-  std::lock_guard lock(files_mu_);
+  MutexLock lock(&files_mu_);
   auto it = files_.find(ino);
   if (it == files_.end()) return true;
   if (--it->second->opens > 0) return false;
@@ -50,7 +50,7 @@ bool Store::UnpinFile(uint64_t ino) {
 }
 
 bool Store::IsOpen(uint64_t ino) {
-  std::lock_guard lock(files_mu_);
+  MutexLock lock(&files_mu_);
   return files_.count(ino) > 0;
 }
 
@@ -143,7 +143,7 @@ Status Store::Open(uint64_t ino, bool truncate, uint64_t* fh, bool* keep_cache, 
   if (keep_cache && passthrough_fd && *passthrough_fd >= 0) {
     *keep_cache = false;  // the kernel refuses it with passthrough (no page cache of its own)
   } else if (keep_cache) {
-    std::lock_guard lock(files_mu_);
+    MutexLock lock(&files_mu_);
     *keep_cache = stale_pages_.erase(ino) == 0;
   }
   return Status::Ok();
@@ -185,7 +185,7 @@ Status Store::KeepCreated(uint64_t ino, OpenFile& f, uint64_t fh) {
   std::lock_guard lock(f.mu);
   if (!f.unborn || (fh != 0 && fh != f.creator_fh)) return Status::Ok();
   {
-    std::lock_guard ns(ns_mu_);
+    MutexLock ns(&ns_mu_);
     ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
     RETURN_IF_ERROR(txn.ClearUnborn(ino));
     RETURN_IF_ERROR(QueueRemote(txn, remote_op::PublishFile(ino)));
@@ -524,7 +524,7 @@ Status Store::CommitOrDrop(uint64_t ino, OpenFile& f, bool durable) {
       if (!f.dirty) f.size = f.committed_size;
     }
     ReleaseHolds(writer->held());
-    std::lock_guard lock(files_mu_);
+    MutexLock lock(&files_mu_);
     stale_pages_.insert(ino);  // the kernel may cache the dropped bytes
   }
   log_->warn("inode {}: a write failed ({}); the file keeps its previously committed bytes", ino,
@@ -542,8 +542,8 @@ Status Store::Commit(uint64_t ino, OpenFile& f, bool durable) {
   std::vector<ChunkId> freed;
   std::shared_ptr<const Manifest> committed;
   if (st.ok()) {
-    std::lock_guard lock(ns_mu_);
-    st = [&]() -> Status {
+    MutexLock lock(&ns_mu_);
+    st = [&]() REQUIRES(ns_mu_) -> Status {
       ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
       RETURN_IF_ERROR(CommitManifestTxn(txn, ino, *finished, mtime, durable, &freed));
       return txn.Commit();
@@ -572,7 +572,7 @@ Status Store::Commit(uint64_t ino, OpenFile& f, bool durable) {
     if (!f.dirty) f.size = f.committed_size;
   }
   if (!st.ok()) {
-    std::lock_guard lock(files_mu_);
+    MutexLock lock(&files_mu_);
     stale_pages_.insert(ino);
   }
   ReleaseHolds(writer->held());

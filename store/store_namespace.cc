@@ -48,7 +48,7 @@ Result<InodeRecord> Store::GetAttr(uint64_t ino) {
 }
 
 Result<InodeRecord> Store::ClearModeBits(uint64_t ino, uint32_t bits) {
-  std::lock_guard lock(ns_mu_);
+  MutexLock lock(&ns_mu_);
   ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
   ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(ino));
   if (!(rec.mode & bits)) return rec;
@@ -110,7 +110,7 @@ Result<InodeRecord> Store::SetAttr(uint64_t ino, const SetAttrRequest& req, uint
         ChangeStaged(ino, [&](int fd) { return ::futimens(fd, ts) == 0 ? 0 : errno; }, false)
             .status());
   }
-  std::lock_guard lock(ns_mu_);
+  MutexLock lock(&ns_mu_);
   ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
   ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(ino));
   if (req.mode) rec.mode = (rec.mode & S_IFMT) | (*req.mode & 07777);
@@ -197,7 +197,7 @@ Result<InodeRecord> Store::CreateFile(uint64_t parent, std::string_view name, ui
 Status Store::UndoCreate(uint64_t parent, std::string_view name, uint64_t ino) {
   std::vector<ChunkId> freed;
   {
-    std::lock_guard lock(ns_mu_);
+    MutexLock lock(&ns_mu_);
     // Only the entry this create made, of a file nobody has opened since.
     if (IsOpen(ino)) return Status::Ok();
     ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
@@ -221,7 +221,7 @@ Status Store::UndoCreate(uint64_t parent, std::string_view name, uint64_t ino) {
 Result<InodeRecord> Store::MakeNode(uint64_t parent, std::string_view name, uint32_t mode,
                                     uint64_t rdev, const Caller& who, bool unborn) {
   RETURN_IF_ERROR(CheckName(name));
-  std::lock_guard lock(ns_mu_);
+  MutexLock lock(&ns_mu_);
   ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
   ASSIGN_OR_RETURN(InodeRecord dir, GetDir(txn, parent));
   auto existing = txn.GetEntry(parent, name);
@@ -259,7 +259,7 @@ Result<InodeRecord> Store::Symlink(uint64_t parent, std::string_view name,
   RETURN_IF_ERROR(CheckName(name));
   if (target.empty()) return Invalid("empty symlink target");
   if (target.size() > 4095) return Status(Code::kNameTooLong, "symlink target");
-  std::lock_guard lock(ns_mu_);
+  MutexLock lock(&ns_mu_);
   ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
   ASSIGN_OR_RETURN(InodeRecord dir, GetDir(txn, parent));
   if (txn.GetEntry(parent, name).ok()) return Status(Code::kExists, std::string(name));
@@ -282,7 +282,7 @@ Result<InodeRecord> Store::Symlink(uint64_t parent, std::string_view name,
 
 Result<InodeRecord> Store::Link(uint64_t ino, uint64_t new_parent, std::string_view new_name) {
   RETURN_IF_ERROR(CheckName(new_name));
-  std::lock_guard lock(ns_mu_);
+  MutexLock lock(&ns_mu_);
   ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
   ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(ino));
   if (S_ISDIR(rec.mode)) return Status(Code::kPermission, "hard link to a directory");
@@ -310,7 +310,7 @@ Result<std::string> Store::ReadLink(uint64_t ino) {
 Status Store::Unlink(uint64_t parent, std::string_view name) {
   std::vector<ChunkId> freed;
   {
-    std::lock_guard lock(ns_mu_);
+    MutexLock lock(&ns_mu_);
     ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
     ASSIGN_OR_RETURN(InodeRecord dir, GetDir(txn, parent));
     ASSIGN_OR_RETURN(DirEntry e, txn.GetEntry(parent, name));
@@ -331,7 +331,7 @@ Status Store::Unlink(uint64_t parent, std::string_view name) {
 Status Store::Rmdir(uint64_t parent, std::string_view name) {
   if (name == ".") return Invalid("rmdir .");
   if (name == "..") return Status(Code::kNotEmpty, "rmdir ..");
-  std::lock_guard lock(ns_mu_);
+  MutexLock lock(&ns_mu_);
   ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
   ASSIGN_OR_RETURN(InodeRecord dir, GetDir(txn, parent));
   ASSIGN_OR_RETURN(DirEntry e, txn.GetEntry(parent, name));
@@ -355,7 +355,7 @@ Status Store::Rename(uint64_t parent, std::string_view name, uint64_t new_parent
   if (flags & ~(RENAME_NOREPLACE | RENAME_EXCHANGE)) return Invalid("unknown rename flags");
   std::vector<ChunkId> freed;
   {
-    std::lock_guard lock(ns_mu_);
+    MutexLock lock(&ns_mu_);
     ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
     ASSIGN_OR_RETURN(InodeRecord src_dir, GetDir(txn, parent));
     InodeRecord dst_dir_storage;
@@ -447,7 +447,7 @@ Status Store::SetXattr(uint64_t ino, std::string_view name, std::string_view val
   if (value.size() > kMaxXattrValue) return Status(Code::kTooBig, "xattr value too large");
   if (name.substr(0, 7) == "system.") return Status(Code::kUnsupported, std::string(name));
   if (name == kRetainXattr) RETURN_IF_ERROR(ParseRetainXattr(value).status());
-  std::lock_guard lock(ns_mu_);
+  MutexLock lock(&ns_mu_);
   ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
   ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(ino));
   auto old = txn.GetXattr(ino, name);
@@ -477,7 +477,7 @@ Result<std::vector<std::string>> Store::ListXattrs(uint64_t ino) {
 }
 
 Status Store::RemoveXattr(uint64_t ino, std::string_view name) {
-  std::lock_guard lock(ns_mu_);
+  MutexLock lock(&ns_mu_);
   ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
   ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(ino));
   RETURN_IF_ERROR(txn.DelXattr(ino, name));

@@ -103,7 +103,10 @@ Status Store::AttachRemote(std::vector<std::unique_ptr<Backend>> tiers) {
     return !r.ok() || r->refs > 0;
   });
   if (n > 1) {
-    restore_pool_ = std::make_unique<ThreadPool>(1);
+    {
+      MutexLock lock(&restore_mu_);
+      restore_pool_ = std::make_unique<ThreadPool>(1);
+    }
     cache_->SetFetchedFromFar([this](const ChunkId& id, uint8_t missing, const ChunkRef& data) {
       RestoreNearer(id, missing, data);
     });
@@ -147,7 +150,7 @@ Status Store::AttachRemote(std::vector<std::unique_ptr<Backend>> tiers) {
 }
 
 Status Store::QueueUnpublished() {
-  std::lock_guard lock(ns_mu_);
+  MutexLock lock(&ns_mu_);
   ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
   std::vector<uint64_t> files;
   RETURN_IF_ERROR(txn.ForEachManifest([&](uint64_t ino, const Manifest&) { files.push_back(ino); }));
@@ -180,7 +183,7 @@ void Store::HoldUnpublished(uint64_t ino, uint64_t generation, const Manifest& m
   std::sort(ids.begin(), ids.end());
   ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
   cache_->Hold(ids);
-  std::lock_guard lock(unpublished_mu_);
+  MutexLock lock(&unpublished_mu_);
   unpublished_[ino].emplace_back(generation, std::move(ids));
 }
 
@@ -204,7 +207,7 @@ void Store::ReleaseUnpublished(uint64_t ino) {
   }
   std::vector<ChunkId> ids;
   {
-    std::lock_guard lock(unpublished_mu_);
+    MutexLock lock(&unpublished_mu_);
     auto it = unpublished_.find(ino);
     if (it == unpublished_.end()) return;
     auto& versions = it->second;
@@ -233,7 +236,7 @@ void Store::RestoreNearer(const ChunkId& id, uint8_t missing, const ChunkRef& da
     lost = static_cast<uint8_t>(missing & rec->tiers);
   }
   if (!lost) return;
-  std::lock_guard lock(restore_mu_);
+  MutexLock lock(&restore_mu_);
   if (!restore_pool_ || restore_bytes_ + data->size > kMaxRestoreBytes) return;
   restore_bytes_ += data->size;
   restore_pool_->Submit([this, id, lost, data] {
@@ -249,7 +252,7 @@ void Store::RestoreNearer(const ChunkId& id, uint8_t missing, const ChunkRef& da
                    st.ToString());
       }
     }
-    std::lock_guard done(restore_mu_);
+    MutexLock done(&restore_mu_);
     restore_bytes_ -= data->size;
   });
 }
@@ -340,14 +343,14 @@ Result<std::vector<std::string>> Store::StatesOf(uint64_t ino) {
 }
 
 void Store::SetChangeListener(ChangeListener fn) {
-  std::lock_guard lock(listener_mu_);  // a retention pass (resumed seals) may read it already
+  MutexLock lock(&listener_mu_);  // a retention pass (resumed seals) may read it already
   on_change_ = std::move(fn);
 }
 
 void Store::TellChange(uint64_t parent, const std::string& name, uint64_t ino) {
   ChangeListener tell;
   {
-    std::lock_guard lock(listener_mu_);
+    MutexLock lock(&listener_mu_);
     tell = on_change_;
   }
   if (tell) tell(parent, name, ino);

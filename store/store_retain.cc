@@ -89,12 +89,12 @@ void Store::NoteCommitted(uint64_t ino) {
     }
     if (!txn->GetXattr(root, kRetainXattr).ok()) return;
   }
-  std::lock_guard lock(retain_mu_);
+  MutexLock lock(&retain_mu_);
   if (!retain_pool_) return;  // closing
   if (!retain_pending_.insert(root).second) return;  // a pass for it is queued already
   retain_pool_->Submit([this, root] {
     {
-      std::lock_guard begun(retain_mu_);
+      MutexLock begun(&retain_mu_);
       retain_pending_.erase(root);
     }
     if (stopping_.load()) return;  // closing: queued passes are dropped
@@ -151,7 +151,7 @@ Status Store::RemoveTree(uint64_t parent, const std::string& name) {
   // The kernel forgets the entry; not once closing (the FUSE session is gone).
   bool tell;
   {
-    std::lock_guard lock(retain_mu_);
+    MutexLock lock(&retain_mu_);
     tell = !stopping_.load();
   }
   if (tell) TellChange(parent, name, 0);

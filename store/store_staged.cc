@@ -110,7 +110,7 @@ Result<Store::StagedOpen> Store::OpenStaged(uint64_t ino, OpenFile& f, bool writ
       fresh = true;
     }
     // Pages the kernel cached before the staging file are stale once it changes the bytes.
-    std::lock_guard lock(files_mu_);
+    MutexLock lock(&files_mu_);
     stale_pages_.insert(ino);
   }
   OpenFile::Stage& s = *f.stage;
@@ -203,7 +203,7 @@ Status Store::StageCommit(uint64_t ino, OpenFile& f, bool durable) {
   StagedRecord r{s.name, static_cast<uint64_t>(st.st_size), MtimeNs(st), DataBytes(st), durable,
                  boot_id_};
   Status committed = [&]() -> Status {
-    std::lock_guard ns(ns_mu_);
+    MutexLock ns(&ns_mu_);
     ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
     RETURN_IF_ERROR(txn.GetInode(ino).status());
     RETURN_IF_ERROR(txn.PutStaged(ino, r));
@@ -264,7 +264,7 @@ Result<bool> Store::ReleaseStaged(uint64_t ino, OpenFile& f, uint64_t fh) {
 void Store::DropStage(uint64_t ino, OpenFile& f) {
   ::unlink(StagePath(f.stage->name).c_str());
   f.stage.reset();  // closes it
-  std::lock_guard lock(files_mu_);
+  MutexLock lock(&files_mu_);
   stale_pages_.insert(ino);
 }
 
@@ -371,7 +371,7 @@ Status Store::Seal(uint64_t ino, OpenFile& f, bool wait_release) {
         RETURN_IF_ERROR(cache_->SyncChunks(ids));
         synced = true;
       }
-      std::lock_guard ns(ns_mu_);
+      MutexLock ns(&ns_mu_);
       ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
       ASSIGN_OR_RETURN(auto now, txn.GetStaged(ino));
       if (!now || now->name != rec->name) return Status::Ok();  // unlinked, or staged anew

@@ -306,7 +306,7 @@ Status Store::ApplyRemoteRmdir(const std::string& path) {
   std::vector<std::string> parts = Components(path);
   uint64_t parent = kRootIno;
   {
-    std::lock_guard lock(ns_mu_);
+    MutexLock lock(&ns_mu_);
     ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
     parent = ParentDir(txn, parts);
     if (parent == 0) return Status::Ok();  // already gone here
@@ -368,7 +368,7 @@ Result<uint64_t> Store::MakeDirsForRemote(MetaStore::Txn& txn,
 Status Store::ApplyRemoteDir(const std::string& path) {
   std::vector<std::pair<uint64_t, std::string>> created;
   {
-    std::lock_guard lock(ns_mu_);
+    MutexLock lock(&ns_mu_);
     ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
     auto made = MakeDirsForRemote(txn, Components(path), &created);
     if (!made.ok()) return made.status().code() == Code::kExists ? Status::Ok() : made.status();
@@ -391,7 +391,7 @@ Status Store::ApplyRemoteFile(const std::string& path, const FileRecord& r,
   uint64_t parent = 0, ino = 0;
   bool marked = false;
   {
-    std::lock_guard lock(ns_mu_);
+    MutexLock lock(&ns_mu_);
     ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
     ASSIGN_OR_RETURN(parent, MakeDirsForRemote(txn, parts, &created));
     if (name.empty() || name == "." || name == ".." || name.size() > 255) {
@@ -469,7 +469,7 @@ Status Store::ApplyRemoteDelete(const std::string& path) {
   std::vector<ChunkId> freed;
   uint64_t parent = kRootIno, ino = 0;
   {
-    std::lock_guard lock(ns_mu_);
+    MutexLock lock(&ns_mu_);
     ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
     parent = ParentDir(txn, parts);
     if (parent == 0) return Status::Ok();  // already gone here

@@ -258,7 +258,7 @@ TEST_P(IoEngineTest, ConcurrentSubmitters) {
   constexpr int kThreads = 8;
   constexpr size_t kLen = 64 << 10;
   std::vector<std::thread> threads;
-  std::vector<bool> ok(kThreads, false);
+  std::vector<char> ok(kThreads, 0);  // not vector<bool>: its bits share bytes across threads
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
       std::vector<uint8_t> data = test::RandomBytes(kLen, 100 + t), back(kLen);
