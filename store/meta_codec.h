@@ -4,9 +4,12 @@
 
 #include <lmdb.h>
 
+#include <cerrno>
 #include <cstdint>
 #include <string>
 #include <string_view>
+
+#include "common/status.h"
 
 namespace ckptfs::meta_codec {
 
@@ -24,6 +27,19 @@ inline std::string InoKey(uint64_t ino) {
   std::string k;
   PutU64(k, ino);
   return k;
+}
+
+// A per-tier name: tier 0 keeps the name it had before the chain (older stores read on).
+inline std::string TierKey(std::string_view base, int tier) {
+  return tier == 0 ? std::string(base) : std::string(base) + "." + std::to_string(tier);
+}
+
+inline Status LmdbError(int rc, const std::string& what) {
+  Code code = Code::kIo;
+  if (rc == MDB_MAP_FULL) code = Code::kNoSpace;
+  if (rc == MDB_CORRUPTED || rc == MDB_PAGE_NOTFOUND || rc == MDB_INVALID) code = Code::kCorrupt;
+  if (rc == ENOSPC) code = Code::kNoSpace;
+  return Status(code, what + ": " + mdb_strerror(rc));
 }
 
 }  // namespace ckptfs::meta_codec
