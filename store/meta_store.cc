@@ -16,8 +16,8 @@ namespace ckptfs {
 namespace {
 
 // Inode records: version 1 has 12 fields, or 13 when written by the binaries that added data_bytes
-// without a new version; version 2 has 13.
-constexpr uint8_t kInodeVersion = 2;
+// without a new version; version 2 has 13; version 3 has 14 (path_epoch).
+constexpr uint8_t kInodeVersion = 3;
 constexpr std::string_view kFormatKey = "format";
 constexpr std::string_view kNextInoKey = "next_ino";
 
@@ -42,7 +42,7 @@ std::string EncodeInode(const InodeRecord& r) {
   for (uint64_t v : {r.ino, uint64_t{r.mode}, uint64_t{r.uid}, uint64_t{r.gid}, uint64_t{r.nlink},
                      r.size, r.rdev, static_cast<uint64_t>(r.atime_ns),
                      static_cast<uint64_t>(r.mtime_ns), static_cast<uint64_t>(r.ctime_ns),
-                     r.next_cookie, r.generation, r.data_bytes}) {
+                     r.next_cookie, r.generation, r.data_bytes, r.path_epoch}) {
     PutU64(out, v);
   }
   return out;
@@ -57,9 +57,9 @@ Result<InodeRecord> DecodeInode(std::string_view b) {
                                           std::to_string(kInodeVersion) + ")");
   }
   const bool known = (version == 1 && (fields == 12 || fields == 13)) ||
-                     (version == 2 && fields == 13);
+                     (version == 2 && fields == 13) || (version == 3 && fields == 14);
   if (!known || b.size() != 1 + fields * 8) return Corrupt("inode record is damaged");
-  uint64_t f[13];
+  uint64_t f[14] = {};
   for (size_t i = 0; i < fields; ++i) f[i] = GetU64(b.data() + 1 + 8 * i);
   if (fields == 12) f[12] = f[5];
   InodeRecord r;
@@ -76,6 +76,7 @@ Result<InodeRecord> DecodeInode(std::string_view b) {
   r.next_cookie = f[10];
   r.generation = f[11];
   r.data_bytes = f[12];
+  r.path_epoch = f[13];
   return r;
 }
 

@@ -16,7 +16,8 @@
 //                                      file's path for the remote tier)
 //   remote_ops seq                  -> op            (namespace changes still to publish to the
 //                                      first remote tier, in order; see store/remote_tier.h)
-//   published  ino                  -> generation    (the version of a file that tier has)
+//   published  ino                  -> generation    (the version of a file that tier holds under
+//                                      the file's path; dropped when the file moves)
 //   remote_ops.T, published.T       the same for remote tier T (1..kMaxTiers-1) of the chain
 //   staged     ino                  -> StagedRecord  (bytes closed in a passthrough staging
 //                                      file and not yet cut into chunks; see store/staged.cc)
@@ -65,6 +66,11 @@ struct InodeRecord {
   // Regular files: the bytes of the manifest's chunk extents (holes take none), which st_blocks
   // reports. Records written before it existed read as `size`.
   uint64_t data_bytes = 0;
+  // Regular files: bumped whenever the file moves (a rename of it or of a directory above it),
+  // so that a publish queued or begun under an earlier path is told from the one the move
+  // queued, even when the path is the same again (A -> B -> A; store/remote_tier.h). Records
+  // written before it existed read as 0.
+  uint64_t path_epoch = 0;
 };
 
 struct DirEntry {
@@ -94,8 +100,9 @@ struct StagedRecord {
 };
 
 // The store format this binary writes. 1: stores made before the format was recorded; 2: inode
-// records of version 2, the fallbacks table.
-constexpr uint64_t kStoreFormat = 2;
+// records of version 2, the fallbacks table; 3: inode records of version 3 (path_epoch) and
+// publish ops that carry it (a binary of format 2 would drop them as damaged).
+constexpr uint64_t kStoreFormat = 3;
 
 // A file whose newest version may not be on the disk yet (committed without fsync, or renamed
 // over another file while its bytes are only staged), with the last version of it that is: after

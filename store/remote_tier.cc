@@ -80,9 +80,10 @@ Result<FileRecord> FileRecord::Decode(std::string_view b) {
 }
 
 namespace remote_op {
-std::string PublishFile(uint64_t ino) {
+std::string PublishFile(uint64_t ino, uint64_t path_epoch) {
   std::string p;
   PutU64(p, ino);
+  PutU64(p, path_epoch);
   return Op('F', p);
 }
 std::string Unpublish(std::string_view path) { return Op('D', path); }
@@ -215,9 +216,11 @@ Status RemoteTier::Process(std::string_view op) {
   const std::string_view arg = op.substr(1);
   switch (op[0]) {
     case 'F': {
-      if (arg.size() != 8) return Corrupt("damaged upload op");
+      // 8 bytes: queued by a binary of store format 2, before path epochs.
+      if (arg.size() != 8 && arg.size() != 16) return Corrupt("damaged upload op");
       const uint64_t ino = GetU64(arg, 0);
-      Status st = PublishFile(ino);
+      const auto epoch = arg.size() == 16 ? std::optional<uint64_t>(GetU64(arg, 8)) : std::nullopt;
+      Status st = PublishFile(ino, epoch);
       if (st.ok() && on_published_) {
         on_published_(ino);
         cache_->Evict();  // what the file held may go now
@@ -238,7 +241,7 @@ Status RemoteTier::Process(std::string_view op) {
   }
 }
 
-Status RemoteTier::PublishFile(uint64_t ino) {
+Status RemoteTier::PublishFile(uint64_t ino, std::optional<uint64_t> path_epoch) {
   InodeRecord rec;
   std::string path;
   Manifest m;
@@ -249,6 +252,9 @@ Status RemoteTier::PublishFile(uint64_t ino) {
     if (!r.ok()) return r.status();
     rec = *r;
     if (!S_ISREG(rec.mode) || rec.nlink == 0) return Status::Ok();
+    // Moved since this op was queued: the move queued the publish under the path it has now,
+    // after the deletion of the record under this op's path, which may be that path again.
+    if (path_epoch && *path_epoch != rec.path_epoch) return Status::Ok();
     auto p = txn.PathOf(ino);
     if (!p.ok() && p.status().code() == Code::kNotFound) return Status::Ok();  // unlinked
     if (!p.ok()) return p.status();
@@ -301,18 +307,27 @@ Status RemoteTier::PublishFile(uint64_t ino) {
   cache_->Evict();
   metrics_->files_published.Add(1);
   ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
-  // Renamed while this ran (a save to a temporary name, then a rename over the checkpoint):
-  // the rename dropped the published mark and queued a publish under the new name, which this
-  // mark would make it skip.
+  auto cur = txn.GetInode(ino);
+  if (!cur.ok()) return cur.status().code() == Code::kNotFound ? Status::Ok() : cur.status();
+  // Moved while this ran (a save to a temporary name, then a rename over the checkpoint; or away
+  // and back, A -> B -> A, which leaves the path as it was): the move dropped the published
+  // mark, queued the deletion of the record just put, and after it the publish under the path
+  // the file has now. Until that one is done the tier does not hold the file.
+  if (cur->nlink == 0 || cur->path_epoch != rec.path_epoch) return Status::Ok();
   auto now = txn.PathOf(ino);
   if (!now.ok()) return Status::Ok();  // unlinked since
   if (*now != path) {
-    // Linked or renamed elsewhere: publish again under the name it has now.
-    RETURN_IF_ERROR(txn.QueueRemoteOpFor(tier_, remote_op::PublishFile(ino)).status());
+    // Linked elsewhere (the path names its newest link, and a link queues nothing): publish
+    // again under the name it has now.
+    RETURN_IF_ERROR(
+        txn.QueueRemoteOpFor(tier_, remote_op::PublishFile(ino, cur->path_epoch)).status());
     RETURN_IF_ERROR(txn.Commit());
     Kick();
     return Status::Ok();
   }
+  // An op of store format 2 cannot tell whether a deletion queued after it undoes this record:
+  // the mark is left to the publish each mount queues for every file a tier lacks.
+  if (!path_epoch) return Status::Ok();
   ASSIGN_OR_RETURN(uint64_t published, txn.GetPublished(tier_, ino));
   if (published < rec.generation) RETURN_IF_ERROR(txn.PutPublished(tier_, ino, rec.generation));
   return txn.Commit();

@@ -14,6 +14,18 @@
 // (invariant 2 for the remote side: another node never sees a record whose chunks are missing).
 // A chunk the backend already holds (HEAD) is not uploaded again: dedup is global across nodes.
 //
+// A file that moves (rename(2) of it or of a directory above it) is unpublished under its old
+// path and published again under the new one: the move queues the deletion of the old record,
+// then a publish that carries the file's new path epoch (InodeRecord::path_epoch). A publish op
+// of an earlier epoch is stale and skipped: run after the move, it would put the record under
+// the path the file has now (A again after A -> B -> A) ahead of the deletion queued for that
+// path. A publish the file moves during puts its record, but only a publish whose epoch is still
+// the file's once its record is up marks the version as held by the tier (the published table,
+// which user.ckptfs.state reads): the deletions queued by the move may undo that record, and the
+// publish queued after them puts it back. So whatever the interleaving, the last op queued for a
+// file puts its record where it is now, and a tier is said to hold a version only once that
+// record is there.
+//
 // Thread-safe. One worker thread runs the queue in order; the chunks of one file upload in
 // parallel on `threads` threads. A failing backend is retried with backoff, forever: nothing
 // committed locally is dropped because the backend is down.
@@ -26,6 +38,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -60,7 +73,9 @@ struct FileRecord {
 
 // The ops of the remote_ops queue.
 namespace remote_op {
-std::string PublishFile(uint64_t ino);          // put files/<path of ino> (and its chunks)
+// Put files/<path of ino> (and its chunks), unless ino moved since: path_epoch is ino's
+// InodeRecord::path_epoch as the op is queued.
+std::string PublishFile(uint64_t ino, uint64_t path_epoch);
 std::string Unpublish(std::string_view path);   // delete files/<path>
 std::string PublishDir(std::string_view path);  // put dirs/<path>
 std::string UnpublishDir(std::string_view path);
@@ -124,7 +139,9 @@ class RemoteTier {
  private:
   void Loop();
   Status Process(std::string_view op);
-  Status PublishFile(uint64_t ino);
+  // path_epoch: the op's (none: an op of store format 2, which never marks the tier as holding
+  // the file; see QueueUnpublished).
+  Status PublishFile(uint64_t ino, std::optional<uint64_t> path_epoch);
   // Appends "key changed" to the journal (the farthest tier only), once the change is made.
   Status Announce(const std::string& key) {
     return journal_ ? journal_->Append(key) : Status::Ok();

@@ -150,7 +150,7 @@ Status Store::RecoverFallbacks(MetaStore::Txn& txn, bool clean, std::vector<Chun
     rec->mtime_ns = rec->ctime_ns = fb.mtime_ns;
     ++rec->generation;
     RETURN_IF_ERROR(txn.PutInode(*rec));
-    RETURN_IF_ERROR(QueueRemote(txn, remote_op::PublishFile(ino)));
+    RETURN_IF_ERROR(QueueRemote(txn, remote_op::PublishFile(ino, rec->path_epoch)));
     ++reverted;
     log_->warn("{}: its newest version had not reached the disk when the machine stopped; it "
                "reads as its last durable version ({} bytes)", path, rec->size);

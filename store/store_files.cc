@@ -188,7 +188,8 @@ Status Store::KeepCreated(uint64_t ino, OpenFile& f, uint64_t fh) {
     MutexLock ns(&ns_mu_);
     ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
     RETURN_IF_ERROR(txn.ClearUnborn(ino));
-    RETURN_IF_ERROR(QueueRemote(txn, remote_op::PublishFile(ino)));
+    ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(ino));
+    RETURN_IF_ERROR(QueueRemote(txn, remote_op::PublishFile(ino, rec.path_epoch)));
     RETURN_IF_ERROR(txn.Commit());
   }
   f.unborn = false;
@@ -617,7 +618,7 @@ Status Store::CommitManifestTxn(MetaStore::Txn& txn, uint64_t ino, const Manifes
   RETURN_IF_ERROR(txn.ClearUnborn(ino));
   RETURN_IF_ERROR(txn.DelStaged(ino));
   if (!remotes_.empty()) HoldUnpublished(ino, rec.generation, m);
-  return QueueRemote(txn, remote_op::PublishFile(ino));
+  return QueueRemote(txn, remote_op::PublishFile(ino, rec.path_epoch));
 }
 
 Result<std::shared_ptr<const Manifest>> Store::CommittedManifest(uint64_t ino) {

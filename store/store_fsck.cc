@@ -269,7 +269,8 @@ Status Store::FsckRecords(int tier, uint64_t ino, const FsckOptions& options, Fs
     ASSIGN_OR_RETURN(auto m, txn.GetManifest(file));
     ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(file));
     if (m) HoldUnpublished(file, rec.generation, *m);
-    RETURN_IF_ERROR(txn.QueueRemoteOpFor(tier, remote_op::PublishFile(file)).status());
+    RETURN_IF_ERROR(
+        txn.QueueRemoteOpFor(tier, remote_op::PublishFile(file, rec.path_epoch)).status());
     RETURN_IF_ERROR(txn.Commit());
     remotes_[tier]->Kick();
     ++r->records_republished;

@@ -166,7 +166,8 @@ Status Store::QueueUnpublished() {
       ASSIGN_OR_RETURN(auto m, txn.GetManifest(ino));
       if (m && !held) HoldUnpublished(ino, rec->generation, *m);
       held = true;
-      RETURN_IF_ERROR(txn.QueueRemoteOpFor(tier, remote_op::PublishFile(ino)).status());
+      RETURN_IF_ERROR(
+          txn.QueueRemoteOpFor(tier, remote_op::PublishFile(ino, rec->path_epoch)).status());
       ++queued;
     }
   }
@@ -278,11 +279,15 @@ Status Store::QueueTree(MetaStore::Txn& txn, uint64_t ino, const std::string& pa
   if (S_ISREG(rec.mode)) {
     if (!publish) return txn.QueueRemoteOp(remote_op::Unpublish(path)).status();
     // A file that moves keeps its generation: publish it again under the new path (no record
-    // may name its chunks meanwhile: they stay on the local tier until then).
+    // may name its chunks meanwhile: they stay on the local tier until then). Its new path epoch
+    // makes the publishes queued or running under an earlier path count for nothing: the
+    // deletions queued before this one may undo what they put (remote_tier.h).
+    ++rec.path_epoch;
+    RETURN_IF_ERROR(txn.PutInode(rec));
     RETURN_IF_ERROR(txn.DelPublished(ino));
     ASSIGN_OR_RETURN(auto m, txn.GetManifest(ino));
     if (m) HoldUnpublished(ino, rec.generation, *m);
-    return txn.QueueRemoteOp(remote_op::PublishFile(ino)).status();
+    return txn.QueueRemoteOp(remote_op::PublishFile(ino, rec.path_epoch)).status();
   }
   if (!S_ISDIR(rec.mode)) return Status::Ok();
   RETURN_IF_ERROR(txn.QueueRemoteOp(publish ? remote_op::PublishDir(path)

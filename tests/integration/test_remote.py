@@ -1,8 +1,9 @@
 # The remote tier through real mounts: write-back to a real S3 server (Ceph radosgw, started once
 # per session by the `rgw` fixture) and to a file:// directory, a second node with an empty cache
-# that sees and reads what the first wrote, eviction under cache_size and refetch, uploads that
-# resume after the daemon dies, injected backend faults and corruption, three nodes on one
-# bucket, durability=remote, and clear errors for a bad bucket or bad credentials.
+# that sees and reads what the first wrote, a file moved away and back during its upload,
+# eviction under cache_size and refetch, uploads that resume after the daemon dies, injected
+# backend faults and corruption, three nodes on one bucket, durability=remote, and clear errors
+# for a bad bucket or bad credentials.
 #
 # Everything here is asynchronous (uploads, the namespace sync): tests poll with bounded waits and
 # never assert on timings. Runs in the pytest process, which must be Debian's /usr/bin/python3.
@@ -207,6 +208,32 @@ def test_write_back_then_a_second_node_with_an_empty_cache_loads_it(make_mount, 
     assert read_file(b / path) == read_file(a / path)
     # Every chunk came from the backend, verified, and stays in b's cache.
     assert local_chunks(b) == mine
+
+
+@pytest.mark.timeout(180)
+def test_a_rename_away_and_back_during_the_upload_leaves_the_file_in_the_bucket(make_mount,
+                                                                               new_remote):
+    """`rename A B; rename B A` right after A's close, while A's upload is under way (each PUT is
+    held 300 ms, so A's record goes after the renames): the bucket ends up holding A, A's state
+    says remote only then, and a fresh node reads A whole."""
+    remote = new_remote("file")
+    a = mount_on(make_mount, remote, "a", options=REMOTE_CHUNKS, faults="delay_ms=300,ops=put")
+    data = os.urandom(4 * MiB)
+    write_file(a / "A.pt", data)
+    # Chunks go first, the record last: the first chunk in the bucket means the upload is on.
+    wait_true(lambda: remote.objects("chunks/"), "A.pt's first chunk in the bucket")
+    os.rename(a / "A.pt", a / "B.pt")
+    os.rename(a / "B.pt", a / "A.pt")
+    wait_state([a / "A.pt"])
+    files = remote.objects("files/")
+    assert "files/A.pt" in files and "files/B.pt" not in files, files
+    assert remote.read("files/A.pt")  # the record the state promises
+
+    b = mount_on(make_mount, remote, "b", options=REMOTE_CHUNKS)
+    wait_true(lambda: exists(b / "A.pt"), "A.pt on a fresh node")
+    assert read_file(b / "A.pt") == data
+    assert not exists(b / "B.pt")
+    assert read_file(a / "A.pt") == data  # a's own sync left it alone
 
 
 # --- 2. eviction and refetch ---

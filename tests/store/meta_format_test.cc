@@ -107,13 +107,44 @@ TEST(MetaFormatTest, AnOlderStoreIsReadAndRaisedWhenOpenedForWriting) {
   EXPECT_EQ(got->size, 42u);
   EXPECT_EQ(got->data_bytes, 42u);  // records before data_bytes read as their size
   EXPECT_EQ(got->generation, 3u);
+  EXPECT_EQ(got->path_epoch, 0u);
+}
+
+TEST(MetaFormatTest, AnInodeRecordOfVersion2ReadsWithPathEpochZeroAndIsWrittenWithIt) {
+  test::TempDir d;
+  FormatOf(d.path(), false);
+  std::string v2(1, '\2');
+  for (uint64_t f : {uint64_t{7}, uint64_t{S_IFREG | 0644}, uint64_t{0}, uint64_t{0}, uint64_t{1},
+                     uint64_t{42}, uint64_t{0}, uint64_t{0}, uint64_t{0}, uint64_t{0}, uint64_t{1},
+                     uint64_t{3}, uint64_t{40}}) {
+    v2 += U64(f);
+  }
+  Raw(d.path(), "inodes", U64(7), &v2);
+  auto s = MetaStore::Open(d.path(), kMapBytes);
+  ASSERT_TRUE(s.ok());
+  {
+    auto t = (*s)->Begin(true);
+    auto got = t->GetInode(7);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_EQ(got->data_bytes, 40u);
+    EXPECT_EQ(got->generation, 3u);
+    EXPECT_EQ(got->path_epoch, 0u);
+    got->path_epoch = 5;
+    ASSERT_TRUE(t->PutInode(*got).ok());
+    ASSERT_TRUE(t->Commit().ok());
+  }
+  auto t = (*s)->Begin(false);
+  auto got = t->GetInode(7);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(got->path_epoch, 5u);
+  EXPECT_EQ(got->data_bytes, 40u);
 }
 
 TEST(MetaFormatTest, AnInodeRecordOfANewerVersionIsNotCalledDamaged) {
   test::TempDir d;
   FormatOf(d.path(), false);
-  std::string newer(1, '\3');
-  for (int i = 0; i < 14; ++i) newer += U64(i);
+  std::string newer(1, '\4');
+  for (int i = 0; i < 15; ++i) newer += U64(i);
   Raw(d.path(), "inodes", U64(9), &newer);
   auto s = MetaStore::Open(d.path(), kMapBytes);
   ASSERT_TRUE(s.ok());

@@ -1,13 +1,17 @@
 // Two Stores, each with its own cache directory, on one in-memory backend: what one commits the
 // backend gets (chunks first, then the record), and the other's namespace sync applies it
-// (new, replaced, renamed, deleted files), reading the bytes back through its fetch path.
+// (new, replaced, renamed, deleted files), reading the bytes back through its fetch path. A file
+// moved away and back while it is published (or queued, or queued by an older binary) ends up in
+// the bucket, and is said to be there only once it is.
 #include "store/remote_tier.h"
 
 #include <gtest/gtest.h>
+#include <lmdb.h>
 #include <sys/stat.h>
 
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backends/mem_backend.h"
@@ -21,6 +25,40 @@ namespace {
 using Bytes = std::vector<uint8_t>;
 
 using Shared = test::SharedBackend;
+
+// Rewrites the publish ops queued for the first tier in the metadata at `meta` (a store that is
+// not open) the way a binary of store format 2 queued them: without the file's path epoch.
+void DropPathEpochs(const std::string& meta) {
+  MDB_env* env = nullptr;
+  ASSERT_EQ(mdb_env_create(&env), 0);
+  mdb_env_set_maxdbs(env, 32);
+  ASSERT_EQ(mdb_env_open(env, meta.c_str(), MDB_NOTLS, 0600), 0);
+  MDB_txn* txn = nullptr;
+  ASSERT_EQ(mdb_txn_begin(env, nullptr, 0, &txn), 0);
+  MDB_dbi dbi;
+  ASSERT_EQ(mdb_dbi_open(txn, "remote_ops", 0, &dbi), 0);
+  std::vector<std::pair<std::string, std::string>> ops;
+  MDB_cursor* cursor = nullptr;
+  ASSERT_EQ(mdb_cursor_open(txn, dbi, &cursor), 0);
+  MDB_val k, v;
+  for (int rc = mdb_cursor_get(cursor, &k, &v, MDB_FIRST); rc == 0;
+       rc = mdb_cursor_get(cursor, &k, &v, MDB_NEXT)) {
+    ops.emplace_back(std::string(static_cast<char*>(k.mv_data), k.mv_size),
+                     std::string(static_cast<char*>(v.mv_data), v.mv_size));
+  }
+  mdb_cursor_close(cursor);
+  size_t rewritten = 0;
+  for (auto& [key, op] : ops) {
+    if (op.size() != 17 || op[0] != 'F') continue;  // 'F', ino, path epoch
+    op.resize(9);
+    MDB_val kv{key.size(), key.data()}, ov{op.size(), op.data()};
+    ASSERT_EQ(mdb_put(txn, dbi, &kv, &ov, 0), 0);
+    ++rewritten;
+  }
+  EXPECT_GE(rewritten, 3u);
+  ASSERT_EQ(mdb_txn_commit(txn), 0);
+  mdb_env_close(env);
+}
 
 class RemoteTierTest : public test::NodesTest {
  protected:
@@ -41,6 +79,54 @@ class RemoteTierTest : public test::NodesTest {
     return n;
   }
 
+  // `rename A.pt B.pt; rename B.pt A.pt` on node s.
+  static void MoveAwayAndBack(Store& s) {
+    EXPECT_TRUE(s.Rename(kRootIno, "A.pt", kRootIno, "B.pt", 0).ok());
+    EXPECT_TRUE(s.Rename(kRootIno, "B.pt", kRootIno, "A.pt", 0).ok());
+  }
+
+  // Fails the test when files/A.pt is deleted while node s says the backend holds A.pt.
+  static void ExpectNotRemoteWhileDeleted(Shared* backend, Store& s) {
+    backend->on_delete = [&s](const std::string& key) {
+      if (key != "files/A.pt") return;
+      auto f = s.Lookup(kRootIno, "A.pt");
+      if (!f.ok()) return;
+      auto state = s.RemoteState(f->ino);
+      ASSERT_TRUE(state.ok());
+      EXPECT_NE(*state, "remote") << "the record of A.pt is being deleted";
+    };
+  }
+
+  // Once the uploads are done, the bucket is the namespace: node s says file ino (at `path`) is
+  // remote, the backend holds that version under `path` and nothing under `away` (where it was
+  // meanwhile), and a fresh node, or s's own sync, reads it whole at `path`.
+  void ExpectBucketHolds(Store& s, uint64_t ino, const std::string& path, const std::string& away,
+                         const Bytes& data) {
+    const auto parts = [](const std::string& p) {
+      std::vector<std::string> out(1);
+      for (char c : p) {
+        if (c == '/') {
+          out.emplace_back();
+        } else {
+          out.back().push_back(c);
+        }
+      }
+      return out;
+    };
+    ASSERT_TRUE(s.remote()->Drain(30).ok());
+    EXPECT_EQ(*s.RemoteState(ino), "remote");
+    EXPECT_TRUE(HoldsVersion(mem_, s, ino, path));
+    EXPECT_EQ(Count("files/" + away), 0u);
+    auto fresh = OpenStore("fresh");
+    ASSERT_TRUE(fresh->SyncFromRemote().ok());
+    EXPECT_EQ(Find(*fresh, parts(away)), 0u);
+    const uint64_t on_fresh = Find(*fresh, parts(path));
+    ASSERT_NE(on_fresh, 0u);
+    EXPECT_EQ(Read(*fresh, on_fresh), data);
+    ASSERT_TRUE(s.SyncFromRemote().ok());
+    ASSERT_EQ(Find(s, parts(path)), ino);
+    EXPECT_EQ(Read(s, ino), data);
+  }
 };
 
 TEST_F(RemoteTierTest, CommittedFilesReachTheOtherNode) {
@@ -105,6 +191,72 @@ TEST_F(RemoteTierTest, RenameWhilePublishingPublishesTheNewName) {
   ASSERT_TRUE(b->SyncFromRemote().ok());
   EXPECT_EQ(Find(*b, {"ckpt.pt.tmp"}), 0u);
   EXPECT_EQ(Read(*b, Find(*b, {"ckpt.pt"})), new_bytes);
+}
+
+TEST_F(RemoteTierTest, ARenameAwayAndBackDuringThePublishLeavesTheFileInTheBucket) {
+  // `rename A B; rename B A` while A's record is being put: the unpublishing of A that the first
+  // rename queued runs after this publish, which must therefore neither count as the backend
+  // holding A nor keep the publish queued by the second rename from putting A back.
+  Shared* backend = nullptr;
+  auto a = OpenStore("a", &backend);
+  const Bytes data = test::RandomBytes(300 << 10, 11);
+  bool moved = false;
+  backend->on_put = [&](const std::string& key) {
+    if (key != "files/A.pt" || moved) return;
+    auto rec = a->Lookup(kRootIno, "A.pt");
+    if (!rec.ok() || rec->generation == 0) return;  // the empty file MakeNode published
+    moved = true;
+    MoveAwayAndBack(*a);
+  };
+  ExpectNotRemoteWhileDeleted(backend, *a);
+  const uint64_t ino = Write(*a, kRootIno, "A.pt", data);
+  ASSERT_TRUE(a->remote()->Drain(30).ok());
+  ASSERT_TRUE(moved);
+  ExpectBucketHolds(*a, ino, "A.pt", "B.pt", data);
+}
+
+TEST_F(RemoteTierTest, ARenameAwayAndBackBeforeThePublishRunsLeavesTheFileInTheBucket) {
+  // The same moves while A's publish still waits in the queue: it runs first, under the path A
+  // has again, and the unpublishing of A queued after it must not leave the bucket without A.
+  Shared* backend = nullptr;
+  auto a = OpenStore("a", &backend);
+  const Bytes data = test::RandomBytes(300 << 10, 12);
+  a->remote()->Stop();
+  const uint64_t ino = Write(*a, kRootIno, "A.pt", data);
+  MoveAwayAndBack(*a);
+  ExpectNotRemoteWhileDeleted(backend, *a);
+  a->remote()->Start();
+  ExpectBucketHolds(*a, ino, "A.pt", "B.pt", data);
+}
+
+TEST_F(RemoteTierTest, ADirectoryMovedAwayAndBackBeforeThePublishRunsLeavesTheFileInTheBucket) {
+  // A move of a directory above the file moves the file too.
+  auto a = OpenStore("a");
+  auto d = a->MakeNode(kRootIno, "ck", S_IFDIR | 0755, 0, Caller{});
+  ASSERT_TRUE(d.ok());
+  const Bytes data = test::RandomBytes(300 << 10, 14);
+  a->remote()->Stop();
+  const uint64_t ino = Write(*a, d->ino, "A.pt", data);
+  ASSERT_TRUE(a->Rename(kRootIno, "ck", kRootIno, "ck2", 0).ok());
+  ASSERT_TRUE(a->Rename(kRootIno, "ck2", kRootIno, "ck", 0).ok());
+  a->remote()->Start();
+  ExpectBucketHolds(*a, ino, "ck/A.pt", "ck2/A.pt", data);
+}
+
+TEST_F(RemoteTierTest, PublishOpsQueuedBeforePathEpochsStillLeaveTheFileInTheBucket) {
+  // The same moves queued by a binary of store format 2 (publish ops without a path epoch), run
+  // by this one at the next mount: none of those publishes may count as the backend holding A.
+  const Bytes data = test::RandomBytes(300 << 10, 13);
+  uint64_t ino = 0;
+  {
+    auto a = OpenStore("a");
+    a->remote()->Stop();
+    ino = Write(*a, kRootIno, "A.pt", data);
+    MoveAwayAndBack(*a);
+  }
+  DropPathEpochs(dir_.Sub("a") + "/meta");
+  auto a = OpenStore("a");
+  ExpectBucketHolds(*a, ino, "A.pt", "B.pt", data);
 }
 
 TEST_F(RemoteTierTest, IdenticalBytesFromTwoNodesAreUploadedOnce) {

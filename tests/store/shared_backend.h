@@ -1,6 +1,6 @@
 // Stores (simulated nodes), each with its own cache directory, on one in-memory backend.
 // SharedBackend forwards to a MemBackend shared by several Stores, so that each Store can own its
-// own Backend object; hooks let a test act between a request and its answer, and `fail_rate`
+// own Backend object; hooks let a test act around a request, and `fail_rate`
 // injects kIo (seeded) into any request but the listing. NodesTest is the fixture.
 #pragma once
 
@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backends/mem_backend.h"
+#include "store/remote_tier.h"
 #include "store/store.h"
 #include "tests/test_util.h"
 
@@ -27,6 +28,7 @@ class SharedBackend : public Backend {
   std::function<void(const std::string& key)> on_put;   // after each Put, on the caller
   std::function<void(const std::string& key)> on_head;  // after each Head, before it answers
   std::function<void(const std::string& key)> on_get;   // after each Get, before it answers
+  std::function<void(const std::string& key)> on_delete;  // before each Delete
   double fail_rate = 0;                                 // set before use
   uint64_t seed = 0;
 
@@ -56,6 +58,7 @@ class SharedBackend : public Backend {
   }
   Status Delete(const std::string& k) override {
     if (Fails()) return Status(Code::kIo, "injected fault: delete " + k);
+    if (on_delete) on_delete(k);
     return m_->Delete(k);
   }
   Status List(const std::string& p, const std::string& a,
@@ -134,6 +137,18 @@ class NodesTest : public ::testing::Test {
     for (const ReadSlice& sl : slices) out.insert(out.end(), sl.data, sl.data + sl.len);
     EXPECT_TRUE(s.Release(ino).ok());
     return out;
+  }
+
+  // Whether `m` holds under files/<path> the version of file `ino` that node s has committed (its
+  // generation and manifest): what a state of "remote" promises.
+  static bool HoldsVersion(MemBackend& m, Store& s, uint64_t ino, const std::string& path) {
+    auto bytes = m.GetObject("files/" + path);
+    if (!bytes.ok()) return false;
+    auto r = FileRecord::Decode(*bytes);
+    auto rec = s.GetAttr(ino);
+    auto committed = s.CommittedManifest(ino);
+    return r.ok() && rec.ok() && committed.ok() && r->generation == rec->generation &&
+           r->manifest == **committed;
   }
 
   TempDir dir_;

@@ -3,10 +3,12 @@
 // committed file reaches both; a read takes the nearest tier that has a chunk; a tier that is
 // down holds back neither the other nor a durability wait that does not name it; a tier whose
 // backend changed starts over; fsck repairs one tier from the other; the near tier's keep=
-// policy drops old checkpoints from it alone, and its gc then frees their chunks there.
+// policy drops old checkpoints from it alone, and its gc then frees their chunks there; a file
+// moved away and back during a publish ends up in each tier, which says so only once it is.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <atomic>
 #include <filesystem>
 #include <future>
 #include <string>
@@ -68,6 +70,20 @@ class TiersTest : public test::NodesTest {
     }
     ASSERT_FALSE(files.empty());
     for (const auto& f : files) std::filesystem::remove(f);
+  }
+
+  // The state user.ckptfs.tiers gives file ino on tier t.
+  static std::string TierState(Store& s, uint64_t ino, int t) {
+    auto json = s.TierStates(ino);
+    if (!json.ok()) return json.status().ToString();
+    constexpr std::string_view kState = "\"state\":\"";
+    size_t at = 0;
+    for (int i = 0; i <= t; ++i) {
+      at = json->find(kState, at);
+      if (at == std::string::npos) return "no tier " + std::to_string(t);
+      at += kState.size();
+    }
+    return json->substr(at, json->find('"', at) - at);
   }
 
   static void Drain(Store& s) {
@@ -378,6 +394,42 @@ TEST_F(TiersTest, TheNearTiersKeepPolicyDropsOldCheckpointsFromItAlone) {
     EXPECT_EQ(Read(*b, f->ino), steps[step - 1].second) << step;
   }
   EXPECT_GE(b->metrics().remote_fetch_fallthrough.Get(), 2u);
+}
+
+TEST_F(TiersTest, ARenameAwayAndBackDuringThePublishLeavesEveryTierWithTheFile) {
+  // `rename A B; rename B A` while the near tier's publish of A puts its chunks (the far tier's
+  // runs meanwhile, wherever it is): each tier ends up holding A, and says so only once it does.
+  Shared *a_near = nullptr, *a_far = nullptr;
+  auto a = OpenChain("a", &near_, &far_, &a_near, &a_far);
+  const Bytes data = test::RandomBytes(512 << 10, 13);
+  std::atomic<bool> moved{false};
+  a_near->on_put = [&](const std::string& key) {
+    if (key.rfind("chunks/", 0) != 0 || moved.exchange(true)) return;
+    EXPECT_TRUE(a->Rename(kRootIno, "A.pt", kRootIno, "B.pt", 0).ok());
+    EXPECT_TRUE(a->Rename(kRootIno, "B.pt", kRootIno, "A.pt", 0).ok());
+  };
+  for (int t = 0; t < 2; ++t) {
+    (t ? a_far : a_near)->on_delete = [&a, t](const std::string& key) {
+      if (key != "files/A.pt") return;
+      auto f = a->Lookup(kRootIno, "A.pt");
+      if (!f.ok()) return;
+      EXPECT_NE(TierState(*a, f->ino, t), "remote") << "tier " << t << " loses A.pt";
+    };
+  }
+  const uint64_t ino = Write(*a, kRootIno, "A.pt", data);
+  Drain(*a);
+  ASSERT_TRUE(moved);
+  for (int t = 0; t < 2; ++t) {
+    EXPECT_EQ(TierState(*a, ino, t), "remote") << "tier " << t;
+    EXPECT_TRUE(HoldsVersion(t ? far_ : near_, *a, ino, "A.pt")) << "tier " << t;
+    EXPECT_EQ(Count(t ? far_ : near_, "files/B.pt"), 0u) << "tier " << t;
+  }
+  auto fresh = OpenChain("fresh", &near_, &far_);
+  ASSERT_TRUE(fresh->SyncFromRemote().ok());
+  EXPECT_FALSE(fresh->Lookup(kRootIno, "B.pt").ok());
+  auto on_fresh = fresh->Lookup(kRootIno, "A.pt");
+  ASSERT_TRUE(on_fresh.ok());
+  EXPECT_EQ(Read(*fresh, on_fresh->ino), data);
 }
 
 TEST_F(TiersTest, ADeletionFromAnotherNodeReachesANearTierThePublishLandedOnLate) {
