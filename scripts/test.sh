@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds, and runs the whole test suite: every unit test (the S3 ones
 # against a real radosgw, the pickle ones against CPython and torch) under AddressSanitizer and
-# UndefinedBehaviorSanitizer; every parser fuzzed for a bounded time; then the real-mount
-# integration suite with Debian's PyTorch against the optimized ckptfs binary.
+# UndefinedBehaviorSanitizer; the concurrent store and cache tests under ThreadSanitizer (a clang
+# build, which also checks the lock annotations); every parser fuzzed for a bounded time; then
+# the real-mount integration suite with Debian's PyTorch against the optimized ckptfs binary.
 # Each build compiles only what its tests run (2 cores: the whole tree twice would not fit).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,6 +22,19 @@ ninja -C build-asan tests/all
 echo "== unit tests under ASan/UBSan"
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
    ctest --output-on-failure -j "$jobs" -E '^integration$')
+echo "== build the concurrent store and cache tests (clang, ThreadSanitizer, -Wthread-safety)"
+# clang checks the lock annotations (common/mutex.h) as it compiles; ThreadSanitizer then watches
+# every access the tests make, the store's pools, seals, uploads and the settle thread included.
+tsan_tests=(store_test store_staged_test store_files_test store_locks_test store_fallback_test
+  store_namespace_test put_flights_test cut_ahead_test file_writer_test tiers_test
+  remote_tier_test chunk_cache_test chunk_cache_remote_test io_engine_test)
+configure build-tsan thread "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" \
+  "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" -DCMAKE_C_COMPILER=clang \
+  -DCMAKE_CXX_COMPILER=clang++
+ninja -C build-tsan "${tsan_tests[@]}"
+echo "== those tests under ThreadSanitizer"
+(cd build-tsan && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+   ctest --output-on-failure -j "$jobs" -R "^($(IFS='|'; echo "${tsan_tests[*]}"))\$")
 echo "== build ckptfs and libckptfs_gpu.so (optimized)"
 configure build ""
 ninja -C build ckptfs ckptfs_gpu ckptfs_lmdb_fault_shim chunk_bench

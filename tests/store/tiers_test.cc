@@ -440,11 +440,10 @@ TEST_F(TiersTest, ADeletionFromAnotherNodeReachesANearTierThePublishLandedOnLate
   Shared* a_near = nullptr;
   std::promise<void> reached, release;
   auto released = release.get_future().share();
-  bool once = true;
+  std::atomic<bool> once{true};  // upload threads call the hook at once
   auto a = OpenChain("a", &near_, &far_, &a_near);
   a_near->on_head = [&](const std::string& key) {
-    if (key.rfind("chunks/", 0) != 0 || !once) return;
-    once = false;
+    if (key.rfind("chunks/", 0) != 0 || !once.exchange(false)) return;
     reached.set_value();
     released.wait();
   };
