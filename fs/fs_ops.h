@@ -79,8 +79,8 @@ bool IsComputedXattr(std::string_view name);
 // The hints: "1" queues a prefetch of a file or tree, "0" cancels it; reads "1" while pending.
 // user.ckptfs.pin (Store::kPinXattr) is stored, "1" or absent.
 inline constexpr std::string_view kPrefetchXattr = "user.ckptfs.prefetch";
-// Set to "1": seal every staged file now (Store::SealAll) and make every version durable
-// (Store::Settle). Never stored, never read.
+// Set to "1": seal every staged file now (Store::SealAll); to "durable": also make every version
+// durable (Store::Settle). Never stored, never read.
 inline constexpr std::string_view kSealXattr = "user.ckptfs.seal";
 // Predictive prefetch (warm.cc): `ino` was opened for reading; when it belongs to a recognized
 // checkpoint whose chunks are not all local, warm the rest of that checkpoint in the background.

@@ -41,12 +41,14 @@ void SetXattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char* valu
     return SetHint(req, ino, name, std::string_view(value, size));
   }
   if (name == kSealXattr) {
-    // "1" on any inode: every file closed after a passthrough write is cut into chunks now, and
-    // every version closed without fsync made durable, which frees the versions kept as their
-    // fallbacks (ckptfs stats asks for it, so that it counts what is stored).
-    if (std::string_view(value, size) != "1") return static_cast<void>(fuse_reply_err(req, EINVAL));
+    // "1" on any inode: every file closed after a passthrough write is cut into chunks now.
+    // "durable": and every version closed without fsync is made durable, which frees the
+    // versions kept as their fallbacks (ckptfs stats asks for it, so that it counts what is
+    // stored).
+    const std::string_view v(value, size);
+    if (v != "1" && v != "durable") return static_cast<void>(fuse_reply_err(req, EINVAL));
     Status st = Ctx(req).store->SealAll();
-    if (st.ok()) st = Ctx(req).store->Settle();
+    if (st.ok() && v == "durable") st = Ctx(req).store->Settle();
     if (!st.ok()) return ReplyError(req, st, "setxattr", ino);
     return static_cast<void>(fuse_reply_err(req, 0));
   }

@@ -98,7 +98,8 @@ int Stats(const std::vector<std::string>& args) {
   if (!mount_root.empty()) {
     // On a mount: files closed after a passthrough write are cut into chunks first, so that
     // what is counted is what is stored (their bytes are in staging files until then).
-    if (::setxattr(mount_root.c_str(), "user.ckptfs.seal", "1", 1, 0) != 0) {
+    // Every version made durable too: the ones kept as fallbacks until then are freed.
+    if (::setxattr(mount_root.c_str(), "user.ckptfs.seal", "durable", 7, 0) != 0) {
       std::fprintf(stderr, "ckptfs stats: sealing staged files on %s: %s\n", mount_root.c_str(),
                    std::strerror(errno));
     }
