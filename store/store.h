@@ -559,6 +559,10 @@ class Store final : private ChunkSink {
   Result<std::vector<uint64_t>> RecoverStaged(MetaStore::Txn& txn, bool clean,
                                               std::vector<ChunkId>* freed) REQUIRES(ns_mu_);
   std::string StagePath(const std::string& name) const;
+  // Recovery's rule for a staged record: its staging file is there whole, and its bytes reached
+  // the disk (fsync, this boot, or a clean stop since).
+  bool StagingFilePresent(const StagedRecord& r) const;
+  bool StagedSurvives(const StagedRecord& r, bool clean) const;
   // The commit's metadata: m replaces ino's manifest (mtime, a new generation), its staged
   // record and new-file mark go, and the backend is told. REQUIRES: ns_mu_ held, inside txn.
   // `durable`: m's chunks are synced (fsync), so the file needs no fallback (its own goes).

@@ -102,10 +102,7 @@ Status Store::RecoverFallbacks(MetaStore::Txn& txn, bool clean, std::vector<Chun
     ASSIGN_OR_RETURN(auto staged, txn.GetStaged(ino));
     bool lost = false;
     if (fb.staged && staged) {
-      struct stat st;
-      const bool present = ::stat(StagePath(staged->name).c_str(), &st) == 0 &&
-                           static_cast<uint64_t>(st.st_size) == staged->size;
-      lost = !(present && staged->durable);  // RecoverStaged's rule for another boot
+      lost = !StagedSurvives(*staged, clean);  // what RecoverStaged keeps
     } else {
       ASSIGN_OR_RETURN(auto m, txn.GetManifest(ino));
       if (m) {

@@ -473,6 +473,16 @@ Status Store::LoadStage(uint64_t ino, OpenFile& f) {
   return Status::Ok();
 }
 
+bool Store::StagingFilePresent(const StagedRecord& r) const {
+  struct stat st;
+  return ::stat(StagePath(r.name).c_str(), &st) == 0 && static_cast<uint64_t>(st.st_size) == r.size;
+}
+
+bool Store::StagedSurvives(const StagedRecord& r, bool clean) const {
+  // A clean stop synced every staging file: their bytes outlive a reboot after it.
+  return StagingFilePresent(r) && (r.durable || r.boot_id == boot_id_ || clean);
+}
+
 Result<std::vector<uint64_t>> Store::RecoverStaged(MetaStore::Txn& txn, bool clean,
                                                    std::vector<ChunkId>* freed) {
   std::vector<std::pair<uint64_t, StagedRecord>> staged;
@@ -481,11 +491,8 @@ Result<std::vector<uint64_t>> Store::RecoverStaged(MetaStore::Txn& txn, bool cle
   std::unordered_set<std::string> kept;
   std::vector<uint64_t> seal;
   for (auto& [ino, r] : staged) {
-    struct stat st;
-    const bool present = ::stat(StagePath(r.name).c_str(), &st) == 0 &&
-                         static_cast<uint64_t>(st.st_size) == r.size;
-    // A clean stop synced every staging file: their bytes outlive a reboot after it.
-    const bool survived = present && (r.durable || r.boot_id == boot_id_ || clean);
+    const bool present = StagingFilePresent(r);
+    const bool survived = StagedSurvives(r, clean);
     auto rec = txn.GetInode(ino);
     if (survived && rec.ok()) {
       kept.insert(r.name);
