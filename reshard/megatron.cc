@@ -70,31 +70,27 @@ bool NoWeightDecay(const ModelEntry& e) {
 
 namespace {
 
-// Maps each model parameter of d to its optimizer group, position and state index.
-Status DecodeOptimizer(Decoded* d, const Rules& rules, bool swiglu) {
-  const size_t n = d->entries.size();
-  d->opt_index.assign(n, -1);
-  d->opt_group.assign(n, -1);
-  d->opt_pos.assign(n, -1);
-  ValuePtr o = Get(d->root, "optimizer");
-  if (!IsMapping(o)) return Status::Ok();  // saved without optimizer (--no-save-optim)
-  d->optim_wrapper = o;
+// One sub-optimizer's state: the wrapper (Float16OptimizerWithFloat16Params: optimizer,
+// fp32_from_fp16_params) or the torch optimizer's state dict itself (fp32).
+Status DecodeSubOptimizer(const ValuePtr& o, Decoded::SubOpt* sub) {
+  if (!IsMapping(o)) return Invalid("an optimizer state is not a dict");
+  sub->wrapper = o;
   if (ValuePtr inner = Get(o, "optimizer"); IsMapping(inner)) {
-    d->optim_inner = inner;
-    d->fp32 = Get(o, "fp32_from_fp16_params");
+    sub->inner = inner;
+    sub->fp32 = Get(o, "fp32_from_fp16_params");
   } else if (Get(o, "param_groups")) {
-    d->optim_inner = o;
-    d->optim_wrapper = nullptr;
+    sub->inner = o;
+    sub->wrapper = nullptr;
   } else {
     return Invalid("optimizer state of an unknown kind (a distributed optimizer?)");
   }
-  ValuePtr pg = Get(d->optim_inner, "param_groups");
+  ValuePtr pg = Get(sub->inner, "param_groups");
   if (!pg || pg->kind != Kind::kList) return Invalid("optimizer has no param_groups list");
-  d->groups = pg->items;
+  sub->groups = pg->items;
   // Each group's class: no weight decay when wd_mult is 0, or without wd_mult, weight_decay 0.
   std::vector<int> cls;
   bool have_wd_mult = false;
-  for (const ValuePtr& g : d->groups) {
+  for (const ValuePtr& g : sub->groups) {
     if (!IsMapping(g)) return Invalid("optimizer param group is not a dict");
     if (ValuePtr w = Get(g, "wd_mult")) {
       have_wd_mult = true;
@@ -104,41 +100,81 @@ Status DecodeOptimizer(Decoded* d, const Rules& rules, bool swiglu) {
     }
   }
   if (!have_wd_mult && cls.size() == 2 && cls[0] == cls[1]) cls = {0, 1};  // both decay 0: legacy order
-  d->group_class = cls;
-  int group_of_class[2] = {-1, -1};
-  for (size_t g = 0; g < cls.size(); ++g) {
-    if (group_of_class[cls[g]] != -1) {
-      return Invalid("optimizer has two parameter groups of one weight-decay class (lr_mult "
-                     "groups?): their parameters cannot be told apart");
+  sub->group_class = cls;
+  return Status::Ok();
+}
+
+// Maps each model parameter of d to its sub-optimizer, group, position and state index. With
+// expert parallelism (source_ep > 1) a file holding expert parameters has two sub-optimizers,
+// the dense parameters' and the experts'; else one, holding every parameter in model order.
+Status DecodeOptimizer(Decoded* d, const Rules& rules, bool swiglu, uint32_t source_ep) {
+  const size_t n = d->entries.size();
+  d->opt_sub.assign(n, -1);
+  d->opt_index.assign(n, -1);
+  d->opt_group.assign(n, -1);
+  d->opt_pos.assign(n, -1);
+  ValuePtr o = Get(d->root, "optimizer");
+  if (o && o->kind == Kind::kList) {
+    if (o->items.size() != 2) {
+      return Invalid("the optimizer state is a list of " + std::to_string(o->items.size()) +
+                     " sub-optimizers (expected the dense and the experts' ones)");
     }
-    group_of_class[cls[g]] = static_cast<int>(g);
+    d->optim_list = true;
+    d->subs.resize(2);
+    for (size_t i = 0; i < 2; ++i) RETURN_IF_ERROR(DecodeSubOptimizer(o->items[i], &d->subs[i]));
+    d->subs[1].expert = true;
+  } else if (IsMapping(o)) {
+    d->subs.resize(1);
+    RETURN_IF_ERROR(DecodeSubOptimizer(o, &d->subs[0]));
+  } else {
+    return Status::Ok();  // saved without optimizer (--no-save-optim)
   }
-  std::vector<size_t> filled(d->groups.size(), 0);
-  for (size_t i = 0; i < n; ++i) {
-    const ModelEntry& e = d->entries[i];
-    if (!e.tensor) continue;
-    ASSIGN_OR_RETURN(Rule r, rules.Classify("model." + Join(e.path), swiglu));
-    if (r == Rule::kExtraState) continue;
-    const int g = group_of_class[NoWeightDecay(e) ? 1 : 0];
-    const std::string name = "model." + Join(e.path);
-    if (g < 0) return Invalid("no optimizer param group fits parameter '" + name + "'");
-    ValuePtr params = Get(d->groups[g], "params");
-    if (!params || params->kind != Kind::kList || filled[g] >= params->items.size() ||
-        params->items[filled[g]]->kind != Kind::kInt) {
-      return Invalid("optimizer param group " + std::to_string(g) +
-                     " does not match the model's parameters at '" + name + "'");
+  for (size_t s = 0; s < d->subs.size(); ++s) {
+    Decoded::SubOpt& sub = d->subs[s];
+    int group_of_class[2] = {-1, -1};
+    for (size_t g = 0; g < sub.group_class.size(); ++g) {
+      if (group_of_class[sub.group_class[g]] != -1) {
+        return Invalid(
+            "optimizer has two parameter groups of one weight-decay class (lr_mult "
+            "groups?): their parameters cannot be told apart");
+      }
+      group_of_class[sub.group_class[g]] = static_cast<int>(g);
     }
-    d->opt_group[i] = g;
-    d->opt_pos[i] = static_cast<int64_t>(filled[g]);
-    d->opt_index[i] = params->items[filled[g]]->i;
-    ++filled[g];
-  }
-  for (size_t g = 0; g < d->groups.size(); ++g) {
-    ValuePtr params = Get(d->groups[g], "params");
-    if (filled[g] != params->items.size()) {
-      return Invalid("optimizer param group " + std::to_string(g) + " holds " +
-                     std::to_string(params->items.size()) + " parameters, the model has " +
-                     std::to_string(filled[g]) + " of its class");
+    std::vector<size_t> filled(sub.groups.size(), 0);
+    for (size_t i = 0; i < n; ++i) {
+      const ModelEntry& e = d->entries[i];
+      if (!e.tensor) continue;
+      const std::string name = "model." + Join(e.path);
+      ASSIGN_OR_RETURN(Rule r, ClassifyEntry(rules, name, d->expert[i], swiglu));
+      if (r == Rule::kExtraState) continue;
+      const bool expert_param = source_ep > 1 && d->expert[i].kind != ExpertKey::kDense &&
+                                d->expert[i].kind != ExpertKey::kModuleState;
+      if (expert_param && !d->optim_list) {
+        return Invalid("expert parameter '" + name + "' at expert parallelism " +
+                       std::to_string(source_ep) + " has no optimizer of its own");
+      }
+      if (d->optim_list && expert_param != sub.expert) continue;
+      const int g = group_of_class[NoWeightDecay(e) ? 1 : 0];
+      if (g < 0) return Invalid("no optimizer param group fits parameter '" + name + "'");
+      ValuePtr params = Get(sub.groups[g], "params");
+      if (!params || params->kind != Kind::kList || filled[g] >= params->items.size() ||
+          params->items[filled[g]]->kind != Kind::kInt) {
+        return Invalid("optimizer param group " + std::to_string(g) +
+                       " does not match the model's parameters at '" + name + "'");
+      }
+      d->opt_sub[i] = static_cast<int64_t>(s);
+      d->opt_group[i] = g;
+      d->opt_pos[i] = static_cast<int64_t>(filled[g]);
+      d->opt_index[i] = params->items[filled[g]]->i;
+      ++filled[g];
+    }
+    for (size_t g = 0; g < sub.groups.size(); ++g) {
+      ValuePtr params = Get(sub.groups[g], "params");
+      if (filled[g] != params->items.size()) {
+        return Invalid("optimizer param group " + std::to_string(g) + " holds " +
+                       std::to_string(params->items.size()) + " parameters, the model has " +
+                       std::to_string(filled[g]) + " of its class");
+      }
     }
   }
   return Status::Ok();
@@ -155,15 +191,16 @@ Result<Shard> ShardOf(const Decoded& d, const TorchTensor& t, const std::string&
 }  // namespace
 
 Status Planner::DecodeAll() {
-  files_.resize(size_t{src_.tp} * src_.pp);
+  files_.resize(size_t{src_.tp} * src_.pp * src_.ep);
   std::vector<bool> seen(files_.size());
   for (const MegatronRankFile& r : src_.ranks) {
-    if (r.tp >= src_.tp || r.pp >= src_.pp || seen[r.pp * src_.tp + r.tp]) {
+    if (r.tp >= src_.tp || r.pp >= src_.pp || r.ep >= src_.ep ||
+        seen[FileIndex(r.tp, r.pp, r.ep)]) {
       return Invalid("rank files do not form a " + std::to_string(src_.tp) + "x" +
-                     std::to_string(src_.pp) + " grid");
+                     std::to_string(src_.pp) + "x" + std::to_string(src_.ep) + " grid");
     }
-    seen[r.pp * src_.tp + r.tp] = true;
-    Decoded& d = File(r.tp, r.pp);
+    seen[FileIndex(r.tp, r.pp, r.ep)] = true;
+    Decoded& d = File(r.tp, r.pp, r.ep);
     d.rank = &r;
     d.root = r.file->root;
     for (const TorchTensor& t : r.file->pickle.tensors) d.tensors.emplace(t.node, &t);
@@ -178,6 +215,14 @@ Status Planner::DecodeAll() {
     if (!IsMapping(d.model)) return Invalid("rank file has no 'model' dict");
     std::vector<std::string> path;
     RETURN_IF_ERROR(Flatten(&d, d.model, &path, 0));
+    for (const ModelEntry& e : d.entries) {
+      ASSIGN_OR_RETURN(ExpertKey k, ParseExpertKey(e.path));
+      if (k.kind != ExpertKey::kDense && model_.num_experts == 0) {
+        return Invalid("'model." + Join(e.path) +
+                       "' is an expert's, but args.num_experts is not set");
+      }
+      d.expert.push_back(std::move(k));
+    }
     if (model_only_) continue;
     if (model_.distributed_optimizer) {
       const std::string where = "rank (" + std::to_string(r.tp) + ", " + std::to_string(r.pp) +
@@ -191,7 +236,7 @@ Status Planner::DecodeAll() {
       ASSIGN_OR_RETURN(DistOptSource ds, ReadDistOpt(*r.distrib, r.distrib_source, where));
       d.dist = std::move(ds);
     } else {
-      RETURN_IF_ERROR(DecodeOptimizer(&d, rules_, model_.swiglu));
+      RETURN_IF_ERROR(DecodeOptimizer(&d, rules_, model_.swiglu, src_.ep));
     }
   }
   for (bool s : seen) {
@@ -205,25 +250,44 @@ Status Planner::BuildGlobals() {
   std::map<std::string, size_t> index;  // canonical name -> globals_
   for (uint32_t pp = 0; pp < src_.pp; ++pp) {
     for (uint32_t tp = 0; tp < src_.tp; ++tp) {
-      Decoded& d = File(tp, pp);
-      for (size_t i = 0; i < d.entries.size(); ++i) {
+      ASSIGN_OR_RETURN(std::vector<Item> items, MergedEntries(tp, pp));
+      for (const Item& item : items) {
+        const Decoded& d = File(tp, pp, item.ep);
+        const size_t i = item.entry;
         const ModelEntry& e = d.entries[i];
         if (!e.path.empty() && e.path[0] == "language_model") legacy_ = true;
         Global g;
         g.path = e.path;
-        g.layer = FindLayer(e.path);
+        g.ep = item.ep;
+        g.expert = d.expert[i];
+        g.global_expert = item.global_expert;
+        g.local = item.local;
+        if (g.expert.kind == ExpertKey::kPerExpert) {  // the global expert number in the name
+          g.path.back().replace(g.expert.pos, g.expert.len, std::to_string(item.global_expert));
+        }
+        g.layer = FindLayer(g.path);
         if (g.layer) {
           if (g.layer->number < 0 || g.layer->number >= per_stage) {
             return Invalid("'" + Join(e.path) + "' on pipeline stage " + std::to_string(pp) +
                            " is outside the stage's " + std::to_string(per_stage) + " layers");
           }
-          g.path = WithLayer(e.path, *g.layer, g.layer->number + pp * per_stage);
+          g.path = WithLayer(g.path, *g.layer, g.layer->number + pp * per_stage);
           g.layer->number += pp * per_stage;
           g.layer->len = std::to_string(g.layer->number).size();  // the path now holds these digits
           g.place = Global::kLayer;
         }
-        const std::string canon = Join(g.path);
-        auto [it, fresh] = index.emplace(canon, globals_.size());
+        if (g.expert.kind == ExpertKey::kPerExpert) {
+          ASSIGN_OR_RETURN(ExpertKey k, ParseExpertKey(g.path));
+          g.expert_pos = k.pos;
+          g.expert_len = k.len;
+        }
+        std::string canon = Join(g.path);
+        const std::string key =
+            g.expert.kind == ExpertKey::kModuleState ? canon + "#ep" + std::to_string(item.ep)
+            : g.expert.kind == ExpertKey::kGrouped1 || g.expert.kind == ExpertKey::kGrouped2
+                ? canon + "#" + std::to_string(item.global_expert)
+                : canon;
+        auto [it, fresh] = index.emplace(key, globals_.size());
         if (!fresh) {
           Global& have = globals_[it->second];
           if (have.stage != pp) {
@@ -240,7 +304,8 @@ Status Planner::BuildGlobals() {
         g.stage = pp;
         g.entry.push_back(i);
         if (e.tensor || IsMapping(e.leaf)) {
-          ASSIGN_OR_RETURN(g.rule, rules_.Classify("model." + canon, model_.swiglu));
+          ASSIGN_OR_RETURN(g.rule,
+                           ClassifyEntry(rules_, "model." + canon, g.expert, model_.swiglu));
         } else {
           g.rule = Rule::kExtraState;  // None or an object: passed through
         }
@@ -317,7 +382,7 @@ Result<ValuePtr> Planner::ReshardTensor(
   std::vector<Shard> shards;
   const TorchTensor* first = nullptr;
   for (uint32_t k = 0; k < src_.tp; ++k) {
-    const Decoded& d = files_[g.stage * src_.tp + k];
+    const Decoded& d = FileOf(g, k);
     ASSIGN_OR_RETURN(const TorchTensor* tt, pick(d, g.entry[k]));
     if (!first) first = tt;
     if (tt->dtype != first->dtype) return Invalid("'" + what + "' has shards of different dtypes");
@@ -394,7 +459,7 @@ Result<ViewFile> Planner::PlanDistOpt(uint32_t t, uint32_t p, const Decoded& pri
     for (size_t s = 0; s < nstates; ++s) {
       std::vector<Shard> shards;
       for (uint32_t k = 0; k < src_.tp; ++k) {
-        const Decoded& d = files_[g->stage * src_.tp + k];
+        const Decoded& d = FileOf(*g, k);
         const int64_t off = d.dist_offset[g->entry[k]];
         if (off < 0) return Invalid("'" + name + "' has no distributed optimizer state");
         shards.push_back(Shard{d.dist->source,
@@ -418,7 +483,14 @@ Result<ViewFile> Planner::PlanDistOpt(uint32_t t, uint32_t p, const Decoded& pri
 Status Planner::Prepare() {
   if (src_.ranks.empty()) return Invalid("no rank files");
   ASSIGN_OR_RETURN(model_, ReadMegatronModel(*src_.ranks[0].file));
-  if (!model_only_) RETURN_IF_ERROR(CheckMegatronTarget(model_, T_, P_));
+  if (!model_only_) RETURN_IF_ERROR(CheckMegatronTarget(model_, T_, P_, asked_E_));
+  if (model_.num_experts > 0 && src_.ep != model_.source_ep) {
+    return Invalid("the rank files have " + std::to_string(src_.ep) +
+                   " expert-parallel ranks, args.expert_model_parallel_size says " +
+                   std::to_string(model_.source_ep));
+  }
+  if (model_.num_experts == 0 && src_.ep != 1)
+    return Invalid("expert-parallel rank files without experts");
   if (model_.num_layers % src_.pp != 0) return Invalid("the source's PP does not divide num_layers");
   vocab_.source_rows = model_.padded_vocab_size;
   vocab_.target_rows = PaddedVocab(model_, T_);
@@ -458,11 +530,13 @@ Result<std::vector<ViewFile>> Planner::Run(std::vector<ViewFile>* distrib) {
   std::vector<ViewFile> out;
   if (distrib) distrib->clear();
   for (uint32_t p = 0; p < P_; ++p) {
-    for (uint32_t t = 0; t < T_; ++t) {
-      ViewFile d;
-      ASSIGN_OR_RETURN(ViewFile f, PlanFile(t, p, distrib && has_distrib_ ? &d : nullptr));
-      out.push_back(std::move(f));
-      if (distrib && has_distrib_) distrib->push_back(std::move(d));
+    for (uint32_t e = 0; e < E_; ++e) {
+      for (uint32_t t = 0; t < T_; ++t) {
+        ViewFile d;
+        ASSIGN_OR_RETURN(ViewFile f, PlanFile(t, p, e, distrib && has_distrib_ ? &d : nullptr));
+        out.push_back(std::move(f));
+        if (distrib && has_distrib_) distrib->push_back(std::move(d));
+      }
     }
   }
   return out;
@@ -471,6 +545,9 @@ Result<std::vector<ViewFile>> Planner::Run(std::vector<ViewFile>* distrib) {
 Result<MegatronTensors> Planner::Tensors() {
   model_only_ = true;
   RETURN_IF_ERROR(Prepare());
+  if (model_.num_experts > 0) {
+    return Invalid("mixture-of-experts models are read by the tpT-ppP-epE views only");
+  }
   MegatronTensors out;
   out.model = model_;
   out.legacy = legacy_;
@@ -482,7 +559,7 @@ Result<MegatronTensors> Planner::Tensors() {
     mt.layer = g.layer ? g.layer->number : -1;
     mt.rule = g.rule;
     for (uint32_t k = 0; k < src_.tp; ++k) {
-      const Decoded& d = files_[g.stage * src_.tp + k];
+      const Decoded& d = FileOf(g, k);
       const ModelEntry& e = d.entries[g.entry[k]];
       if (!e.tensor) break;  // extra state, None: not a tensor
       if (k == 0) mt.dtype = e.tensor->dtype;
@@ -500,12 +577,13 @@ Result<MegatronTensors> Planner::Tensors() {
 }  // namespace megatron_planner
 
 Result<MegatronTensors> ListMegatronTensors(const MegatronSource& src, const Rules& rules) {
-  return megatron_planner::Planner(src, 1, 1, rules).Tensors();
+  return megatron_planner::Planner(src, 1, 1, 0, rules).Tensors();
 }
 
 Result<std::vector<ViewFile>> PlanMegatron(const MegatronSource& src, uint32_t T, uint32_t P,
-                                           const Rules& rules, std::vector<ViewFile>* distrib) {
-  return megatron_planner::Planner(src, T, P, rules).Run(distrib);
+                                           const Rules& rules, std::vector<ViewFile>* distrib,
+                                           uint32_t E) {
+  return megatron_planner::Planner(src, T, P, E, rules).Run(distrib);
 }
 
 }  // namespace ckptfs::reshard

@@ -20,7 +20,7 @@
 namespace ckptfs::reshard {
 
 struct MegatronRankFile {
-  uint32_t tp = 0, pp = 0;
+  uint32_t tp = 0, pp = 0, ep = 0;  // ep: the expert-parallel rank (_EEE), 0 without experts
   uint32_t source = 0;  // the index Part::source uses for this file
   std::shared_ptr<const TorchFile> file;
   // The archive's records other than data.pkl and data/*: (name after the prefix, bytes), in
@@ -33,8 +33,8 @@ struct MegatronRankFile {
 };
 
 struct MegatronSource {
-  uint32_t tp = 0, pp = 0;
-  std::vector<MegatronRankFile> ranks;  // every (tp, pp), any order
+  uint32_t tp = 0, pp = 0, ep = 1;
+  std::vector<MegatronRankFile> ranks;  // every (tp, pp, ep), any order
 };
 
 // What a target shape needs from the model's args, checked before any file is planned.
@@ -62,18 +62,24 @@ struct MegatronModel {
   std::string tokenizer_type;
   bool torch_dist = false;  // the iteration is in the torch_dist format (set by its reader)
   std::string dtype;  // of the parameters: bfloat16, float16 or float32 (args.bf16, args.fp16)
+  // Mixture of experts (args.num_experts > 0): the experts' FFN size (moe_ffn_hidden_size, else
+  // ffn_hidden_size), the shared experts' (0: none), and the source's expert-parallel size.
+  int64_t num_experts = 0, moe_ffn_hidden_size = 0, shared_expert_size = 0;
+  uint32_t source_ep = 1;
 };
 
 // Reads the model's description from a rank file's `args`. Errors (kInvalid): no args, a
-// required field missing.
+// required field missing, a mixture-of-experts layout the views cannot plan bitwise (expert
+// tensor parallelism other than TP, interleaved GLU halves, single grouped weights).
 Result<MegatronModel> ReadMegatronModel(const TorchFile& f);
-// Whether TP=T, PP=P can hold the model; the error names the reason.
-Status CheckMegatronTarget(const MegatronModel& m, uint32_t T, uint32_t P);
+// Whether TP=T, PP=P and EP=E (0: the source's) can hold the model; the error names the reason.
+Status CheckMegatronTarget(const MegatronModel& m, uint32_t T, uint32_t P, uint32_t E = 0);
 // Padded vocabulary rows for TP=T (Megatron's _vocab_size_with_padding).
 int64_t PaddedVocab(const MegatronModel& m, uint32_t T);
 
-// The target rank directory's name: mp_rank_TT, or mp_rank_TT_PPP when P > 1.
-std::string MegatronRankDir(uint32_t t, uint32_t p, uint32_t P);
+// The target rank directory's name: mp_rank_TT, mp_rank_TT_PPP when P > 1, then _EEE (the
+// expert-parallel rank e) when E > 1, as Megatron's get_checkpoint_name makes it.
+std::string MegatronRankDir(uint32_t t, uint32_t p, uint32_t P, uint32_t e = 0, uint32_t E = 1);
 
 // One model tensor of the source, whole: its shards by source TP rank and how they join.
 struct MegatronTensor {
@@ -96,12 +102,13 @@ struct MegatronTensors {
 // Errors: as PlanMegatron's for the source itself.
 Result<MegatronTensors> ListMegatronTensors(const MegatronSource& src, const Rules& rules);
 
-// Plans every target file of TP=T, PP=P: result[p * T + t] is rank (t, p)'s model_optim_rng.pt,
-// CRCs pending; with the distributed optimizer (args.use_distributed_optimizer), (*distrib)[p * T
-// + t] its distrib_optim.pt. Errors (kInvalid, naming the parameter or the reason): see
-// docs/views.md.
+// Plans every target file of TP=T, PP=P, EP=E (0: the source's EP): result[(p * E + e) * T + t]
+// is rank (t, p, e)'s model_optim_rng.pt, CRCs pending; with the distributed optimizer
+// (args.use_distributed_optimizer), (*distrib)[same] its distrib_optim.pt. Errors (kInvalid,
+// naming the parameter or the reason): see docs/views.md.
 Result<std::vector<ViewFile>> PlanMegatron(const MegatronSource& src, uint32_t T, uint32_t P,
                                            const Rules& rules,
-                                           std::vector<ViewFile>* distrib = nullptr);
+                                           std::vector<ViewFile>* distrib = nullptr,
+                                           uint32_t E = 0);
 
 }  // namespace ckptfs::reshard

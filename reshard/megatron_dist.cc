@@ -104,6 +104,9 @@ Result<MegatronTensors> ListTorchDistTensors(const TorchFile& common, const dcp:
                                              const std::vector<DcpDataFile>& files) {
   MegatronTensors out;
   ASSIGN_OR_RETURN(out.model, ReadMegatronModel(common));
+  if (out.model.num_experts > 0) {
+    return Invalid("torch_dist checkpoints with experts (args.num_experts) are not supported");
+  }
   out.legacy = false;
   const DcpChunkIndex chunks(files);
   for (const dcp::TensorEntry& t : md.tensors) {

@@ -92,6 +92,7 @@ Status CheckMegatronHf(const MegatronModel& m) {
   auto no = [](const std::string& why) {
     return Invalid("not a Llama-family model for a LlamaForCausalLM view: " + why);
   };
+  if (m.num_experts > 0) return no("it has experts (args.num_experts)");
   if (m.normalization != "RMSNorm") return no("args.normalization is " + m.normalization);
   if (m.position_embedding_type != "rope") {
     return no("positions are " + m.position_embedding_type + ", not rope");

@@ -53,6 +53,61 @@ bool SetArg(const ValuePtr& d, std::string_view key, ValuePtr value) {
   return false;
 }
 
+namespace {
+
+// The mixture-of-experts fields of args (megatron.core's transformer_config.py), and the layouts
+// a view refuses because it cannot reproduce them bitwise.
+Status ReadMoeArgs(const ValuePtr& d, MegatronModel* m) {
+  m->num_experts = IntArg(d, "num_experts").value_or(0);
+  if (m->num_experts <= 0) {
+    m->num_experts = 0;
+    return Status::Ok();
+  }
+  m->moe_ffn_hidden_size = IntArg(d, "moe_ffn_hidden_size").value_or(m->ffn_hidden_size);
+  m->shared_expert_size = IntArg(d, "moe_shared_expert_intermediate_size").value_or(0);
+  const int64_t tp = IntArg(d, "tensor_model_parallel_size").value_or(1);
+  const int64_t ep = IntArg(d, "expert_model_parallel_size").value_or(1);
+  if (ep <= 0 || m->num_experts % ep != 0) {
+    return Invalid("args.expert_model_parallel_size " + std::to_string(ep) +
+                   " does not divide num_experts " + std::to_string(m->num_experts));
+  }
+  m->source_ep = static_cast<uint32_t>(ep);
+  // Expert tensor parallelism other than TP: the rank files are then not a TP x PP x EP grid
+  // (Megatron's torch format has no handling for it).
+  if (auto etp = IntArg(d, "expert_tensor_parallel_size"); etp && *etp != tp) {
+    return Invalid("expert_tensor_parallel_size " + std::to_string(*etp) +
+                   " differs from tensor_model_parallel_size " + std::to_string(tp) +
+                   ": such rank files are not a TP x PP x EP grid, and are not resharded");
+  }
+  for (const char* key : {"moe_mlp_glu_interleave_size", "moe_shared_expert_glu_interleave_size"}) {
+    if (ValuePtr v = Get(d, key);
+        v && v->kind != Kind::kNone && !(v->kind == Kind::kInt && v->i == 0)) {
+      return Invalid(std::string("args.") + key +
+                     " is set: fc1's gate and up rows are interleaved in blocks, a layout the "
+                     "views do not reshard");
+    }
+  }
+  if (BoolArg(d, "moe_single_grouped_weight") || BoolArg(d, "moe_single_grouped_bias")) {
+    return Invalid(
+        "args.moe_single_grouped_weight: experts stored as one stacked tensor are not "
+        "resharded");
+  }
+  if (ValuePtr v = Get(d, "moe_latent_size"); v && v->kind == Kind::kInt && v->i > 0) {
+    return Invalid("args.moe_latent_size: MoE latent projections are not resharded");
+  }
+  if (m->distributed_optimizer) {
+    return Invalid(
+        "the distributed optimizer's state (distrib_optim.pt) of a mixture-of-experts "
+        "model (one state per sub-optimizer, the experts' over expert data parallelism) "
+        "is not resharded");
+  }
+  if (!m->mcore)
+    return Invalid("mixture-of-experts legacy models (language_model.*) are not supported");
+  return Status::Ok();
+}
+
+}  // namespace
+
 Result<MegatronModel> ReadMegatronModel(const TorchFile& f) {
   ValuePtr d = ArgsDict(Get(f.root, "args"));
   if (!d) return Invalid("the checkpoint has no 'args' (an argparse.Namespace)");
@@ -116,12 +171,34 @@ Result<MegatronModel> ReadMegatronModel(const TorchFile& f) {
       BoolArg(d, "account_for_loss_in_pipeline_split")) {
     return Invalid("uneven pipeline splits are not supported");
   }
-  if (IntArg(d, "num_experts").value_or(0) > 1) return Invalid("mixture-of-experts models are not supported");
+  RETURN_IF_ERROR(ReadMoeArgs(d, &m));
   return m;
 }
 
-Status CheckMegatronTarget(const MegatronModel& m, uint32_t T, uint32_t P) {
+Status CheckMegatronTarget(const MegatronModel& m, uint32_t T, uint32_t P, uint32_t E) {
   if (T == 0 || P == 0) return Invalid("TP and PP must be at least 1");
+  if (E > 0 && m.num_experts == 0) {
+    return Invalid("EP " + std::to_string(E) + ": the model has no experts (args.num_experts)");
+  }
+  if (m.num_experts > 0) {
+    const uint32_t e = E ? E : m.source_ep;
+    if (m.num_experts % e) {
+      return Invalid("EP " + std::to_string(e) + " does not divide num_experts " +
+                     std::to_string(m.num_experts));
+    }
+    if (m.moe_ffn_hidden_size % T) {
+      return Invalid("TP " + std::to_string(T) +
+                     " (the experts' tensor parallelism) does not "
+                     "divide moe_ffn_hidden_size " +
+                     std::to_string(m.moe_ffn_hidden_size));
+    }
+    if (m.shared_expert_size % T) {
+      return Invalid("TP " + std::to_string(T) +
+                     " does not divide "
+                     "moe_shared_expert_intermediate_size " +
+                     std::to_string(m.shared_expert_size));
+    }
+  }
   if (m.distributed_optimizer && !m.mcore) {
     return Invalid("the distributed optimizer's state (distrib_optim.pt) of a legacy model "
                    "(language_model.*) is not resharded");
@@ -155,14 +232,19 @@ int64_t PaddedVocab(const MegatronModel& m, uint32_t T) {
   return (v + mult - 1) / mult * mult;
 }
 
-std::string MegatronRankDir(uint32_t t, uint32_t p, uint32_t P) {
-  char buf[32];
+std::string MegatronRankDir(uint32_t t, uint32_t p, uint32_t P, uint32_t e, uint32_t E) {
+  char buf[48];
   if (P == 1) {
     std::snprintf(buf, sizeof buf, "mp_rank_%02u", t);
   } else {
     std::snprintf(buf, sizeof buf, "mp_rank_%02u_%03u", t, p);
   }
-  return buf;
+  std::string s = buf;
+  if (E > 1) {
+    std::snprintf(buf, sizeof buf, "_%03u", e);
+    s += buf;
+  }
+  return s;
 }
 
 }  // namespace ckptfs::reshard

@@ -1,4 +1,5 @@
 // The Megatron view planner: one target rank's model_optim_rng.pt (and distrib_optim.pt).
+#include <algorithm>
 #include <map>
 #include <string>
 #include <vector>
@@ -7,14 +8,17 @@
 
 namespace ckptfs::reshard::megatron_planner {
 
-Result<ViewFile> Planner::PlanFile(uint32_t t, uint32_t p, ViewFile* distrib) {
+Result<ViewFile> Planner::PlanFile(uint32_t t, uint32_t p, uint32_t e, ViewFile* distrib) {
   const uint32_t ptp = static_cast<uint32_t>(uint64_t{t} * src_.tp / T_);
   const uint32_t ppp = static_cast<uint32_t>(uint64_t{p} * src_.pp / P_);
-  const Decoded& primary = File(ptp, ppp);
+  const uint32_t pep = static_cast<uint32_t>(uint64_t{e} * src_.ep / E_);
+  const Decoded& primary = File(ptp, ppp, pep);
   const int64_t per_stage = model_.num_layers / P_;
+  const int64_t le = model_.num_experts > 0 ? model_.num_experts / E_ : 1;
   Out out;
 
-  // The model entries of this stage, in global order.
+  // The model entries of this stage (and of this EP rank's experts), in global order. A grouped
+  // expert tensor is its first target expert's Global.
   std::vector<const Global*> mine;
   for (const Global& g : globals_) {
     bool in = false;
@@ -23,6 +27,10 @@ Result<ViewFile> Planner::PlanFile(uint32_t t, uint32_t p, ViewFile* distrib) {
       case Global::kPost: in = p == P_ - 1; break;
       case Global::kHead: in = p == P_ - 1 && P_ > 1; break;
       case Global::kLayer: in = g.layer->number / per_stage == p; break;
+    }
+    in = in && InTargetEp(g, e);
+    if (in && (g.expert.kind == ExpertKey::kGrouped1 || g.expert.kind == ExpertKey::kGrouped2)) {
+      in = g.global_expert == int64_t{e} * le;
     }
     if (in) mine.push_back(&g);
   }
@@ -34,6 +42,10 @@ Result<ViewFile> Planner::PlanFile(uint32_t t, uint32_t p, ViewFile* distrib) {
   std::vector<const Global*> dist_params;  // the parameters, in order (distributed optimizer)
   for (const Global* g : mine) {
     std::vector<std::string> path = g->path;
+    if (g->expert.kind == ExpertKey::kPerExpert) {  // the target's local expert number
+      path.back().replace(g->expert_pos, g->expert_len,
+                          std::to_string(g->global_expert - int64_t{e} * le));
+    }
     if (g->layer) path = WithLayer(path, *g->layer, g->layer->number - p * per_stage);
     ValuePtr parent = model;
     std::string prefix;
@@ -41,7 +53,7 @@ Result<ViewFile> Planner::PlanFile(uint32_t t, uint32_t p, ViewFile* distrib) {
       prefix += (prefix.empty() ? "" : ".") + path[i];
       auto it = made.find(prefix);
       if (it == made.end()) {
-        const Decoded& from = files_[g->stage * src_.tp];
+        const Decoded& from = FileOf(*g, 0);
         auto tmpl = from.containers.find(prefix);
         ValuePtr c = tmpl != from.containers.end() ? EmptyLike(tmpl->second)
                                                    : pickle::MakeDict({});
@@ -58,182 +70,27 @@ Result<ViewFile> Planner::PlanFile(uint32_t t, uint32_t p, ViewFile* distrib) {
     }
     const std::string name = "model." + Join(path);
     ValuePtr leaf;
-    const size_t src_tp = std::min<uint32_t>(ptp, src_.tp - 1);
-    const Decoded& holder = files_[g->stage * src_.tp + src_tp];
-    const ModelEntry& e = holder.entries[g->entry[src_tp]];
-    if (g->rule == Rule::kExtraState || !e.tensor) {
-      ASSIGN_OR_RETURN(leaf, Copy(&out, holder, e.leaf));
+    const uint32_t src_tp = std::min<uint32_t>(ptp, src_.tp - 1);
+    const Decoded& holder = FileOf(*g, src_tp);
+    const ModelEntry& me = holder.entries[g->entry[src_tp]];
+    if (g->rule == Rule::kExtraState || !me.tensor) {
+      ASSIGN_OR_RETURN(leaf, Copy(&out, holder, me.leaf));
     } else {
-      ASSIGN_OR_RETURN(leaf, ReshardTensor(&out, *g, t,
-                                           [](const Decoded& d, size_t i) -> Result<const TorchTensor*> {
-                                             return d.entries[i].tensor;
-                                           },
-                                           name));
+      ASSIGN_OR_RETURN(leaf, ReshardParam(
+                                 &out, *g, t,
+                                 [](const Decoded& d, size_t i) -> Result<const TorchTensor*> {
+                                   return d.entries[i].tensor;
+                                 },
+                                 name));
       params.emplace_back(g, leaf);
       if (g->rule != Rule::kExtraState) dist_params.push_back(g);
     }
     Put(parent, pickle::MakeStr(path.back()), leaf);
   }
 
-  // The optimizer.
   ValuePtr optimizer;
-  if (primary.optim_inner) {
-    // Target groups: by class, ordered by first appearance (megatron.core) or as the source.
-    // megatron.core's order (groups carry wd_mult): the order in which each class first appears
-    // among the stage's parameters, or since 2026 sorted with the weight-decay group first. A
-    // source stage >= 1 whose first parameter has no weight decay shows which; without one,
-    // first appearance.
-    bool by_appearance = false;
-    for (const ValuePtr& g : primary.groups) by_appearance |= Get(g, "wd_mult") != nullptr;
-    bool sorted_groups = false;
-    for (const Decoded& d : files_) {
-      if (!by_appearance || d.rank->pp == 0 || d.groups.size() < 2) continue;
-      size_t first = 0;
-      while (first < d.entries.size() && d.opt_group[first] < 0) ++first;
-      if (first < d.entries.size() && NoWeightDecay(d.entries[first])) {
-        sorted_groups = d.group_class[0] == 0;
-        break;
-      }
-    }
-    // A group template per class, from the primary file (or any file that has one).
-    ValuePtr tmpl[2] = {nullptr, nullptr};
-    std::vector<int> order;
-    for (const Decoded& d : files_) {
-      for (size_t i = 0; i < d.entries.size(); ++i) {
-        if (d.opt_group[i] < 0) continue;
-        const int c = NoWeightDecay(d.entries[i]) ? 1 : 0;
-        if (!tmpl[c] || (&d == &primary && tmpl[c] != d.groups[d.opt_group[i]])) {
-          if (!tmpl[c] || &d == &primary) tmpl[c] = d.groups[d.opt_group[i]];
-        }
-      }
-    }
-    std::vector<std::vector<size_t>> members(2);  // class -> indices into params
-    for (size_t i = 0; i < params.size(); ++i) {
-      const Global& g = *params[i].first;
-      const Decoded& d0 = files_[g.stage * src_.tp];
-      const ModelEntry& e = d0.entries[g.entry[0]];
-      const int c = NoWeightDecay(e) ? 1 : 0;
-      if (d0.opt_index[g.entry[0]] < 0) {
-        return Invalid("parameter 'model." + Join(g.path) + "' has no optimizer state");
-      }
-      if (members[c].empty()) order.push_back(c);
-      members[c].push_back(i);
-    }
-    if (sorted_groups) {
-      order.clear();
-      for (int c = 0; c < 2; ++c) {
-        if (!members[c].empty()) order.push_back(c);
-      }
-    }
-    if (!by_appearance) {
-      order.clear();
-      for (const ValuePtr& g : primary.groups) {
-        const int c = g == tmpl[1] ? 1 : 0;
-        if (!members[c].empty()) order.push_back(c);
-      }
-      for (int c = 0; c < 2; ++c) {
-        if (!members[c].empty() && std::find(order.begin(), order.end(), c) == order.end())
-          order.push_back(c);
-      }
-    }
-    std::vector<ValuePtr> groups, fp32_groups;
-    ValuePtr state = pickle::MakeDict({});
-    int64_t next = 0;
-    for (int c : order) {
-      std::vector<ValuePtr> ids, fp32s;
-      for (size_t i : members[c]) {
-        const Global& g = *params[i].first;
-        const std::string name = "model." + Join(g.path);
-        const int64_t idx = next++;
-        ids.push_back(pickle::MakeInt(idx));
-        // The per-parameter state of each source shard.
-        auto state_of = [&](const Decoded& d, size_t entry) -> ValuePtr {
-          ValuePtr st = Get(d.optim_inner, "state");
-          if (!IsMapping(st)) return nullptr;
-          for (const auto& [k, v] : PairsOf(*st)) {
-            if (k && k->kind == Kind::kInt && k->i == d.opt_index[entry]) return v;
-          }
-          return nullptr;
-        };
-        const Decoded& d0 = files_[g.stage * src_.tp];
-        ValuePtr s0 = state_of(d0, g.entry[0]);
-        if (IsMapping(s0)) {
-          ValuePtr ns = EmptyLike(s0);
-          const uint32_t first = FirstSourceRank(g.rule, src_.tp, t, T_, vocab_);
-          for (const auto& [k, v] : PairsOf(*s0)) {
-            const std::string key = KeyName(k);
-            auto tt = d0.tensors.find(v.get());
-            const TorchTensor* param_t = d0.entries[g.entry[0]].tensor;
-            if (tt != d0.tensors.end() && tt->second->shape == param_t->shape &&
-                tt->second->shape.size() > 0) {
-              ASSIGN_OR_RETURN(
-                  ValuePtr nt,
-                  ReshardTensor(&out, g,
-                                t,
-                                [&](const Decoded& d, size_t entry) -> Result<const TorchTensor*> {
-                                  ValuePtr sd = state_of(d, entry);
-                                  ValuePtr x = Get(sd, key);
-                                  auto f = x ? d.tensors.find(x.get()) : d.tensors.end();
-                                  if (f == d.tensors.end())
-                                    return Invalid("optimizer state '" + key + "' of '" + name +
-                                                   "' is missing on a tensor-parallel rank");
-                                  return f->second;
-                                },
-                                name + " optimizer state " + key));
-              Put(ns, k, nt);
-            } else if (tt != d0.tensors.end() && tt->second->shape.size() > 1) {
-              return Invalid("optimizer state '" + key + "' of '" + name +
-                             "' has a shape unlike its parameter's");
-            } else {
-              const Decoded& df = files_[g.stage * src_.tp + first];
-              ValuePtr x = Get(state_of(df, g.entry[first]), key);
-              ASSIGN_OR_RETURN(ValuePtr nx, Copy(&out, df, x ? x : v));
-              Put(ns, k, nx);
-            }
-          }
-          Put(state, pickle::MakeInt(idx), ns);
-        }
-        if (primary.fp32) {
-          ASSIGN_OR_RETURN(
-              ValuePtr m,
-              ReshardTensor(&out, g, t,
-                            [&](const Decoded& d, size_t entry) -> Result<const TorchTensor*> {
-                              const ValuePtr& f = d.fp32;
-                              const int64_t gi = d.opt_group[entry], pos = d.opt_pos[entry];
-                              if (!f || f->kind != Kind::kList ||
-                                  gi >= static_cast<int64_t>(f->items.size()) ||
-                                  f->items[gi]->kind != Kind::kList ||
-                                  pos >= static_cast<int64_t>(f->items[gi]->items.size())) {
-                                return Invalid("fp32_from_fp16_params does not match the model's "
-                                               "parameters at '" + name + "'");
-                              }
-                              auto x = d.tensors.find(f->items[gi]->items[pos].get());
-                              if (x == d.tensors.end() ||
-                                  x->second->shape != d.entries[entry].tensor->shape) {
-                                return Invalid("fp32 master of '" + name +
-                                               "' does not have the parameter's shape");
-                              }
-                              return x->second;
-                            },
-                            name + " fp32 master"));
-          fp32s.push_back(m);
-        }
-      }
-      ASSIGN_OR_RETURN(ValuePtr group, Rebuild(&out, primary, tmpl[c],
-                                               {{"params", pickle::MakeList(std::move(ids))}}));
-      groups.push_back(group);
-      fp32_groups.push_back(pickle::MakeList(std::move(fp32s)));
-    }
-    ASSIGN_OR_RETURN(ValuePtr inner,
-                     Rebuild(&out, primary, primary.optim_inner,
-                             {{"state", state}, {"param_groups", pickle::MakeList(groups)}}));
-    if (primary.optim_wrapper) {
-      ASSIGN_OR_RETURN(optimizer, Rebuild(&out, primary, primary.optim_wrapper,
-                                          {{"optimizer", inner},
-                                           {"fp32_from_fp16_params", pickle::MakeList(fp32_groups)}}));
-    } else {
-      optimizer = inner;
-    }
+  if (!primary.subs.empty()) {
+    ASSIGN_OR_RETURN(optimizer, PlanOptimizer(&out, t, primary, params));
   }
 
   // The root, in the primary's key order.
@@ -256,6 +113,12 @@ Result<ViewFile> Planner::PlanFile(uint32_t t, uint32_t p, ViewFile* distrib) {
       SetArg(nd, "pipeline_model_parallel_size", pickle::MakeInt(P_));
       SetArg(nd, "transformer_pipeline_model_parallel_size", pickle::MakeInt(P_));
       SetArg(nd, "padded_vocab_size", pickle::MakeInt(vocab_.target_rows));
+      if (model_.num_experts > 0) {
+        SetArg(nd, "expert_model_parallel_size", pickle::MakeInt(E_));
+        if (IntArg(nd, "expert_tensor_parallel_size")) {  // ETP = TP, as the source's
+          SetArg(nd, "expert_tensor_parallel_size", pickle::MakeInt(T_));
+        }
+      }
       if (auto dp = IntArg(nd, "data_parallel_size"); dp && IntArg(nd, "world_size")) {
         SetArg(nd, "world_size", pickle::MakeInt(int64_t{T_} * P_ * *dp));
       }

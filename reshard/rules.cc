@@ -91,6 +91,12 @@ Result<Rule> Rules::Classify(const std::string& name, bool swiglu) const {
     if (std::regex_search(name, u.re)) return u.rule;
   }
   if (EndsWith(name, "._extra_state")) return Rule::kExtraState;
+  // The MoE router's expert_bias is a buffer, not a parameter (no optimizer state): passed
+  // through like extra state. The router and the shared experts' gate are replicated.
+  if (EndsWith(name, ".router.expert_bias")) return Rule::kExtraState;
+  if (EndsWithAny(name, {".router.weight", ".router.bias", ".shared_experts.gate_weight"})) {
+    return Rule::kReplicated;
+  }
   if (EndsWithAny(name, {"word_embeddings.weight", "output_layer.weight",
                          "word_embeddings_for_head.weight"})) {
     return Rule::kVocab;
@@ -157,9 +163,12 @@ void Append(std::vector<Run>* runs, uint32_t shard, int64_t local, bool repeat_o
 
 }  // namespace
 
-Status PlanShard(const std::string& name, Rule rule, const std::vector<Shard>& src, uint32_t itemsize,
-                 uint32_t t, uint32_t T, const VocabSizes& vocab, std::vector<Gather>* out,
-                 std::vector<int64_t>* shape) {
+namespace {
+
+// PlanShard's cut along `dim`; `glu`: two halves (gate, up), each cut in T chunks.
+Status PlanCut(const std::string& name, Rule rule, size_t dim, bool glu,
+               const std::vector<Shard>& src, uint32_t itemsize, uint32_t t, uint32_t T,
+               const VocabSizes& vocab, std::vector<Gather>* out, std::vector<int64_t>* shape) {
   out->clear();
   if (src.empty()) return Invalid("parameter '" + name + "' has no source shard");
   const auto& s0 = src[0].shape;
@@ -176,7 +185,6 @@ Status PlanShard(const std::string& name, Rule rule, const std::vector<Shard>& s
   for (const Shard& s : src) {
     if (s.shape != s0) return Invalid("parameter '" + name + "' has shards of different shapes");
   }
-  const size_t dim = rule == Rule::kRow ? 1 : 0;
   if (s0.size() <= dim) {
     return Invalid("parameter '" + name + "' (rule " + std::string(RuleName(rule)) +
                    ") has too few dimensions");
@@ -194,7 +202,7 @@ Status PlanShard(const std::string& name, Rule rule, const std::vector<Shard>& s
     full_t = vocab.target_rows;
   }
   const int64_t Tn = T;
-  if (rule == Rule::kSwiglu) {
+  if (glu) {
     if (local_s % 2 != 0 || (full_s / 2) % Tn != 0) {
       return Invalid("parameter '" + name + "': SwiGLU size " + std::to_string(full_s / 2) +
                      " is not divisible by TP " + std::to_string(T));
@@ -208,7 +216,7 @@ Status PlanShard(const std::string& name, Rule rule, const std::vector<Shard>& s
   auto add_range = [&](int64_t from, int64_t to) {
     for (int64_t i = from; i < to; ++i) {
       int64_t shard = 0, local = 0;
-      if (rule == Rule::kSwiglu) {
+      if (glu) {
         const int64_t F = full_s / 2, fl = F / ts;
         const int64_t half = i / F, j = i % F;
         shard = j / fl;
@@ -221,7 +229,7 @@ Status PlanShard(const std::string& name, Rule rule, const std::vector<Shard>& s
       Append(&runs, static_cast<uint32_t>(shard), local, rule == Rule::kVocab);
     }
   };
-  if (rule == Rule::kSwiglu) {
+  if (glu) {
     const int64_t F = full_s / 2, ft = F / Tn;
     add_range(t * ft, (t + 1) * ft);
     add_range(F + t * ft, F + (t + 1) * ft);
@@ -257,6 +265,22 @@ Status PlanShard(const std::string& name, Rule rule, const std::vector<Shard>& s
     out->push_back(std::move(g));
   }
   return Status::Ok();
+}
+
+}  // namespace
+
+Status PlanShard(const std::string& name, Rule rule, const std::vector<Shard>& src,
+                 uint32_t itemsize, uint32_t t, uint32_t T, const VocabSizes& vocab,
+                 std::vector<Gather>* out, std::vector<int64_t>* shape) {
+  return PlanCut(name, rule, rule == Rule::kRow ? 1 : 0, rule == Rule::kSwiglu, src, itemsize, t, T,
+                 vocab, out, shape);
+}
+
+Status PlanSplit(const std::string& name, size_t dim, bool glu, const std::vector<Shard>& src,
+                 uint32_t itemsize, uint32_t t, uint32_t T, std::vector<Gather>* out,
+                 std::vector<int64_t>* shape) {
+  const Rule rule = glu ? Rule::kSwiglu : dim == 1 ? Rule::kRow : Rule::kColumn;
+  return PlanCut(name, rule, dim, glu, src, itemsize, t, T, VocabSizes{}, out, shape);
 }
 
 uint32_t FirstSourceRank(Rule rule, uint32_t source_tp, uint32_t t, uint32_t T,

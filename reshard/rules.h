@@ -65,6 +65,12 @@ Status PlanShard(const std::string& name, Rule rule, const std::vector<Shard>& s
                  uint32_t t, uint32_t T, const VocabSizes& vocab, std::vector<Gather>* out,
                  std::vector<int64_t>* shape);
 
+// PlanShard's column (dim 0), row (dim 1) or, with `glu`, two-halves cut along any dimension: for
+// tensors no Rule names, such as one expert's block of a grouped expert weight stored transposed.
+Status PlanSplit(const std::string& name, size_t dim, bool glu, const std::vector<Shard>& src,
+                 uint32_t itemsize, uint32_t t, uint32_t T, std::vector<Gather>* out,
+                 std::vector<int64_t>* shape);
+
 // The source TP rank that holds the first element of target shard t of T (for state that is
 // not split, such as an optimizer's step count); `vocab` for kVocab.
 uint32_t FirstSourceRank(Rule rule, uint32_t source_tp, uint32_t t, uint32_t T,

@@ -104,7 +104,7 @@ std::vector<Param> Params(const Config& c) {
   }
   if (c.mystery)
     p.insert(p.begin() + 2,
-             {"decoder.layers.#.mlp.router.weight", Rule::kReplicated, kLayer, {4, H}});
+             {"decoder.layers.#.mlp.mystery_gate.weight", Rule::kReplicated, kLayer, {4, H}});
   return p;
 }
 
@@ -616,7 +616,7 @@ TEST(MegatronErrors, UnknownParameterIsNamed) {
   c.mystery = true;
   Status st = PlanError(c, 1, 1);
   EXPECT_EQ(st.code(), Code::kInvalid);
-  EXPECT_TRUE(Contains(st.message(), "model.decoder.layers.0.mlp.router.weight"));
+  EXPECT_TRUE(Contains(st.message(), "model.decoder.layers.0.mlp.mystery_gate.weight"));
 }
 
 TEST(MegatronErrors, UserRulesCoverAnUnknownParameter) {
@@ -624,7 +624,7 @@ TEST(MegatronErrors, UserRulesCoverAnUnknownParameter) {
   c.mystery = true;
   const Model m(c);
   const Source s = BuildSource(m);
-  auto rules = Rules::Parse("mlp\\.router\\.weight$ replicated\n");
+  auto rules = Rules::Parse("mlp\\.mystery_gate\\.weight$ replicated\n");
   ASSERT_TRUE(rules.ok());
   auto r = PlanMegatron(s.src, 1, 2, **rules);
   EXPECT_TRUE(r.ok()) << r.status().ToString();

@@ -97,9 +97,25 @@ TEST(Classify, McoreNames) {
               });
 }
 
+TEST(Classify, MixtureOfExpertsDenseParts) {
+  // The router and the shared experts' gate are replicated; the router's expert_bias is a buffer
+  // passed through like extra state; the shared experts' linears follow the dense rules.
+  const auto& r = *Rules::BuiltIn();
+  EXPECT_EQ(*r.Classify("model.decoder.layers.1.mlp.router.weight", true), Rule::kReplicated);
+  EXPECT_EQ(*r.Classify("model.decoder.layers.1.mlp.router.bias", true), Rule::kReplicated);
+  EXPECT_EQ(*r.Classify("model.decoder.layers.1.mlp.router.expert_bias", true), Rule::kExtraState);
+  EXPECT_EQ(*r.Classify("model.decoder.layers.1.mlp.shared_experts.gate_weight", true),
+            Rule::kReplicated);
+  EXPECT_EQ(*r.Classify("model.decoder.layers.1.mlp.shared_experts.linear_fc1.weight", true),
+            Rule::kSwiglu);
+  EXPECT_EQ(*r.Classify("model.decoder.layers.1.mlp.shared_experts.linear_fc2.weight", true),
+            Rule::kRow);
+}
+
 TEST(Classify, UnknownParameterIsAnErrorNamingIt) {
   for (const std::string name :
-       {"model.decoder.layers.0.mlp.router.weight", "model.decoder.layers.0.mlp.linear_fc3.weight",
+       {"model.decoder.layers.0.mlp.mystery_gate.weight",
+        "model.decoder.layers.0.mlp.linear_fc3.weight",
         "model.language_model.encoder.layers.0.mlp.dense.weight", "model.rotary_pos_emb.inv_freq",
         "model.language_model.encoder.layers.0.self_attention.query_key_value.scale",
         "model.normal_init"}) {
