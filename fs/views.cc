@@ -103,6 +103,7 @@ ViewTree::Node* ViewTree::AddChild(Node* parent, std::string name, int type) {
     n->spec = parent->spec;
     n->T = parent->T;
     n->P = parent->P;
+    n->E = parent->E;
     parent->children[name] = n->ino;
   }
   nodes_.push_back(std::move(n));
@@ -194,16 +195,20 @@ Result<InodeRecord> ViewTree::Attr(const Node& n) {
 
 namespace {
 
-// "tpT-ppP" -> (T, P).
-bool ParseMegatronSpec(std::string_view s, uint32_t* T, uint32_t* P) {
-  unsigned t = 0, p = 0;
+// "tpT-ppP" -> (T, P, 0), "tpT-ppP-epE" -> (T, P, E).
+bool ParseMegatronSpec(std::string_view s, uint32_t* T, uint32_t* P, uint32_t* E) {
+  unsigned t = 0, p = 0, e = 0;
   char tail = 0;
   const std::string str(s);
-  if (std::sscanf(str.c_str(), "tp%u-pp%u%c", &t, &p, &tail) != 2) return false;
-  if (t == 0 || p == 0 || t > 4096 || p > 4096) return false;
-  if (str != "tp" + std::to_string(t) + "-pp" + std::to_string(p)) return false;
+  const int n = std::sscanf(str.c_str(), "tp%u-pp%u-ep%u%c", &t, &p, &e, &tail);
+  if (n != 2 && n != 3) return false;
+  if (t == 0 || p == 0 || t > 4096 || p > 4096 || (n == 3 && (e == 0 || e > 4096))) return false;
+  std::string canon = "tp" + std::to_string(t) + "-pp" + std::to_string(p);
+  if (n == 3) canon += "-ep" + std::to_string(e);
+  if (str != canon) return false;
   *T = t;
   *P = p;
+  *E = n == 3 ? e : 0;
   return true;
 }
 
@@ -376,10 +381,11 @@ Status ViewTree::MakeSpec(Node* views, const std::string& spec, Node** out) {
     *out = n;
     return Status::Ok();
   }
-  uint32_t T, P;
-  if (!ParseMegatronSpec(spec, &T, &P)) {
-    return NotFound("no view of a Megatron-LM checkpoint: its views are tpT-ppP (T and P from 1, "
-                    "without leading zeros) and hf");
+  uint32_t T, P, E;
+  if (!ParseMegatronSpec(spec, &T, &P, &E)) {
+    return NotFound(
+        "no view of a Megatron-LM checkpoint: its views are tpT-ppP and, with "
+        "experts, tpT-ppP-epE (T, P and E from 1, without leading zeros) and hf");
   }
   // Plan the iteration the tracker names now, so that an impossible spec fails here.
   ASSIGN_OR_RETURN(std::string tracker, ReadTracker(views->root));
@@ -388,6 +394,7 @@ Status ViewTree::MakeSpec(Node* views, const std::string& spec, Node** out) {
   n->spec = spec;
   n->T = T;
   n->P = P;
+  n->E = E;
   Node* iter = AddChild(n, iter_name, kIterDir);
   Status st = PlanMegatronIter(iter);
   if (!st.ok()) {
@@ -484,12 +491,15 @@ Result<InodeRecord> ViewTree::Lookup(uint64_t parent, std::string_view name_view
     }
     case kIterDir: {
       for (uint32_t p = 0; p < dir->P && !made; ++p) {
-        for (uint32_t t = 0; t < dir->T; ++t) {
-          if (reshard::MegatronRankDir(t, p, dir->P) == name) {
-            made = AddChild(dir, name, kRankDir);
-            made->t = t;
-            made->p = p;
-            break;
+        for (uint32_t e = 0; e < dir->E && !made; ++e) {
+          for (uint32_t t = 0; t < dir->T; ++t) {
+            if (reshard::MegatronRankDir(t, p, dir->P, e, dir->E) == name) {
+              made = AddChild(dir, name, kRankDir);
+              made->t = t;
+              made->p = p;
+              made->e = e;
+              break;
+            }
           }
         }
       }
@@ -498,9 +508,10 @@ Result<InodeRecord> ViewTree::Lookup(uint64_t parent, std::string_view name_view
     }
     case kRankDir: {
       Node* iter = Get(dir->parent);
-      size_t at = size_t{dir->p} * dir->T + dir->t;
-      if (name == kDistribFile && iter->plan.size() == 2 * size_t{dir->T} * dir->P) {
-        at += size_t{dir->T} * dir->P;
+      const size_t ranks = size_t{dir->T} * dir->P * dir->E;
+      size_t at = (size_t{dir->p} * dir->E + dir->e) * dir->T + dir->t;
+      if (name == kDistribFile && iter->plan.size() == 2 * ranks) {
+        at += ranks;
       } else if (name != kRankFile) {
         return NotFound(name);
       }
@@ -545,19 +556,24 @@ Status ViewTree::ReadDir(uint64_t ino, uint64_t offset,
             for (const std::string& s : *specs) names.push_back({s, S_IFDIR});
           }
         } else {
-          // The source's own shape and every valid shape up to 8 x 8.
+          // Every valid shape up to 8 x 8 (and, with experts, EP up to 8 too).
+          auto model = ReadModel(n->root);
+          const bool moe = model.ok() && model->num_experts > 0;
           for (uint32_t t : {1u, 2u, 4u, 8u}) {
             for (uint32_t p : {1u, 2u, 4u, 8u}) {
-              names.push_back({"tp" + std::to_string(t) + "-pp" + std::to_string(p), S_IFDIR});
+              const std::string tp_pp = "tp" + std::to_string(t) + "-pp" + std::to_string(p);
+              names.push_back({tp_pp, S_IFDIR});
+              for (uint32_t e : {1u, 2u, 4u, 8u}) {
+                if (moe) names.push_back({tp_pp + "-ep" + std::to_string(e), S_IFDIR});
+              }
             }
           }
           std::vector<std::pair<std::string, uint32_t>> valid;
-          auto model = ReadModel(n->root);
           for (auto& [name, type] : names) {
-            uint32_t T, P;
-            ParseMegatronSpec(name, &T, &P);
+            uint32_t T, P, E;
+            ParseMegatronSpec(name, &T, &P, &E);
             if (model.ok() && !model->torch_dist &&
-                reshard::CheckMegatronTarget(*model, T, P).ok()) {
+                reshard::CheckMegatronTarget(*model, T, P, E).ok()) {
               valid.push_back({name, type});
             }
           }
@@ -589,15 +605,17 @@ Status ViewTree::ReadDir(uint64_t ino, uint64_t offset,
         break;
       case kIterDir:
         for (uint32_t p = 0; p < n->P; ++p) {
-          for (uint32_t t = 0; t < n->T; ++t) {
-            names.push_back({reshard::MegatronRankDir(t, p, n->P), S_IFDIR});
+          for (uint32_t e = 0; e < n->E; ++e) {
+            for (uint32_t t = 0; t < n->T; ++t) {
+              names.push_back({reshard::MegatronRankDir(t, p, n->P, e, n->E), S_IFDIR});
+            }
           }
         }
         break;
       case kRankDir:
         names.push_back({std::string(kRankFile), S_IFREG});
         if (const Node* iter = Get(n->parent);
-            iter && iter->plan.size() == 2 * size_t{n->T} * n->P) {
+            iter && iter->plan.size() == 2 * size_t{n->T} * n->P * n->E) {
           names.push_back({std::string(kDistribFile), S_IFREG});
         }
         break;

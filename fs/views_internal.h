@@ -64,12 +64,14 @@ struct ViewTree::Node {
   Kind kind = Kind::kMegatron;
   uint64_t root = 0;  // the real checkpoint directory
   std::string name, spec;
-  uint32_t T = 0, P = 0;
+  // The target's TP, PP and EP (spec and below; E 0 in a spec without ep: the source's, which
+  // the iteration directory's planning sets there).
+  uint32_t T = 0, P = 0, E = 0;
   std::map<std::string, uint64_t> children;  // looked up so far
   bool planned = false;
-  std::vector<std::shared_ptr<Body>> plan;  // kIterDir: per target rank (p * T + t)
+  std::vector<std::shared_ptr<Body>> plan;  // kIterDir: per target rank ((p * E + e) * T + t)
   std::shared_ptr<Body> body;               // kFile
-  uint32_t t = 0, p = 0;                    // kRankDir
+  uint32_t t = 0, p = 0, e = 0;             // kRankDir
   std::map<std::string, std::string> errors;  // kViewsDir: spec -> why it failed (bounded)
   std::string tracker;  // the tracker file's bytes, for its view copy; DeepSpeed: `latest`'s
   std::shared_ptr<Sources> sources;  // a DeepSpeed spec's: what its files read
@@ -87,7 +89,9 @@ Result<std::shared_ptr<const TorchFile>> ReadSourceTorch(
     std::vector<std::pair<std::string, std::string>>* extra_records);
 // "iter_NNNNNNN" (seven digits) or "release".
 bool IsIterationName(std::string_view n);
-// "mp_rank_TT" or "mp_rank_TT_PPP".
-bool ParseRankDir(std::string_view n, uint32_t* tp, uint32_t* pp);
+// "mp_rank_TT", "mp_rank_TT_NNN" or "mp_rank_TT_PPP_EEE": the numbers (1 to 3 of them). With
+// two, the second is the pipeline rank or, without pipeline parallelism, the expert-parallel
+// rank: only the checkpoint's args tell.
+bool ParseRankDir(std::string_view n, std::vector<uint32_t>* numbers);
 
 }  // namespace ckptfs::fs

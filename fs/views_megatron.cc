@@ -2,6 +2,10 @@
 // tpT-ppP view, and the hf view.
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <cctype>
+#include <optional>
+
 #include "formats/dcp.h"
 #include "fs/views_internal.h"
 #include "reshard/megatron.h"
@@ -10,21 +14,30 @@
 
 namespace ckptfs::fs {
 
-bool ParseRankDir(std::string_view n, uint32_t* tp, uint32_t* pp) {
-  unsigned a = 0, b = 0;
-  char tail = 0;
-  const std::string s(n);
-  if (s.size() == 10 && std::sscanf(s.c_str(), "mp_rank_%2u%c", &a, &tail) == 1) {
-    *tp = a;
-    *pp = 0;
-    return true;
+bool ParseRankDir(std::string_view n, std::vector<uint32_t>* numbers) {
+  numbers->clear();
+  if (!n.starts_with("mp_rank_") || n.size() < 10) return false;
+  // Two digits, then up to two groups of "_" and three digits.
+  auto digits = [&](size_t at, size_t len) -> std::optional<uint32_t> {
+    uint32_t v = 0;
+    for (size_t i = at; i < at + len; ++i) {
+      if (i >= n.size() || !std::isdigit(static_cast<unsigned char>(n[i]))) return std::nullopt;
+      v = v * 10 + static_cast<uint32_t>(n[i] - '0');
+    }
+    return v;
+  };
+  auto tp = digits(8, 2);
+  if (!tp) return false;
+  numbers->push_back(*tp);
+  size_t at = 10;
+  while (at < n.size()) {
+    if (numbers->size() == 3 || n[at] != '_' || n.size() < at + 4) return false;
+    auto x = digits(at + 1, 3);
+    if (!x) return false;
+    numbers->push_back(*x);
+    at += 4;
   }
-  if (s.size() == 14 && std::sscanf(s.c_str(), "mp_rank_%2u_%3u%c", &a, &b, &tail) == 2) {
-    *tp = a;
-    *pp = b;
-    return true;
-  }
-  return false;
+  return true;
 }
 
 Result<reshard::MegatronSource> ViewTree::ReadMegatronIter(uint64_t root,
@@ -33,10 +46,10 @@ Result<reshard::MegatronSource> ViewTree::ReadMegatronIter(uint64_t root,
                                                            bool with_distrib) {
   ASSIGN_OR_RETURN(InodeRecord dir, store_->Lookup(root, iter_name));
   // The rank files, as the directory names them.
-  std::vector<std::pair<std::string, std::pair<uint32_t, uint32_t>>> ranks;
+  std::vector<std::pair<std::string, std::vector<uint32_t>>> ranks;
   RETURN_IF_ERROR(store_->ReadDir(dir.ino, 0, [&](const DirItem& item) {
-    uint32_t tp, pp;
-    if (ParseRankDir(item.name, &tp, &pp)) ranks.push_back({std::string(item.name), {tp, pp}});
+    std::vector<uint32_t> numbers;
+    if (ParseRankDir(item.name, &numbers)) ranks.push_back({std::string(item.name), numbers});
     return true;
   }));
   if (ranks.empty()) {
@@ -47,23 +60,14 @@ Result<reshard::MegatronSource> ViewTree::ReadMegatronIter(uint64_t root,
     }
     return Invalid(iter_name + " holds no mp_rank_* directories");
   }
+  std::sort(ranks.begin(), ranks.end());
   reshard::MegatronSource src;
-  for (const auto& [name, tp_pp] : ranks) {
-    src.tp = std::max(src.tp, tp_pp.first + 1);
-    src.pp = std::max(src.pp, tp_pp.second + 1);
-  }
-  if (ranks.size() != size_t{src.tp} * src.pp) {
-    return Invalid(iter_name + " does not hold a complete " + std::to_string(src.tp) + "x" +
-                   std::to_string(src.pp) + " grid of rank directories");
-  }
-  for (const auto& [name, tp_pp] : ranks) {
+  for (const auto& [name, numbers] : ranks) {
     ASSIGN_OR_RETURN(InodeRecord rd, store_->Lookup(dir.ino, name));
     auto f = store_->Lookup(rd.ino, kRankFile);
     if (!f.ok()) return Invalid(iter_name + "/" + name + " has no " + std::string(kRankFile));
     ASSIGN_OR_RETURN(auto m, store_->CommittedManifest(f->ino));
     reshard::MegatronRankFile rf;
-    rf.tp = tp_pp.first;
-    rf.pp = tp_pp.second;
     rf.source = sources->Add(f->ino, m);
     ASSIGN_OR_RETURN(rf.file, ReadSourceTorch(store_, sources, rf.source,
                                               iter_name + "/" + name + "/" +
@@ -79,6 +83,33 @@ Result<reshard::MegatronSource> ViewTree::ReadMegatronIter(uint64_t root,
     }
     src.ranks.push_back(std::move(rf));
   }
+  // Which number is which: mp_rank_TT_NNN is a pipeline rank, or with expert parallelism and no
+  // pipeline parallelism an expert-parallel rank (Megatron's get_checkpoint_name). The args of
+  // the first file say which.
+  ASSIGN_OR_RETURN(reshard::MegatronModel model, reshard::ReadMegatronModel(*src.ranks[0].file));
+  const bool ep_second = model.num_experts > 0 && model.source_ep > 1;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    const std::vector<uint32_t>& n = ranks[i].second;
+    reshard::MegatronRankFile& rf = src.ranks[i];
+    if (n.size() != ranks[0].second.size()) {
+      return Invalid(iter_name + " mixes rank directory forms (" + ranks[0].first + ", " +
+                     ranks[i].first + ")");
+    }
+    rf.tp = n[0];
+    if (n.size() == 2) (ep_second ? rf.ep : rf.pp) = n[1];
+    if (n.size() == 3) {
+      rf.pp = n[1];
+      rf.ep = n[2];
+    }
+    src.tp = std::max(src.tp, rf.tp + 1);
+    src.pp = std::max(src.pp, rf.pp + 1);
+    src.ep = std::max(src.ep, rf.ep + 1);
+  }
+  if (ranks.size() != size_t{src.tp} * src.pp * src.ep) {
+    return Invalid(iter_name + " does not hold a complete " + std::to_string(src.tp) + "x" +
+                   std::to_string(src.pp) + "x" + std::to_string(src.ep) +
+                   " (TP x PP x EP) grid of rank directories");
+  }
   return src;
 }
 
@@ -88,8 +119,12 @@ Status ViewTree::PlanMegatronIter(Node* iter) {
   ASSIGN_OR_RETURN(reshard::MegatronSource src,
                    ReadMegatronIter(iter->root, iter->name, sources.get(), true));
   std::vector<reshard::ViewFile> distrib;
-  ASSIGN_OR_RETURN(auto files, reshard::PlanMegatron(src, iter->T, iter->P, *rules_, &distrib));
-  // plan[p * T + t]: model_optim_rng.pt; plan[T * P + p * T + t]: distrib_optim.pt, if any.
+  const uint32_t asked = iter->E;
+  iter->E = asked ? asked : src.ep;  // tpT-ppP keeps the source's expert parallelism
+  ASSIGN_OR_RETURN(auto files,
+                   reshard::PlanMegatron(src, iter->T, iter->P, *rules_, &distrib, asked));
+  // plan[(p * E + e) * T + t]: model_optim_rng.pt; plan[T * P * E + that]: distrib_optim.pt, if
+  // any.
   for (auto& f : distrib) files.push_back(std::move(f));
   for (auto& f : files) {
     auto b = std::make_shared<Body>();
@@ -134,8 +169,8 @@ Result<reshard::MegatronModel> ViewTree::ReadModel(uint64_t root) {
   }
   std::string first;
   RETURN_IF_ERROR(store_->ReadDir(iter.ino, 2, [&](const DirItem& item) {
-    uint32_t t, p;
-    if (ParseRankDir(item.name, &t, &p)) first = item.name;
+    std::vector<uint32_t> numbers;
+    if (ParseRankDir(item.name, &numbers)) first = item.name;
     return first.empty();
   }));
   if (first.empty()) return NotFound("no rank directory");

@@ -1,0 +1,141 @@
+# Views of Megatron-LM mixture-of-experts checkpoints (--ckpt-format torch) through a real mount:
+# ROOT/.views/tpT-ppP-epE (docs/views.md, "Mixture of experts"). The source is written into the
+# mount by tests/reshard/megatron_moe_fixture.py at one shape; every view file is compared, bit
+# for bit and sharing included, with the same model written by the fixture directly at the
+# target shape. Runs in /usr/bin/python3.
+import errno
+import os
+import sys
+
+import pytest
+import torch
+
+from conftest import CKPTFS_BIN, REPO_ROOT, check_reads_are_stable, expect_errno, run
+
+sys.path.insert(0, str(REPO_ROOT / "tests" / "reshard"))
+import megatron_moe_fixture as mm  # noqa: E402
+
+ITER = "iter_0000100"
+SHARED = dict(shared_size=32, shared_gate=True)
+
+# (fixture config, source (TP, PP, EP), target (TP, PP, EP)). 8 experts, 4 layers.
+CASES = {
+    # SequentialMLP (local_experts.{k}.*)
+    "sequential-ep2-to-ep4": (dict(form="sequential"), (1, 1, 2), (1, 1, 4)),
+    "sequential-shared-tp2ep4-to-tp1pp2ep2": (dict(form="sequential", **SHARED), (2, 1, 4),
+                                              (1, 2, 2)),
+    # mixed dense/MoE layers, tied embeddings: a target stage with no experts, a head copy
+    "sequential-mixed-tied-ep2-to-pp4ep2": (dict(form="sequential", layer_freq=[1, 0, 0, 1],
+                                                 untie=False), (1, 1, 2), (1, 4, 2)),
+    # TEGroupedMLP (linear_fcN.weight{k}, one _extra_state per module)
+    "te-bias-mixed-tp2pp2ep2-to-ep8": (dict(form="te", expert_bias=True,
+                                            layer_freq=[1, 0, 1, 1]), (2, 2, 2), (1, 1, 8)),
+    "te-ep1-to-tp2ep4": (dict(form="te", **SHARED), (1, 1, 1), (2, 1, 4)),
+    # the legacy GroupedMLP (weight1/weight2, transposed, all local experts in one tensor)
+    "grouped-shared-ep4-to-tp2ep2": (dict(form="grouped", shared_size=16), (1, 1, 4), (2, 1, 2)),
+    "grouped-mixed-tp2ep2-to-pp2ep1": (dict(form="grouped", layer_freq=[0, 1, 0, 1]), (2, 1, 2),
+                                       (1, 2, 1)),
+    "grouped-tp4ep2-to-tp1ep8": (dict(form="grouped", expert_bias=True), (4, 1, 2), (1, 1, 8)),
+}
+
+
+def spec(shape):
+    return f"tp{shape[0]}-pp{shape[1]}-ep{shape[2]}"
+
+
+def check(mnt, tmp_path, kw, source, target, view_spec=None):
+    root = mnt / "ckpt"
+    cfg = mm.MoeConfig(**kw)
+    mm.save_checkpoint(root, cfg, *source)
+    want = tmp_path / "want"
+    mm.save_checkpoint(want, mm.MoeConfig(**kw), *target)
+    view = root / ".views" / (view_spec or spec(target))
+    mm.compare(view, want, target, source)
+    return root, view
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_moe_view_equals_the_checkpoint_saved_at_the_target(mnt, tmp_path, case):
+    kw, source, target = CASES[case]
+    root, view = check(mnt, tmp_path, kw, source, target)
+    assert (view / "latest_checkpointed_iteration.txt").read_bytes() == \
+        (root / "latest_checkpointed_iteration.txt").read_bytes()
+    some = sorted((view / ITER).iterdir())[-1] / mm.FILE
+    check_reads_are_stable(some)
+
+
+def test_tp_pp_view_of_an_moe_checkpoint_keeps_its_ep(mnt, tmp_path):
+    # tpT-ppP: the source's EP (2), rank directories mp_rank_TT_EEE.
+    root, view = check(mnt, tmp_path, dict(form="te"), (1, 1, 2), (2, 1, 2), view_spec="tp2-pp1")
+    assert sorted(os.listdir(view / ITER)) == ["mp_rank_00_000", "mp_rank_00_001",
+                                                "mp_rank_01_000", "mp_rank_01_001"]
+
+
+def test_listing_offers_the_valid_ep_specs(mnt):
+    root = mnt / "ckpt"
+    mm.save_checkpoint(root, mm.MoeConfig(), 1, 1, 2)
+    names = set(os.listdir(root / ".views"))
+    for s in ("tp1-pp1", "tp2-pp2", "tp1-pp1-ep1", "tp2-pp1-ep8", "tp4-pp4-ep4"):
+        assert s in names, sorted(names)
+    # num_attention_heads 4 bounds TP at 4;
+    # moe_ffn_hidden_size 16; EP up to 8 = num_experts; nothing beyond 8 is listed.
+    assert not any(n.endswith("-ep16") or n.startswith("tp8") for n in names)
+    assert "hf" not in names
+    expect_errno(errno.EINVAL, os.stat, root / ".views" / "tp1-pp1-ep3")
+    errors = os.getxattr(root / ".views", "user.ckptfs.view_errors").decode()
+    assert "EP 3 does not divide num_experts 8" in errors, errors
+
+
+def test_swapped_experts_and_shifted_ep_numbering_are_caught(mnt, tmp_path):
+    # The comparison itself must see a wrong expert: a source whose EP rank 1 has its first two
+    # local experts swapped, and a target whose EP numbering is off by one.
+    root = mnt / "ckpt"
+    kw = dict(form="sequential")
+
+    def swap(sd, t, p, e):
+        if e == 1:
+            m = sd["model"]
+            a = "decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.weight"
+            b = "decoder.layers.0.mlp.experts.local_experts.1.linear_fc1.weight"
+            m[a], m[b] = m[b], m[a]
+
+    mm.save_checkpoint(root, mm.MoeConfig(**kw), 1, 1, 2, mutate=swap)
+    want = tmp_path / "want"
+    mm.save_checkpoint(want, mm.MoeConfig(**kw), 1, 1, 4)
+    with pytest.raises(AssertionError, match="values differ"):
+        mm.compare(root / ".views" / "tp1-pp1-ep4", want, (1, 1, 4), (1, 1, 2))
+    shifted = tmp_path / "shifted"
+    mm.save_checkpoint(shifted, mm.MoeConfig(ep_shift=1, **kw), 1, 1, 4)
+    good = mnt / "good"
+    mm.save_checkpoint(good, mm.MoeConfig(**kw), 1, 1, 2)
+    with pytest.raises(AssertionError, match="values differ"):
+        mm.compare(good / ".views" / "tp1-pp1-ep4", shifted, (1, 1, 4), (1, 1, 2))
+    mm.compare(good / ".views" / "tp1-pp1-ep4", want, (1, 1, 4), (1, 1, 2))
+
+
+REFUSED = {
+    # expert tensor parallelism other than TP: not a TP x PP x EP grid of files
+    "etp": (dict(extra_args=dict(expert_tensor_parallel_size=1)), (2, 1, 2),
+            "expert_tensor_parallel_size 1 differs from tensor_model_parallel_size 2"),
+    # gate and up rows interleaved in blocks
+    "glu-interleave": (dict(extra_args=dict(moe_mlp_glu_interleave_size=8)), (1, 1, 2),
+                       "moe_mlp_glu_interleave_size"),
+    # the distributed optimizer's MoE state (a list per sub-optimizer) is not resharded
+    "distrib-optim": (dict(extra_args=dict(use_distributed_optimizer=True)), (1, 1, 2),
+                      "distributed optimizer"),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_refused_moe_sources_say_why(mnt, case):
+    kw, source, why = REFUSED[case]
+    root = mnt / "ckpt"
+    mm.save_checkpoint(root, mm.MoeConfig(**kw), *source)
+    for s in ("tp1-pp1-ep2", "tp1-pp1"):
+        expect_errno(errno.EINVAL, os.stat, root / ".views" / s)
+    assert os.listdir(root / ".views") == []
+    errors = os.getxattr(root / ".views", "user.ckptfs.view_errors").decode()
+    assert why in errors, errors
+    bad = run([CKPTFS_BIN, "inspect", root, "--view", "tp1-pp1-ep2"], check=False)
+    assert bad.returncode == 1, bad
+    assert why in bad.stdout + bad.stderr
