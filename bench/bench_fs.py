@@ -21,8 +21,12 @@ the plain directory):
 and the daemon's peak RSS (VmHWM) against its budget (256 MiB + configured RAM cache).
 
 Usage: /usr/bin/python3 bench/bench_fs.py [--gib 2] [--dir /var/tmp/ckptfs-bench]
-       [--repeat 3] [--only save,write-1M] [-o mount-options]
+       [--repeat 3] [--only save,write-1M] [-o mount-options] [--against OLD_CKPTFS]
 Runs alternate which side goes first, so neither inherits the other's writeback.
+
+--against OLD_CKPTFS compares two builds of ckptfs in one run: the baseline side is then a mount
+of OLD_CKPTFS (same options, its cache beside the other's) instead of the plain directory, and
+every figure reads new/old (e.g. `save new/old = 0.98`).
 """
 import argparse
 import os
@@ -127,19 +131,29 @@ def reported_kib():
 GOALS = {"save": 1.0, "write-1M": 0.8, "read-1M-cold": 0.8, "load-warm": 0.95}
 
 
-def mount_beside_plain(ckptfs, base, opts):
-    """A fresh base/{plain,cache,mnt}: the mount (-o opts) with its cache beside the plain
-    directory it is compared with. Returns (plain, mnt, the daemon's pid)."""
-    plain, cache, mnt = (os.path.join(base, d) for d in ("plain", "cache", "mnt"))
-    subprocess.run([ckptfs, "umount", mnt], stderr=subprocess.DEVNULL)
-    shutil.rmtree(base, ignore_errors=True)
-    for d in (plain, mnt):
-        os.makedirs(d)
+def mount(ckptfs, mnt, cache, opts):
+    os.makedirs(mnt)
     cmd = [ckptfs, "mount", mnt, "--cache-dir", cache]
     if opts:
         cmd += ["-o", opts]
     subprocess.run(cmd, check=True)
-    return plain, mnt, daemon_pid(cache)
+    return daemon_pid(cache)
+
+
+def mount_beside_plain(ckptfs, base, opts, against=None):
+    """A fresh base/{plain,cache,mnt}: the mount (-o opts) with its cache beside the plain
+    directory it is compared with (with `against`: a mount of that binary at base/plain, its
+    cache base/cache-old). Returns (plain, mnt, the daemon's pid)."""
+    plain, cache, mnt = (os.path.join(base, d) for d in ("plain", "cache", "mnt"))
+    for b in filter(None, (ckptfs, against)):
+        for m in (mnt, plain):
+            subprocess.run([b, "umount", m], stderr=subprocess.DEVNULL)
+    shutil.rmtree(base, ignore_errors=True)
+    if against:
+        mount(against, plain, os.path.join(base, "cache-old"), opts)
+    else:
+        os.makedirs(plain)
+    return plain, mnt, mount(ckptfs, mnt, cache, opts)
 
 
 def main():
@@ -150,6 +164,8 @@ def main():
     ap.add_argument("--bin", default=os.environ.get("CKPTFS_BIN", os.path.join(ROOT, "build/tools/ckptfs")))
     ap.add_argument("-o", dest="opts", default="")
     ap.add_argument("--only", default="", help="comma-separated figures to time (default: all)")
+    ap.add_argument("--against", default="", metavar="OLD_CKPTFS",
+                    help="the baseline is a mount of this ckptfs binary, not the plain directory")
     benchjson.add_argument(ap)
     args = ap.parse_args()
     out = benchjson.Results("fs", args.json)
@@ -157,7 +173,9 @@ def main():
 
     size = int(args.gib * (1 << 30))
     base = args.dir
-    plain, mnt, pid = mount_beside_plain(args.bin, base, args.opts)
+    plain, mnt, pid = mount_beside_plain(args.bin, base, args.opts, args.against or None)
+    subject, baseline = ("new", "old") if args.against else ("mount", "plain")
+    mounts = [mnt, plain] if args.against else [mnt]
     reported0 = reported_kib()
     results = {}
     try:
@@ -184,17 +202,22 @@ def main():
             results[name] = p / m
             # The fastest run of each side too: on a VM the page-cache copy alone varies by 3x.
             fastest = min(tp) / min(tm)
-            out.add(name, p / m, subject="mount", baseline="plain", goal=GOALS.get(name),
+            out.add(name, p / m, subject=subject, baseline=baseline,
+                    goal=None if args.against else GOALS.get(name),
                     subject_s=m, baseline_s=p, fastest_ratio=fastest)
-            print(f"{name:<12} mount/plain = {p / m:.2f}   (plain {size / p / 1e9 if 'save' not in name and 'load' not in name else real / p / 1e9:.2f} GB/s, "
-                  f"mount {size / m / 1e9 if 'save' not in name and 'load' not in name else real / m / 1e9:.2f} GB/s; "
-                  f"fastest runs {fastest:.2f})", flush=True)
+            nbytes = size if "save" not in name and "load" not in name else real
+            print(f"{name:<12} {subject}/{baseline} = {p / m:.2f}   ({baseline} {nbytes / p / 1e9:.2f} GB/s, "
+                  f"{subject} {nbytes / m / 1e9:.2f} GB/s; fastest runs {fastest:.2f})", flush=True)
 
         pf, mf = os.path.join(plain, "model.pt"), os.path.join(mnt, "model.pt")
         step = [0]
 
+        def seal_all():
+            for m in mounts:
+                seal(m)
+
         def perturb():  # every save writes new bytes, as every training step does
-            seal(mnt)  # no run inherits the seal of the one before
+            seal_all()  # no run inherits the seal of the one before
             for d in (plain, mnt):  # the last step's file goes (untimed), the next is new
                 for name in os.listdir(d):
                     if name.startswith("step-"):
@@ -210,13 +233,13 @@ def main():
 
         ratio("save", lambda: torch.save(sd, at(plain)), lambda: torch.save(sd, at(mnt)),
               prep=perturb)
-        ratio("save+seal", lambda: torch.save(sd, at(plain)),
+        ratio("save+seal", lambda: (torch.save(sd, at(plain)), args.against and seal(plain)),
               lambda: (torch.save(sd, at(mnt)), seal(mnt)), prep=perturb)
         perturb()
         torch.save(sd, pf)
         torch.save(sd, mf)
         ratio("save-over", lambda: torch.save(sd, pf), lambda: torch.save(sd, mf), prep=perturb)
-        seal(mnt)
+        seal_all()
         torch.load(pf)
         torch.load(mf)
         ratio("load-warm", lambda: torch.load(pf), lambda: torch.load(mf))
@@ -233,7 +256,7 @@ def main():
                           if n.startswith("seq-"))
 
         def renew():  # as for save: a new path each run; older ones removed (untimed)
-            seal(mnt)
+            seal_all()
             for d in (plain, mnt):
                 for n, path in seq_files(d):
                     if n < seq[0]:  # the run just before (the other side's, maybe) stays
@@ -246,13 +269,14 @@ def main():
 
         ratio("write-1M", lambda: write_seq(seq_at(plain), fresh.buf, 1 << 20),
               lambda: write_seq(seq_at(mnt), fresh.buf, 1 << 20), prep=renew)
-        ratio("write-1M+seal", lambda: write_seq(seq_at(plain), fresh.buf, 1 << 20),
+        ratio("write-1M+seal", lambda: (write_seq(seq_at(plain), fresh.buf, 1 << 20),
+                                        args.against and seal(plain)),
               lambda: (write_seq(seq_at(mnt), fresh.buf, 1 << 20), seal(mnt)), prep=renew)
         if not seq_files(plain) or not seq_files(mnt):  # reads alone (--only)
             renew()
             write_seq(seq_at(plain), fresh.buf, 1 << 20)
             write_seq(seq_at(mnt), fresh.buf, 1 << 20)
-        seal(mnt)
+        seal_all()
         del fresh
         pb, mb = seq_files(plain)[-1][1], seq_files(mnt)[-1][1]
         ratio("read-1M-cold", lambda: read_seq(pb, 1 << 20), lambda: read_seq(mb, 1 << 20), prep=drop_caches)
@@ -268,6 +292,8 @@ def main():
         out.write()
     finally:
         subprocess.run([args.bin, "umount", mnt])
+        if args.against:
+            subprocess.run([args.against, "umount", plain])
     shutil.rmtree(base, ignore_errors=True)
     return 0
 

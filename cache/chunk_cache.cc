@@ -125,7 +125,7 @@ bool ChunkCache::Contains(const ChunkId& id) const {
 
 bool ChunkCache::OnDisk(const ChunkId& id) const {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     if (!tiers_.empty()) return disk_.count(id) > 0;
   }
   return Contains(id);
@@ -134,19 +134,19 @@ bool ChunkCache::OnDisk(const ChunkId& id) const {
 Status ChunkCache::Warm(const ChunkId& id, size_t len) {
   std::shared_ptr<Inflight> flight;
   {
-    std::unique_lock lock(mu_);
+    MutexLock lock(&mu_);
     if (!tiers_.empty() && disk_.count(id)) {
       DiskTouch(id);  // asked for: the most recent, the last to be evicted
       return Status::Ok();
     }
     if (tiers_.empty()) {
-      lock.unlock();
+      lock.Unlock();
       if (Contains(id)) return Status::Ok();
       return NotFound("chunk " + id.Hex() + " is not on the local tier (no backend)");
     }
     if (auto f = inflight_.find(id); f != inflight_.end()) {
       flight = f->second;
-      flight->cv.wait(lock, [&] { return flight->done; });
+      flight->cv.wait(lock.native(), [&] { return flight->done; });
       return flight->result.status();
     }
     flight = std::make_shared<Inflight>();
@@ -154,7 +154,7 @@ Status ChunkCache::Warm(const ChunkId& id, size_t len) {
   }
   // Unlike Get, the bytes go to disk only: the waiters of this flight get them, nobody keeps them.
   Result<ChunkRef> r = Fetch(id, len);
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   flight->result = r;
   flight->done = true;
   inflight_.erase(id);
@@ -165,7 +165,7 @@ Status ChunkCache::Warm(const ChunkId& id, size_t len) {
 bool ChunkCache::AlreadyOnDisk(const ChunkId& id, size_t len) {
   struct stat st;
   if (::stat(PathOf(id).c_str(), &st) != 0 || static_cast<size_t>(st.st_size) != len) return false;
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   DiskAdd(id, len);  // known to the disk map even if a racing Load dropped it
   return true;
 }
@@ -253,7 +253,7 @@ Result<bool> ChunkCache::PutDirect(const ChunkId& id, const uint8_t* data, size_
 std::string ChunkCache::TmpPath(const ChunkId& id) {
   uint64_t seq;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     seq = ++tmp_seq_;
   }
   return dir_ + "/tmp/" + id.Hex() + "." + std::to_string(seq);
@@ -290,7 +290,7 @@ Result<bool> ChunkCache::WriteChunkFile(const ChunkId& id, int fd, const std::st
   }
   metrics_->chunks_written.Add(1);
   metrics_->chunk_bytes_written.Add(len);
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   DiskAdd(id, len);
   return true;
 }
@@ -304,14 +304,14 @@ void ChunkCache::AttachRemote(std::vector<Backend*> tiers, uint64_t disk_limit) 
   std::vector<std::pair<ChunkId, uint64_t>> found;
   Status st = ForEach([&](const ChunkId& id, uint64_t size) { found.emplace_back(id, size); });
   if (!st.ok()) log_->error("listing the local tier: {}", st.ToString());
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   tiers_ = std::move(tiers);
   disk_limit_ = disk_limit;
   for (const auto& [id, size] : found) DiskAdd(id, size);
 }
 
 void ChunkCache::SetKeepFetched(std::function<bool(const ChunkId&)> keep) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   keep_ = std::move(keep);
 }
 
@@ -338,7 +338,7 @@ void ChunkCache::DiskTouch(const ChunkId& id) {
 }
 
 void ChunkCache::MarkRemote(const ChunkId& id, int tier) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   auto it = disk_.find(id);
   if (it == disk_.end()) return;
   if (!it->second.tiers) local_only_bytes_ -= it->second.size;
@@ -346,7 +346,7 @@ void ChunkCache::MarkRemote(const ChunkId& id, int tier) {
 }
 
 void ChunkCache::UnmarkRemote(const ChunkId& id, int tier) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   auto it = disk_.find(id);
   if (it == disk_.end() || !(it->second.tiers & (1u << tier))) return;
   it->second.tiers = static_cast<uint8_t>(it->second.tiers & ~(1u << tier));
@@ -354,12 +354,12 @@ void ChunkCache::UnmarkRemote(const ChunkId& id, int tier) {
 }
 
 void ChunkCache::Hold(const std::vector<ChunkId>& ids) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   for (const ChunkId& id : ids) ++held_[id];
 }
 
 void ChunkCache::Unhold(const std::vector<ChunkId>& ids) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   for (const ChunkId& id : ids) {
     auto it = held_.find(id);
     if (it != held_.end() && --it->second == 0) held_.erase(it);
@@ -368,7 +368,7 @@ void ChunkCache::Unhold(const std::vector<ChunkId>& ids) {
 
 void ChunkCache::SetProtected(int tier, const std::unordered_set<ChunkId, ChunkIdHash>& ids) {
   const uint8_t bit = static_cast<uint8_t>(1u << tier);
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   for (auto it = protected_.begin(); it != protected_.end();) {
     it->second = static_cast<uint8_t>(it->second & ~bit);
     it = it->second ? std::next(it) : protected_.erase(it);
@@ -377,12 +377,12 @@ void ChunkCache::SetProtected(int tier, const std::unordered_set<ChunkId, ChunkI
 }
 
 void ChunkCache::SetPinned(std::unordered_map<ChunkId, uint64_t, ChunkIdHash> pinned) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   pinned_ = std::move(pinned);
 }
 
 ChunkCache::Usage ChunkCache::usage() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return Usage{disk_bytes_, local_only_bytes_, disk_limit_, ram_used_, ram_budget_};
 }
 
@@ -396,7 +396,7 @@ bool ChunkCache::Evictable(const ChunkId& id, const DiskEntry& d) const {
 uint64_t ChunkCache::Evict() {
   std::vector<ChunkId> victims;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     if (disk_limit_ == 0 || disk_bytes_ <= disk_limit_) return 0;
     uint64_t excess = disk_bytes_ - disk_limit_;
     for (auto it = disk_lru_.rbegin(); it != disk_lru_.rend() && excess > 0; ++it) {
@@ -412,7 +412,7 @@ uint64_t ChunkCache::Evict() {
     {
       // Checked again, and dropped from the map under the same lock: a chunk unmarked or
       // protected since it was picked stays, and one that goes no longer counts as on disk.
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       auto it = disk_.find(id);
       if (it == disk_.end() || !Evictable(id, it->second)) continue;
       size = it->second.size;
@@ -431,7 +431,7 @@ Result<ChunkRef> ChunkCache::Get(const ChunkId& id, size_t len) {
   std::shared_ptr<Inflight> flight;
   bool leader = false;
   {
-    std::unique_lock lock(mu_);
+    MutexLock lock(&mu_);
     auto it = ram_.find(id);
     if (it != ram_.end()) {
       lru_.splice(lru_.begin(), lru_, it->second);
@@ -447,7 +447,7 @@ Result<ChunkRef> ChunkCache::Get(const ChunkId& id, size_t len) {
       leader = true;
     }
     if (!leader) {
-      flight->cv.wait(lock, [&] { return flight->done; });
+      flight->cv.wait(lock.native(), [&] { return flight->done; });
       return flight->result;
     }
   }
@@ -457,7 +457,7 @@ Result<ChunkRef> ChunkCache::Get(const ChunkId& id, size_t len) {
       !tiers_.empty()) {
     r = Fetch(id, len);
   }
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   if (r.ok()) {
     RamPut(id, *r);
     DiskTouch(id);
@@ -476,7 +476,7 @@ Result<ChunkRef> ChunkCache::Load(const ChunkId& id, size_t len) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     if (errno == ENOENT) {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       DiskDrop(id);  // gone behind our back: Warm and OnDisk must not count it any more
       return NotFound("chunk " + id.Hex() + " is not on the local tier");
     }
@@ -527,7 +527,7 @@ Result<ChunkRef> ChunkCache::Load(const ChunkId& id, size_t len) {
     ::rename(path.c_str(), aside.c_str());
     {
       // Gone from the tier: the disk map (eviction, OnDisk) must not count it any more.
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       DiskDrop(id);
     }
     log_->error("chunk {} on the local tier is corrupt ({} of {} bytes, hash mismatch); moved to {}",
@@ -626,7 +626,7 @@ void ChunkCache::RamPut(const ChunkId& id, const ChunkRef& data) {
 
 Status ChunkCache::Remove(const ChunkId& id) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     auto it = ram_.find(id);
     if (it != ram_.end()) {
       ram_used_ -= it->second->second->capacity();
@@ -638,7 +638,7 @@ Status ChunkCache::Remove(const ChunkId& id) {
   if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
     return Status::FromErrno(errno, "unlink chunk " + path);
   }
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   DiskDrop(id);
   return Status::Ok();
 }

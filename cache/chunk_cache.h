@@ -15,7 +15,6 @@
 #include <functional>
 #include <list>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -25,6 +24,7 @@
 #include "common/chunk_id.h"
 #include "common/log.h"
 #include "common/metrics.h"
+#include "common/mutex.h"
 #include "common/status.h"
 
 namespace ckptfs {
@@ -181,12 +181,12 @@ class ChunkCache {
   // Writes data[0..len) as chunk `id` through a temporary file (fd open on `tmp`), then renames it.
   Result<bool> WriteChunkFile(const ChunkId& id, int fd, const std::string& tmp, const void* data,
                               size_t len, bool direct);
-  // Disk accounting. REQUIRES: mu_ held.
-  void DiskAdd(const ChunkId& id, uint64_t size);
-  void DiskTouch(const ChunkId& id);
-  void DiskDrop(const ChunkId& id);
-  ChunkRef RamGet(const ChunkId& id);
-  void RamPut(const ChunkId& id, const ChunkRef& data);
+  // Disk accounting.
+  void DiskAdd(const ChunkId& id, uint64_t size) REQUIRES(mu_);
+  void DiskTouch(const ChunkId& id) REQUIRES(mu_);
+  void DiskDrop(const ChunkId& id) REQUIRES(mu_);
+  ChunkRef RamGet(const ChunkId& id) REQUIRES(mu_);
+  void RamPut(const ChunkId& id, const ChunkRef& data) REQUIRES(mu_);
 
   std::atomic<bool> direct_refused_{false};  // the filesystem refused an O_DIRECT open
   const std::string dir_;  // <cache_dir>/chunks
@@ -196,32 +196,33 @@ class ChunkCache {
   Metrics* const metrics_;
   Logger log_;
 
-  mutable std::mutex mu_;  // guards everything below
+  mutable Mutex mu_;  // guards everything below but what is set once
   using Lru = std::list<std::pair<ChunkId, ChunkRef>>;
-  Lru lru_;  // most recent first
-  std::unordered_map<ChunkId, Lru::iterator, ChunkIdHash> ram_;
-  uint64_t ram_used_ = 0;
-  std::unordered_map<ChunkId, std::shared_ptr<Inflight>, ChunkIdHash> inflight_;
-  uint64_t tmp_seq_ = 0;
+  Lru lru_ GUARDED_BY(mu_);  // most recent first
+  std::unordered_map<ChunkId, Lru::iterator, ChunkIdHash> ram_ GUARDED_BY(mu_);
+  uint64_t ram_used_ GUARDED_BY(mu_) = 0;
+  // A flight's result and done flag are guarded by mu_ too.
+  std::unordered_map<ChunkId, std::shared_ptr<Inflight>, ChunkIdHash> inflight_ GUARDED_BY(mu_);
+  uint64_t tmp_seq_ GUARDED_BY(mu_) = 0;
 
   // The disk tier's chunks in recency order (most recent first), with what eviction needs.
   std::vector<Backend*> tiers_;  // set once by AttachRemote
   std::function<bool(const ChunkId&)> keep_;  // set once by SetKeepFetched
   FetchedFromFar fetched_from_far_;           // set once by SetFetchedFromFar
-  uint64_t disk_limit_ = 0;
+  uint64_t disk_limit_ GUARDED_BY(mu_) = 0;
   struct DiskEntry {
     uint64_t size = 0;
     uint8_t tiers = 0;  // bit T: remote tier T holds it
     std::list<ChunkId>::iterator pos;
   };
-  std::list<ChunkId> disk_lru_;
-  std::unordered_map<ChunkId, DiskEntry, ChunkIdHash> disk_;
-  // REQUIRES: mu_ held.
-  bool Evictable(const ChunkId& id, const DiskEntry& d) const;
-  uint64_t disk_bytes_ = 0, local_only_bytes_ = 0;
-  std::unordered_map<ChunkId, uint64_t, ChunkIdHash> pinned_;
-  std::unordered_map<ChunkId, uint8_t, ChunkIdHash> protected_;  // bit T: SetProtected(T)
-  std::unordered_map<ChunkId, uint32_t, ChunkIdHash> held_;
+  std::list<ChunkId> disk_lru_ GUARDED_BY(mu_);
+  std::unordered_map<ChunkId, DiskEntry, ChunkIdHash> disk_ GUARDED_BY(mu_);
+  bool Evictable(const ChunkId& id, const DiskEntry& d) const REQUIRES(mu_);
+  uint64_t disk_bytes_ GUARDED_BY(mu_) = 0;
+  uint64_t local_only_bytes_ GUARDED_BY(mu_) = 0;
+  std::unordered_map<ChunkId, uint64_t, ChunkIdHash> pinned_ GUARDED_BY(mu_);
+  std::unordered_map<ChunkId, uint8_t, ChunkIdHash> protected_ GUARDED_BY(mu_);  // bit T: SetProtected(T)
+  std::unordered_map<ChunkId, uint32_t, ChunkIdHash> held_ GUARDED_BY(mu_);
 };
 
 }  // namespace ckptfs

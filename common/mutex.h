@@ -47,6 +47,9 @@ class SCOPED_CAPABILITY MutexLock {
   MutexLock(const MutexLock&) = delete;
   MutexLock& operator=(const MutexLock&) = delete;
   std::unique_lock<std::mutex>& native() { return lock_; }
+  // Lets go of the mutex for a while (a backend call, a sync), and takes it back.
+  void Unlock() RELEASE() { lock_.unlock(); }
+  void Lock() ACQUIRE() { lock_.lock(); }
 
  private:
   std::unique_lock<std::mutex> lock_;

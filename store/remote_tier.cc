@@ -105,12 +105,12 @@ RemoteTier::RemoteTier(Backend* backend, MetaStore* meta, ChunkCache* cache, Met
 RemoteTier::~RemoteTier() { Stop(); }
 
 Status RemoteTier::last_error() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return last_error_;
 }
 
 void RemoteTier::Start() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   if (worker_.joinable()) return;
   stop_ = false;
   worker_ = std::thread([this] { Loop(); });
@@ -118,7 +118,7 @@ void RemoteTier::Start() {
 
 void RemoteTier::Stop() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
   }
   work_cv_.notify_all();
@@ -128,7 +128,7 @@ void RemoteTier::Stop() {
 
 void RemoteTier::Kick() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     kicked_ = true;
   }
   work_cv_.notify_all();
@@ -160,25 +160,25 @@ void RemoteTier::Loop() {
       if (!idle.ok()) log_->warn("applying the keep policy of {}: {}", backend_->Describe(), idle.ToString());
       idle_due = !idle.ok();
     }
-    std::unique_lock lock(mu_);
+    MutexLock lock(&mu_);
     if (stop_) return;
     if (seq == 0) {
       ++queue_empty_at_;
       done_cv_.notify_all();
       // gc/round must be read at least every half window, idle or not.
       const auto idle = std::chrono::duration<double>(std::min(1.0, gc_window_s_ / 2));
-      work_cv_.wait_for(lock, idle, [&] { return kicked_ || stop_; });
+      work_cv_.wait_for(lock.native(), idle, [&]() REQUIRES(mu_) { return kicked_ || stop_; });
       kicked_ = false;
       continue;
     }
-    lock.unlock();
+    lock.Unlock();
     Status st = Process(op);
     if (!st.ok() && !Permanent(st)) {
       // The backend is down or refusing: keep the op, back off (0.1 s doubling to 30 s). A file
       // that waits for a gc round (kBusy) tries again every 0.2 s without backing off: it must
       // go as soon as the round ends, before the next round's listing finds its fresh chunks
       // (which no record names yet) and condemns them again.
-      lock.lock();
+      lock.Lock();
       last_error_ = st;
       done_cv_.notify_all();
       const bool waiting = IsGcWait(st);
@@ -188,7 +188,7 @@ void RemoteTier::Loop() {
       if ((waiting ? busy_waits++ % 50 : failures++ % 10) == 0) {
         log_->warn("upload queue stalled: {}; retrying", st.ToString());
       }
-      work_cv_.wait_for(lock, wait, [&] { return stop_; });
+      work_cv_.wait_for(lock.native(), wait, [&]() REQUIRES(mu_) { return stop_; });
       continue;
     }
     if (!st.ok()) log_->error("dropping an upload that cannot succeed: {}", st.ToString());
@@ -198,7 +198,7 @@ void RemoteTier::Loop() {
       RETURN_IF_ERROR(txn.DelRemoteOp(tier_, seq));
       return txn.Commit();
     }();
-    lock.lock();
+    lock.Lock();
     if (!del.ok()) {
       last_error_ = del;
       log_->error("updating the upload queue: {}", del.ToString());
@@ -418,9 +418,9 @@ Status RemoteTier::WaitPublished(uint64_t ino, uint64_t generation, double timeo
       if (published >= generation || rec->nlink == 0) return Status::Ok();
     }
     Kick();
-    std::unique_lock lock(mu_);
+    MutexLock lock(&mu_);
     if (stop_) return Status(Code::kIo, "the remote tier is stopping");
-    if (done_cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
+    if (done_cv_.wait_until(lock.native(), deadline) == std::cv_status::timeout) {
       return Status(Code::kIo, "the backend " + backend_->Describe() +
                                    " did not take the file in time" +
                                    (last_error_.ok() ? "" : ": " + last_error_.ToString()));
@@ -430,11 +430,11 @@ Status RemoteTier::WaitPublished(uint64_t ino, uint64_t generation, double timeo
 
 Status RemoteTier::Drain(double timeout_s) {
   Kick();
-  std::unique_lock lock(mu_);
+  MutexLock lock(&mu_);
   const uint64_t seen = queue_empty_at_;
-  const bool ok = done_cv_.wait_for(lock, std::chrono::milliseconds(static_cast<int64_t>(
+  const bool ok = done_cv_.wait_for(lock.native(), std::chrono::milliseconds(static_cast<int64_t>(
                                               timeout_s * 1000)),
-                                    [&] { return queue_empty_at_ > seen + 1 || stop_; });
+                                    [&]() REQUIRES(mu_) { return queue_empty_at_ > seen + 1 || stop_; });
   if (!ok) {
     return Status(Code::kIo, "uploads to " + backend_->Describe() + " did not finish in time" +
                                  (last_error_.ok() ? "" : ": " + last_error_.ToString()));

@@ -37,7 +37,6 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -48,6 +47,7 @@
 #include "cache/chunk_cache.h"
 #include "common/log.h"
 #include "common/metrics.h"
+#include "common/mutex.h"
 #include "common/status.h"
 #include "common/thread_pool.h"
 #include "store/journal.h"
@@ -170,15 +170,16 @@ class RemoteTier {
   Logger log_;
   std::unique_ptr<ThreadPool> upload_pool_;
 
-  mutable std::mutex mu_;
+  // A leaf: held for flags and counters only, never across a backend call or a transaction.
+  mutable Mutex mu_;
   std::condition_variable work_cv_;  // the worker waits here for ops
   std::condition_variable done_cv_;  // waiters: an op finished
-  bool kicked_ = false;              // guarded by mu_
-  bool stop_ = false;                // guarded by mu_
-  uint64_t done_upto_ = 0;           // guarded by mu_: the last op seq finished
-  uint64_t queue_empty_at_ = 0;      // guarded by mu_: done_upto_ when the queue was last empty
-  Status last_error_;                // guarded by mu_
-  std::thread worker_;
+  bool kicked_ GUARDED_BY(mu_) = false;
+  bool stop_ GUARDED_BY(mu_) = false;
+  uint64_t done_upto_ GUARDED_BY(mu_) = 0;       // the last op seq finished
+  uint64_t queue_empty_at_ GUARDED_BY(mu_) = 0;  // done_upto_ when the queue was last empty
+  Status last_error_ GUARDED_BY(mu_);
+  std::thread worker_;  // started and joined by Start/Stop (one controlling thread)
 
   double gc_window_s_ = 300;
   std::function<void(uint64_t ino)> on_published_;

@@ -278,7 +278,7 @@ Source Build(int64_t D, Options o = {}, const Model& m = kPlain) {
                                      SubParamsEntry(m.groups[0][5])})}};
         for (const auto& [key, value] : o.uc) {
           auto at = std::find_if(uc.begin(), uc.end(),
-                                 [&key](const auto& kv) { return kv.first->str == key; });
+                                 [&k = key](const auto& kv) { return kv.first->str == k; });
           if (at == uc.end()) {
             uc.push_back({S(key), value});
           } else {
