@@ -59,6 +59,12 @@ struct MegatronModel {
   bool norm_1p = false;          // apply_layernorm_1p / layernorm_zero_centered_gamma: gamma - 1
   bool rope_interpolation = false;  // rotary_seq_len_interpolation_factor set
   bool no_rope_layers = false;      // no_rope_freq set: layers without rotary embeddings
+  bool qk_layernorm = false;        // q_layernorm / k_layernorm per head (args.qk_layernorm)
+  bool qk_l2_norm = false;          // Llama-4 style L2 norm of q and k (args.qk_l2_norm)
+  // Sliding-window attention (args.window_size, (left, right), -1 = unbounded): each query
+  // attends to the `window_left` keys before it and itself. -1: full attention.
+  int64_t window_left = -1, window_right = -1;
+  bool window_skip = false;         // args.window_attn_skip_freq: some layers attend fully
   std::string tokenizer_type;
   bool torch_dist = false;  // the iteration is in the torch_dist format (set by its reader)
   std::string dtype;  // of the parameters: bfloat16, float16 or float32 (args.bf16, args.fp16)

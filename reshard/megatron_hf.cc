@@ -23,23 +23,50 @@ struct HfTensor {
   std::vector<Gather> gathers;
 };
 
-// What a Megatron tensor is in a Llama decoder layer or around the layers.
+// What a Megatron tensor is in a decoder layer or around the layers. The layer roles run from
+// kInNorm to kKNorm; the first six are in every architecture's layers.
 enum class Role {
-  kEmbed, kInNorm, kQkv, kProj, kMlpNorm, kFc1, kFc2, kFinalNorm, kOutput, kSkip,
+  kEmbed, kInNorm, kQkv, kProj, kMlpNorm, kFc1, kFc2, kQkvBias, kQNorm, kKNorm, kFinalNorm,
+  kOutput, kSkip,
 };
-constexpr const char* kLayerRoles[] = {"input norm", "fused QKV", "attention output",
-                                       "MLP norm", "fc1 (gate and up)", "fc2"};
+constexpr int kNumLayerRoles = 9;
+constexpr const char* kLayerRoles[kNumLayerRoles] = {
+    "input norm", "fused QKV", "attention output", "MLP norm", "fc1 (gate and up)", "fc2",
+    "fused QKV bias", "query norm", "key norm"};
+
+struct ArchName {
+  const char* cls;
+  const char* type;
+};
+constexpr ArchName kArchNames[] = {{"LlamaForCausalLM", "llama"},
+                                   {"MistralForCausalLM", "mistral"},
+                                   {"Qwen2ForCausalLM", "qwen2"},
+                                   {"Qwen3ForCausalLM", "qwen3"}};
+const ArchName& NameOf(HfArch a) { return kArchNames[static_cast<int>(a)]; }
+
+// Whether layers of architecture `a` hold a tensor of layer role k (0 = kInNorm).
+bool ArchHas(HfArch a, int k) {
+  switch (static_cast<Role>(k + static_cast<int>(Role::kInNorm))) {
+    case Role::kQkvBias: return a == HfArch::kQwen2;
+    case Role::kQNorm:
+    case Role::kKNorm: return a == HfArch::kQwen3;
+    default: return true;
+  }
+}
 
 bool EndsWith(std::string_view s, std::string_view x) {
   return s.size() >= x.size() && s.substr(s.size() - x.size()) == x;
 }
 
 // The role of `name` (a layer's tensor when layer >= 0), both naming eras and both layer specs
-// (Transformer Engine's fused norms, megatron.core's local modules). Errors name the tensor.
-Result<Role> RoleOf(const std::string& name, int64_t layer, bool tied) {
-  if (EndsWith(name, ".bias") || EndsWith(name, ".layer_norm_bias")) {
-    return Invalid("'" + name + "' is a bias: LlamaForCausalLM has none (the model is not of "
-                   "the Llama family)");
+// (Transformer Engine's fused norms, megatron.core's local modules), in a model served as `arch`.
+// Errors name the tensor.
+Result<Role> RoleOf(const std::string& name, int64_t layer, bool tied, HfArch arch) {
+  const bool qkv_bias = EndsWith(name, ".self_attention.linear_qkv.bias") ||
+                        EndsWith(name, ".self_attention.query_key_value.bias");
+  if ((EndsWith(name, ".bias") || EndsWith(name, ".layer_norm_bias")) &&
+      !(qkv_bias && arch == HfArch::kQwen2 && layer >= 0)) {
+    return Invalid("'" + name + "' is a bias, which " + NameOf(arch).cls + " does not have there");
   }
   // Transformer Engine's extra state (an empty uint8 tensor without fp8): not a weight.
   if (EndsWith(name, "._extra_state")) return Role::kSkip;
@@ -73,9 +100,19 @@ Result<Role> RoleOf(const std::string& name, int64_t layer, bool tied) {
       {"mlp.dense_h_to_4h.weight", Role::kFc1},
       {"mlp.linear_fc2.weight", Role::kFc2},
       {"mlp.dense_4h_to_h.weight", Role::kFc2},
+      {"self_attention.linear_qkv.bias", Role::kQkvBias},
+      {"self_attention.query_key_value.bias", Role::kQkvBias},
+      {"self_attention.q_layernorm.weight", Role::kQNorm},
+      {"self_attention.k_layernorm.weight", Role::kKNorm},
   };
   for (const auto& [suffix, role] : kNames) {
-    if (rest == suffix) return role;
+    if (rest != suffix) continue;
+    const int k = static_cast<int>(role) - static_cast<int>(Role::kInNorm);
+    if (!ArchHas(arch, k)) {
+      return Invalid("'" + name + "' is a " + kLayerRoles[k] + ", which " + NameOf(arch).cls +
+                     " does not have");
+    }
+    return role;
   }
   return Invalid("no Hugging Face name for '" + name + "'");
 }
@@ -88,9 +125,11 @@ struct Shape {
 
 }  // namespace
 
-Status CheckMegatronHf(const MegatronModel& m) {
+Result<HfArch> PickHfArch(const MegatronModel& m) {
   auto no = [](const std::string& why) {
-    return Invalid("not a Llama-family model for a LlamaForCausalLM view: " + why);
+    return Invalid("no Hugging Face architecture the hf view serves (LlamaForCausalLM, "
+                   "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM) expresses this "
+                   "model: " + why);
   };
   if (m.num_experts > 0) return no("it has experts (args.num_experts)");
   if (m.normalization != "RMSNorm") return no("args.normalization is " + m.normalization);
@@ -98,9 +137,7 @@ Status CheckMegatronHf(const MegatronModel& m) {
     return no("positions are " + m.position_embedding_type + ", not rope");
   }
   if (!m.swiglu) return no("args.swiglu is not set");
-  if (m.add_bias_linear || m.add_qkv_bias) {
-    return no("args.add_bias_linear or add_qkv_bias is set: LlamaForCausalLM has no biases");
-  }
+  if (m.add_bias_linear) return no("args.add_bias_linear is set: every linear layer has a bias");
   if (m.rotary_percent != 1.0) return no("args.rotary_percent is not 1");
   if (m.rotary_interleaved) return no("args.rotary_interleaved is set");
   if (m.rope_scaling) return Invalid("args.use_rope_scaling is set: its scaling is not mapped");
@@ -112,26 +149,54 @@ Status CheckMegatronHf(const MegatronModel& m) {
     return no("args.apply_layernorm_1p or layernorm_zero_centered_gamma stores norm weights "
               "as gamma - 1");
   }
+  if (m.qk_l2_norm) return no("args.qk_l2_norm is set (an L2 norm of queries and keys)");
   if (!m.rotary_base) return Invalid("args.rotary_base is missing");
   if (!m.norm_epsilon) return Invalid("args.norm_epsilon is missing");
   if (m.max_position_embeddings <= 0) return Invalid("args.max_position_embeddings is missing");
-  return Status::Ok();
+  // Sliding windows: a query attends to window_left keys before it and itself (Transformer
+  // Engine's (left, right)); Mistral's sliding_window counts the query's own key too.
+  const bool windowed = m.window_left >= 0;
+  if (windowed && m.window_right > 0) return no("args.window_size looks ahead (right > 0)");
+  if (windowed && m.window_skip) {
+    return no("args.window_attn_skip_freq mixes full and sliding-window layers");
+  }
+  if (m.qk_layernorm) {
+    if (m.add_qkv_bias) {
+      return no("QKV biases with per-head q/k norms (Qwen3's attention_bias would put a bias on "
+                "o_proj as well)");
+    }
+    if (windowed) return no("a sliding window with per-head q/k norms");
+    return HfArch::kQwen3;
+  }
+  if (m.add_qkv_bias) {
+    if (windowed) return no("a sliding window with QKV biases");
+    if (m.kv_channels > 0 && m.kv_channels * m.heads != m.hidden_size) {
+      return no("QKV biases with kv_channels " + std::to_string(m.kv_channels) +
+                " != hidden_size / heads (Qwen2's head size is hidden_size / heads)");
+    }
+    return HfArch::kQwen2;
+  }
+  return windowed ? HfArch::kMistral : HfArch::kLlama;
 }
+
+Status CheckMegatronHf(const MegatronModel& m) { return PickHfArch(m).status(); }
+
+const char* HfArchName(HfArch a) { return NameOf(a).cls; }
 
 namespace {
 
-Result<std::string> ConfigJson(const MegatronModel& m, const Shape& s) {
+Result<std::string> ConfigJson(const MegatronModel& m, const Shape& s, HfArch arch) {
   using json::Value;
   json::Object o;
   auto put = [&](const char* k, Value v) { o.push_back({k, std::move(v)}); };
-  put("architectures", Value::MakeArray({Value::String("LlamaForCausalLM")}));
-  put("model_type", Value::String("llama"));
+  put("architectures", Value::MakeArray({Value::String(NameOf(arch).cls)}));
+  put("model_type", Value::String(NameOf(arch).type));
   put("hidden_size", Value::Int(s.hidden));
   put("intermediate_size", Value::Int(s.ffn));
   put("num_hidden_layers", Value::Int(s.layers));
   put("num_attention_heads", Value::Int(s.heads));
   put("num_key_value_heads", Value::Int(s.groups));
-  put("head_dim", Value::Int(s.head_dim));
+  if (arch != HfArch::kQwen2) put("head_dim", Value::Int(s.head_dim));  // Qwen2: hidden / heads
   put("hidden_act", Value::String("silu"));
   put("max_position_embeddings", Value::Int(m.max_position_embeddings));
   put("rms_norm_eps", Value::Double(*m.norm_epsilon));
@@ -139,8 +204,23 @@ Result<std::string> ConfigJson(const MegatronModel& m, const Shape& s) {
   put("rope_scaling", Value::Null());
   put("vocab_size", Value::Int(s.vocab));
   put("tie_word_embeddings", Value::Bool(m.tied));
-  put("attention_bias", Value::Bool(false));
-  put("mlp_bias", Value::Bool(false));
+  switch (arch) {
+    case HfArch::kLlama:
+      put("attention_bias", Value::Bool(false));
+      put("mlp_bias", Value::Bool(false));
+      break;
+    case HfArch::kMistral:
+      put("sliding_window", Value::Int(m.window_left + 1));
+      break;
+    case HfArch::kQwen3:
+      put("attention_bias", Value::Bool(false));
+      [[fallthrough]];
+    case HfArch::kQwen2:  // its q, k and v biases are not an option: always there
+      put("use_sliding_window", Value::Bool(false));
+      put("sliding_window", Value::Null());
+      put("max_window_layers", Value::Int(s.layers));
+      break;
+  }
   put("torch_dtype", Value::String(m.dtype));
   put("initializer_range", Value::Double(0.02));
   put("use_cache", Value::Bool(true));
@@ -178,7 +258,7 @@ class HfPlanner {
  private:
   Status Add(const MegatronTensor& t, Role role);
   Status AddWhole(const MegatronTensor& t, const std::string& name, const VocabSizes& vocab = {});
-  Status AddQkv(const MegatronTensor& t, const std::string& prefix);
+  Status AddQkv(const MegatronTensor& t, const std::string& prefix, const char* part);
   Status AddFc1(const MegatronTensor& t, const std::string& prefix);
   Result<uint32_t> Itemsize(const MegatronTensor& t) {
     const uint32_t n = DtypeSize(t.dtype);
@@ -188,6 +268,7 @@ class HfPlanner {
 
   MegatronTensors src_;
   const HfOptions options_;
+  HfArch arch_ = HfArch::kLlama;
   Shape shape_;
   std::vector<HfTensor> out_;
 };
@@ -222,26 +303,34 @@ void RowRange(const std::vector<Shard>& shards, uint32_t itemsize, int64_t first
 }
 
 // Megatron fuses Q, K and V into one matrix laid out per query group: the group's query heads,
-// then its key head, then its value head, each head_dim rows. A TP rank holds one of TP equal
-// dim-0 chunks: whole groups when TP divides the groups, else (megatron.core, TP a multiple of
-// the groups) a part of one group's rows.
-Status HfPlanner::AddQkv(const MegatronTensor& t, const std::string& prefix) {
+// then its key head, then its value head, each head_dim rows (their biases likewise, one value
+// per row). A TP rank holds one of TP equal dim-0 chunks: whole groups when TP divides the
+// groups, else (megatron.core, TP a multiple of the groups) a part of one group's rows.
+// `part` is "weight" or "bias".
+Status HfPlanner::AddQkv(const MegatronTensor& t, const std::string& prefix, const char* part) {
   ASSIGN_OR_RETURN(uint32_t itemsize, Itemsize(t));
   const Shape& s = shape_;
   const int64_t per_group = s.heads / s.groups;
   const int64_t block = (per_group + 2) * s.head_dim;
   const int64_t ts = static_cast<int64_t>(t.shards.size());
+  const bool bias = std::string_view(part) == "bias";
   for (const Shard& sh : t.shards) {
-    if (sh.shape.size() != 2 || sh.shape[1] != s.hidden || sh.shape[0] * ts != s.groups * block) {
-      return Invalid("'" + t.name + "' is not the fused QKV of " + std::to_string(s.heads) +
-                     " heads in " + std::to_string(s.groups) + " groups of head_dim " +
-                     std::to_string(s.head_dim) + " over " + std::to_string(ts) + " TP ranks");
+    const bool cols_ok = bias ? sh.shape.size() == 1 : sh.shape.size() == 2 && sh.shape[1] == s.hidden;
+    if (!cols_ok || sh.shape[0] * ts != s.groups * block) {
+      return Invalid("'" + t.name + "' is not the fused QKV " + part + " of " +
+                     std::to_string(s.heads) + " heads in " + std::to_string(s.groups) +
+                     " groups of head_dim " + std::to_string(s.head_dim) + " over " +
+                     std::to_string(ts) + " TP ranks");
     }
   }
   const int64_t d = s.head_dim;
-  HfTensor q{prefix + "self_attn.q_proj.weight", t.dtype, {s.heads * d, s.hidden}, {}};
-  HfTensor k{prefix + "self_attn.k_proj.weight", t.dtype, {s.groups * d, s.hidden}, {}};
-  HfTensor v{prefix + "self_attn.v_proj.weight", t.dtype, {s.groups * d, s.hidden}, {}};
+  auto shape = [&](int64_t rows) {
+    return bias ? std::vector<int64_t>{rows} : std::vector<int64_t>{rows, s.hidden};
+  };
+  const std::string suffix = std::string("_proj.") + part;
+  HfTensor q{prefix + "self_attn.q" + suffix, t.dtype, shape(s.heads * d), {}};
+  HfTensor k{prefix + "self_attn.k" + suffix, t.dtype, shape(s.groups * d), {}};
+  HfTensor v{prefix + "self_attn.v" + suffix, t.dtype, shape(s.groups * d), {}};
   if (t.shards[0].shape[0] % block == 0) {  // whole groups: one strided gather per shard
     q.gathers = EveryBlock(t.shards, itemsize, block, 0, per_group * d);
     k.gathers = EveryBlock(t.shards, itemsize, block, per_group * d, d);
@@ -299,7 +388,10 @@ Status HfPlanner::Add(const MegatronTensor& t, Role role) {
     case Role::kMlpNorm: return AddWhole(t, layer + "post_attention_layernorm.weight");
     case Role::kProj: return AddWhole(t, layer + "self_attn.o_proj.weight");
     case Role::kFc2: return AddWhole(t, layer + "mlp.down_proj.weight");
-    case Role::kQkv: return AddQkv(t, layer);
+    case Role::kQkv: return AddQkv(t, layer, "weight");
+    case Role::kQkvBias: return AddQkv(t, layer, "bias");
+    case Role::kQNorm: return AddWhole(t, layer + "self_attn.q_norm.weight");
+    case Role::kKNorm: return AddWhole(t, layer + "self_attn.k_norm.weight");
     case Role::kFc1: return AddFc1(t, layer);
     case Role::kSkip: return Status::Ok();
   }
@@ -314,7 +406,7 @@ std::string ShardName(size_t k, size_t n) {
 
 Result<std::vector<ViewEntry>> HfPlanner::Run() {
   const MegatronModel& m = src_.model;
-  RETURN_IF_ERROR(CheckMegatronHf(m));
+  ASSIGN_OR_RETURN(arch_, PickHfArch(m));
   Shape& s = shape_;
   s.layers = m.num_layers;
   s.hidden = m.hidden_size;
@@ -337,15 +429,18 @@ Result<std::vector<ViewEntry>> HfPlanner::Run() {
                    std::to_string(src_.source_vocab_rows) + " rows of the word embeddings");
   }
   // Every tensor to its HF tensors, and each layer's roles counted.
-  std::vector<std::array<int, 6>> seen(static_cast<size_t>(s.layers), std::array<int, 6>{});
+  using Seen = std::array<int, kNumLayerRoles>;
+  std::vector<Seen> seen(static_cast<size_t>(s.layers), Seen{});
   int embed = 0, norm = 0, output = 0;
   for (const MegatronTensor& t : src_.tensors) {
     if (t.layer >= s.layers) return Invalid("'" + t.name + "' is past the model's layers");
-    ASSIGN_OR_RETURN(Role role, RoleOf(t.name, t.layer, m.tied));
+    ASSIGN_OR_RETURN(Role role, RoleOf(t.name, t.layer, m.tied, arch_));
     if (role == Role::kSkip) continue;
     if (t.layer >= 0) {
       const int k = static_cast<int>(role) - static_cast<int>(Role::kInNorm);
-      if (k < 0 || k >= 6) return Invalid("'" + t.name + "' has no place in a decoder layer");
+      if (k < 0 || k >= kNumLayerRoles) {
+        return Invalid("'" + t.name + "' has no place in a decoder layer");
+      }
       if (++seen[static_cast<size_t>(t.layer)][static_cast<size_t>(k)] > 1) {
         return Invalid("layer " + std::to_string(t.layer) + " has two " + kLayerRoles[k] +
                        " tensors ('" + t.name + "')");
@@ -357,8 +452,8 @@ Result<std::vector<ViewEntry>> HfPlanner::Run() {
     RETURN_IF_ERROR(Add(t, role));
   }
   for (int64_t l = 0; l < s.layers; ++l) {
-    for (int k = 0; k < 6; ++k) {
-      if (!seen[static_cast<size_t>(l)][static_cast<size_t>(k)]) {
+    for (int k = 0; k < kNumLayerRoles; ++k) {
+      if (ArchHas(arch_, k) && !seen[static_cast<size_t>(l)][static_cast<size_t>(k)]) {
         return Invalid("layer " + std::to_string(l) + " has no " + kLayerRoles[k] + " tensor");
       }
     }
@@ -366,7 +461,7 @@ Result<std::vector<ViewEntry>> HfPlanner::Run() {
   if (embed != 1) return Invalid("the checkpoint has no single word_embeddings.weight");
   if (norm != 1) return Invalid("the checkpoint has no single final norm");
   if (!m.tied && output != 1) return Invalid("untied embeddings but no single output_layer.weight");
-  ASSIGN_OR_RETURN(std::string config, ConfigJson(m, s));
+  ASSIGN_OR_RETURN(std::string config, ConfigJson(m, s, arch_));
 
   // Shards in order, each up to max_shard_bytes (a larger tensor alone).
   std::vector<std::vector<size_t>> shards;

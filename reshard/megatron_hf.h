@@ -1,6 +1,7 @@
-// The Hugging Face view of a Megatron-LM GPT/Llama-family checkpoint (ROOT/.views/hf/): the
-// files `transformers.AutoModelForCausalLM.from_pretrained` loads as a LlamaForCausalLM, as
-// recipes over the source's rank files like every view. The mapping is in docs/views.md.
+// The Hugging Face view of a Megatron-LM GPT checkpoint (ROOT/.views/hf/): the files
+// `transformers.AutoModelForCausalLM.from_pretrained` loads as a LlamaForCausalLM,
+// MistralForCausalLM, Qwen2ForCausalLM or Qwen3ForCausalLM, as recipes over the source's rank
+// files like every view. The mapping is in docs/views.md.
 //
 // Pure: the caller parses the rank files (as for PlanMegatron) and hands them in.
 #pragma once
@@ -22,14 +23,20 @@ struct HfOptions {
   uint64_t max_shard_bytes = 5'000'000'000;
 };
 
-// Whether the model (from the checkpoint's args) can be served as a LlamaForCausalLM; the error
-// names the reason.
+// The transformers architectures the hf view serves, chosen from the checkpoint's args by the
+// rules in docs/views.md ("Which architecture").
+enum class HfArch { kLlama, kMistral, kQwen2, kQwen3 };
+
+// The architecture the model (from the checkpoint's args) is served as; the error names why no
+// architecture expresses it.
+Result<HfArch> PickHfArch(const MegatronModel& m);
 Status CheckMegatronHf(const MegatronModel& m);
+const char* HfArchName(HfArch a);  // "LlamaForCausalLM", ...
 
 // config.json, model-0000K-of-0000N.safetensors (N >= 1) and model.safetensors.index.json, in
-// that order. Errors (kInvalid, naming the reason): a model that is not of the Llama family
-// (LayerNorm, learned positions, no SwiGLU, biases), an args field the config needs missing, a
-// tensor no HF name maps, one missing.
+// that order. Errors (kInvalid, naming the reason): a model no served architecture expresses
+// (LayerNorm, learned positions, no SwiGLU, biases on every linear layer, ...), an args field the
+// config needs missing, a tensor no HF name maps, one missing.
 Result<std::vector<ViewEntry>> PlanMegatronHf(const MegatronSource& src, const Rules& rules,
                                               const HfOptions& options = {});
 // The same from the model's tensors however they were read (ListMegatronTensors for per-rank

@@ -155,6 +155,17 @@ Result<MegatronModel> ReadMegatronModel(const TorchFile& f) {
   m.rope_interpolation = NumberArg(d, "rotary_seq_len_interpolation_factor").has_value();
   if (ValuePtr v = Get(d, "no_rope_freq"); v && v->kind != Kind::kNone) m.no_rope_layers = true;
   m.tokenizer_type = StrArg(d, "tokenizer_type").value_or("");
+  m.qk_layernorm = BoolArg(d, "qk_layernorm");
+  m.qk_l2_norm = BoolArg(d, "qk_l2_norm");
+  if (ValuePtr w = Get(d, "window_size"); w && w->kind != Kind::kNone) {
+    if ((w->kind != Kind::kTuple && w->kind != Kind::kList) || w->items.size() != 2 ||
+        w->items[0]->kind != Kind::kInt || w->items[1]->kind != Kind::kInt) {
+      return Invalid("args.window_size is not a (left, right) pair of integers");
+    }
+    m.window_left = w->items[0]->i;
+    m.window_right = w->items[1]->i;
+  }
+  if (ValuePtr v = Get(d, "window_attn_skip_freq"); v && v->kind != Kind::kNone) m.window_skip = true;
   m.distributed_optimizer = BoolArg(d, "use_distributed_optimizer");
   // The naming era, from the model's own keys: legacy models nest everything under
   // 'language_model'. (args cannot tell: Megatron dropped use_legacy_models in 2026, and older

@@ -68,6 +68,11 @@ CASES = {
     "mcore-fused-adam-tp2pp2-to-tp4pp1": (dict(era="mcore", fused_adam=True), (2, 2), (4, 1)),
     # megatron.core since 2026: param groups sorted, the weight-decay group first on every stage
     "mcore-sorted-groups-tp1pp2-to-tp2pp4": (dict(era="mcore", sorted_groups=True), (1, 2), (2, 4)),
+    # Qwen2's QKV biases (args.add_qkv_bias) and Qwen3's per-head q/k norms
+    "mcore-qkv-bias-tp2-to-tp4pp2": (dict(era="mcore", qkv_bias=True, **GQA_SWIGLU),
+                                     (2, 1), (4, 2)),
+    "mcore-qk-norm-tp4pp2-to-tp2": (dict(era="mcore", qk_layernorm=True, **GQA_SWIGLU),
+                                    (4, 2), (2, 1)),
 }
 
 

@@ -20,6 +20,12 @@ import megatron_fixture as mf  # noqa: E402
 from test_views_dcp import read_safetensors as dcp_read_safetensors  # noqa: E402
 
 LLAMA = dict(swiglu=True, normalization="RMSNorm", position_embedding_type="rope", bias=False)
+# The other architectures, by the args that choose them (docs/views.md, "Which architecture").
+MISTRAL = dict(LLAMA, window_size=(5, 0))   # a query sees 5 keys back and its own: window 6
+QWEN2 = dict(LLAMA, qkv_bias=True)          # biases on q, k and v only
+QWEN3 = dict(LLAMA, qk_layernorm=True)      # per-head RMSNorm of q and k
+ARCHS = {"llama": ("LlamaForCausalLM", LLAMA), "mistral": ("MistralForCausalLM", MISTRAL),
+         "qwen2": ("Qwen2ForCausalLM", QWEN2), "qwen3": ("Qwen3ForCausalLM", QWEN3)}
 
 
 def read_safetensors(path):
@@ -49,6 +55,12 @@ def expected(cfg, full):
         sd[p + "self_attn.q_proj.weight"] = piece("qkv.w", "q")
         sd[p + "self_attn.k_proj.weight"] = piece("qkv.w", "k")
         sd[p + "self_attn.v_proj.weight"] = piece("qkv.w", "v")
+        if cfg.qkv_bias:
+            for c in "qkv":
+                sd[p + f"self_attn.{c}_proj.bias"] = piece("qkv.b", c)
+        if cfg.qk_layernorm:
+            sd[p + "self_attn.q_norm.weight"] = piece("q_norm.w", "w")
+            sd[p + "self_attn.k_norm.weight"] = piece("k_norm.w", "w")
         sd[p + "self_attn.o_proj.weight"] = piece("proj.w", "w")
         sd[p + "post_attention_layernorm.weight"] = piece("mlp_norm.w", "w")
         sd[p + "mlp.gate_proj.weight"] = piece("fc1.w", "gate")
@@ -83,7 +95,7 @@ def load_view(view):
     return sd, index
 
 
-def check_hf(root, cfg, full, tp):
+def check_hf(root, cfg, full, tp, arch="llama"):
     SOURCE_TP[0] = tp
     view = root / ".views" / "hf"
     got, _ = load_view(view)
@@ -93,13 +105,19 @@ def check_hf(root, cfg, full, tp):
         assert got[name].dtype == t.dtype and got[name].shape == t.shape, name
         assert torch.equal(got[name].view(torch.int16), t.view(torch.int16)), name
     config = json.loads(read_file(view / "config.json"))
-    assert config["architectures"] == ["LlamaForCausalLM"] and config["model_type"] == "llama"
+    assert config["architectures"] == [ARCHS[arch][0]] and config["model_type"] == arch
     assert config["hidden_size"] == cfg.hidden_size
     assert config["intermediate_size"] == cfg.ffn_hidden_size
     assert config["num_hidden_layers"] == cfg.num_layers
     assert config["num_attention_heads"] == cfg.num_attention_heads
     assert config["num_key_value_heads"] == cfg.groups
-    assert config["head_dim"] == cfg.head_dim
+    assert config.get("head_dim", cfg.hidden_size // cfg.num_attention_heads) == cfg.head_dim
+    if arch == "mistral":
+        assert config["sliding_window"] == cfg.window_size[0] + 1
+    elif arch in ("qwen2", "qwen3"):
+        assert config["use_sliding_window"] is False
+    if arch in ("llama", "qwen3"):
+        assert config["attention_bias"] is False
     assert config["vocab_size"] == want["model.embed_tokens.weight"].shape[0]
     assert config["tie_word_embeddings"] == (not cfg.untie)
     assert config["rope_theta"] == 10000.0 and config["rms_norm_eps"] == 1e-5
@@ -126,6 +144,17 @@ def test_hf_view_is_the_model_under_hf_names(mnt, era, untie, groups, shape):
     assert sorted(os.listdir(view)) == ["config.json", "model-00001-of-00001.safetensors",
                                         "model.safetensors.index.json"]
     check_reads_are_stable(view / "model-00001-of-00001.safetensors")
+
+
+@pytest.mark.parametrize("arch,shape", [("mistral", (2, 2)), ("qwen2", (4, 1)), ("qwen2", (2, 2)),
+                                        ("qwen3", (2, 2)), ("qwen3", (4, 1))])
+def test_hf_view_serves_the_architecture_the_args_describe(mnt, arch, shape):
+    root = mnt / "ckpt"
+    cfg = mf.ModelConfig(era="mcore", untie=arch != "qwen2", num_query_groups=2,
+                         **ARCHS[arch][1])
+    full = mf.save_checkpoint(root, cfg, *shape)
+    assert "hf" in os.listdir(root / ".views")
+    check_hf(root, cfg, full, shape[0], arch)
 
 
 def test_hf_view_shards_by_size(make_mount):
@@ -169,8 +198,14 @@ def test_hf_view_keeps_the_padded_vocabulary_when_the_true_size_is_unknown(mnt, 
     (dict(LLAMA, extra_args=dict(rotary_seq_len_interpolation_factor=4)), "interpolation"),
     (dict(LLAMA, extra_args=dict(no_rope_freq=4)), "no_rope_freq"),
     (dict(LLAMA, extra_args=dict(rotary_base=None)), "args.rotary_base is missing"),
+    (dict(LLAMA, extra_args=dict(qk_l2_norm=True)), "qk_l2_norm"),
+    (dict(QWEN3, qkv_bias=True), "QKV biases with per-head q/k norms"),
+    (dict(QWEN3, window_size=(5, 0)), "sliding window with per-head q/k norms"),
+    (dict(QWEN2, window_size=(5, 0)), "sliding window with QKV biases"),
+    (dict(MISTRAL, window_size=(5, 2)), "looks ahead"),
+    (dict(MISTRAL, extra_args=dict(window_attn_skip_freq=2)), "mixes full and sliding"),
 ])
-def test_hf_view_refuses_a_model_that_is_not_llama(mnt, kw, reason):
+def test_hf_view_refuses_a_model_no_architecture_expresses(mnt, kw, reason):
     root = mnt / "ckpt"
     mf.save_checkpoint(root, mf.ModelConfig(era="mcore", **kw), 2, 1)
     expect_errno(errno.EINVAL, os.stat, root / ".views" / "hf")

@@ -16,7 +16,7 @@ from conftest import REPO_ROOT
 sys.path.insert(0, str(REPO_ROOT / "tests" / "reshard"))
 sys.path.insert(0, str(REPO_ROOT / "tests" / "integration"))
 import megatron_fixture as mf  # noqa: E402
-from test_views_hf import LLAMA, load_view  # noqa: E402
+from test_views_hf import ARCHS, LLAMA, load_view  # noqa: E402
 
 
 def rope(x, theta):
@@ -34,30 +34,44 @@ def rms(x, w, eps):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
 
 
-def attend(q, k, v):
-    """Causal attention: q [s, heads, d], k and v [s, heads, d]."""
+def attend(q, k, v, hidden=None):
+    """Causal attention: q [s, heads, d], k and v [s, heads, d]; `hidden(q, k)` is True where
+    query q may not see key k beyond causality (a sliding window)."""
     s, _, d = q.shape
     scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(d)
-    scores = scores.masked_fill(torch.triu(torch.ones(s, s, dtype=torch.bool), 1), float("-inf"))
+    mask = torch.triu(torch.ones(s, s, dtype=torch.bool), 1)
+    if hidden is not None:
+        pos = torch.arange(s)
+        mask |= hidden(pos[:, None], pos[None, :])
+    scores = scores.masked_fill(mask, float("-inf"))
     return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).reshape(s, -1)
 
 
 def hf_forward(sd, config, tokens):
-    """LlamaForCausalLM's forward over HF-named tensors (float64)."""
+    """The forward pass of config's architecture over HF-named tensors (float64), as
+    transformers writes it: LlamaForCausalLM; MistralForCausalLM (a key is seen while
+    kv > q - sliding_window, masking_utils' sliding_window_overlay); Qwen2ForCausalLM (biases on
+    q, k and v); Qwen3ForCausalLM (q_norm and k_norm, RMSNorm over each head, before RoPE)."""
     f = {k: v.double() for k, v in sd.items()}
     heads, groups = config["num_attention_heads"], config["num_key_value_heads"]
-    d, eps, theta = config["head_dim"], config["rms_norm_eps"], config["rope_theta"]
+    d = config.get("head_dim") or config["hidden_size"] // heads
+    eps, theta = config["rms_norm_eps"], config["rope_theta"]
+    window = config.get("sliding_window") if config["model_type"] == "mistral" else None
+    hidden = (lambda q, k: ~(k > q - window)) if window else None
     x = f["model.embed_tokens.weight"][tokens]
     for i in range(config["num_hidden_layers"]):
         p = f"model.layers.{i}."
         h = rms(x, f[p + "input_layernorm.weight"], eps)
         s = h.shape[0]
-        q = rope((h @ f[p + "self_attn.q_proj.weight"].T).view(s, heads, d), theta)
-        k = rope((h @ f[p + "self_attn.k_proj.weight"].T).view(s, groups, d), theta)
-        v = (h @ f[p + "self_attn.v_proj.weight"].T).view(s, groups, d)
+        proj = lambda c: h @ f[p + f"self_attn.{c}_proj.weight"].T + f.get(  # noqa: E731
+            p + f"self_attn.{c}_proj.bias", 0)
+        q, k, v = proj("q").view(s, heads, d), proj("k").view(s, groups, d), proj("v").view(s, groups, d)
+        if p + "self_attn.q_norm.weight" in f:
+            q, k = rms(q, f[p + "self_attn.q_norm.weight"], eps), rms(k, f[p + "self_attn.k_norm.weight"], eps)
+        q, k = rope(q, theta), rope(k, theta)
         rep = heads // groups  # repeat_kv: key/value head g serves query heads g*rep .. g*rep+rep-1
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        x = x + attend(q, k, v) @ f[p + "self_attn.o_proj.weight"].T
+        x = x + attend(q, k, v, hidden) @ f[p + "self_attn.o_proj.weight"].T
         h = rms(x, f[p + "post_attention_layernorm.weight"], eps)
         gate, up = h @ f[p + "mlp.gate_proj.weight"].T, h @ f[p + "mlp.up_proj.weight"].T
         x = x + (torch.nn.functional.silu(gate) * up) @ f[p + "mlp.down_proj.weight"].T
@@ -69,7 +83,9 @@ def hf_forward(sd, config, tokens):
 def megatron_forward(root, cfg, T, P, tokens):
     """The forward pass as megatron.core computes it, from the rank files (float64): TP shards
     joined along the dimension ColumnParallel/RowParallelLinear cut, each rank's fc1 its
-    [gate; up] halves, the fused QKV viewed [groups, (heads/groups + 2) * head_dim]."""
+    [gate; up] halves, the fused QKV (and its bias) viewed [groups, (heads/groups + 2) *
+    head_dim]; q_layernorm/k_layernorm over each head before the rotary embedding; a window
+    (left, 0) as Transformer Engine applies it: keys q - left .. q."""
     ranks = {(t, p): torch.load(root / "iter_0000100" / mf.rank_name(t, p, P) / mf.FILE)["model"]
              for t in range(T) for p in range(P)}
     per, h_, d = cfg.num_layers // P, cfg.hidden_size, cfg.head_dim
@@ -83,13 +99,22 @@ def megatron_forward(root, cfg, T, P, tokens):
         for i in range(per):
             pre = f"decoder.layers.{i}."
             h = rms(x, ranks[(0, p)][pre + "input_layernorm.weight"].double(), eps)
-            mixed = (h @ cat(pre + "self_attention.linear_qkv.weight", p, 0).T).view(s, g, -1)
+            mixed = h @ cat(pre + "self_attention.linear_qkv.weight", p, 0).T
+            if cfg.qkv_bias:
+                mixed = mixed + cat(pre + "self_attention.linear_qkv.bias", p, 0)
+            mixed = mixed.view(s, g, -1)
             q = mixed[..., : qh * d].reshape(s, g * qh, d)
             k = mixed[..., qh * d:(qh + 1) * d]
             v = mixed[..., (qh + 1) * d:]
+            if cfg.qk_layernorm:
+                q = rms(q, ranks[(0, p)][pre + "self_attention.q_layernorm.weight"].double(), eps)
+                k = rms(k, ranks[(0, p)][pre + "self_attention.k_layernorm.weight"].double(), eps)
             q, k = rope(q, theta), rope(k, theta)
             k, v = k.repeat_interleave(qh, dim=1), v.repeat_interleave(qh, dim=1)
-            x = x + attend(q, k, v) @ cat(pre + "self_attention.linear_proj.weight", p, 1).T
+            hidden = None
+            if cfg.window_size:
+                hidden = lambda qi, ki: ki < qi - cfg.window_size[0]  # noqa: E731
+            x = x + attend(q, k, v, hidden) @ cat(pre + "self_attention.linear_proj.weight", p, 1).T
             h = rms(x, ranks[(0, p)][pre + "pre_mlp_layernorm.weight"].double(), eps)
             fc1 = [ranks[(t, p)][pre + "mlp.linear_fc1.weight"].double() for t in range(T)]
             inter = torch.cat([h @ w.T for w in fc1], dim=-1)  # per rank: [gate_r, up_r]
@@ -103,10 +128,12 @@ def megatron_forward(root, cfg, T, P, tokens):
     return (x @ head.T)[:, : cfg.vocab_size]  # the padded rows are not the tokenizer's
 
 
-@pytest.mark.parametrize("untie,groups,shape", [(True, 4, (2, 2)), (False, 2, (4, 1))])
-def test_hf_view_logits_equal_megatrons(mnt, untie, groups, shape):
+@pytest.mark.parametrize("arch,untie,groups,shape", [
+    ("llama", True, 4, (2, 2)), ("llama", False, 2, (4, 1)), ("mistral", True, 2, (2, 2)),
+    ("qwen2", False, 2, (2, 1)), ("qwen3", True, 2, (2, 2))])
+def test_hf_view_logits_equal_megatrons(mnt, arch, untie, groups, shape):
     root = mnt / "ckpt"
-    cfg = mf.ModelConfig(era="mcore", untie=untie, num_query_groups=groups, **LLAMA)
+    cfg = mf.ModelConfig(era="mcore", untie=untie, num_query_groups=groups, **ARCHS[arch][1])
     mf.save_checkpoint(root, cfg, *shape)
     sd, _ = load_view(root / ".views" / "hf")
     config = json.loads((root / ".views" / "hf" / "config.json").read_text())
@@ -120,3 +147,17 @@ def test_hf_view_logits_equal_megatrons(mnt, untie, groups, shape):
     k = "model.layers.0.self_attn.k_proj.weight"
     wrong[k] = sd[k].view(groups, cfg.head_dim, -1).flip(0).reshape(sd[k].shape)
     assert not torch.allclose(hf_forward(wrong, config, tokens), want, rtol=1e-6, atol=1e-6)
+    # What tells the architectures apart is checked too: each is not within round-off when left out.
+    if arch == "mistral":  # a window one key narrower
+        narrow = dict(config, sliding_window=config["sliding_window"] - 1)
+        assert not torch.allclose(hf_forward(sd, narrow, tokens), want, rtol=1e-6, atol=1e-6)
+    if arch == "qwen2":  # the q, k and v biases
+        plain = {n: t for n, t in sd.items() if not n.endswith("_proj.bias")}
+        assert not torch.allclose(hf_forward(plain, config, tokens), want, rtol=1e-6, atol=1e-6)
+    if arch == "qwen3":  # q_norm and k_norm swapped
+        swapped = dict(sd)
+        for i in range(config["num_hidden_layers"]):
+            p = f"model.layers.{i}.self_attn."
+            swapped[p + "q_norm.weight"], swapped[p + "k_norm.weight"] = (
+                sd[p + "k_norm.weight"], sd[p + "q_norm.weight"])
+        assert not torch.allclose(hf_forward(swapped, config, tokens), want, rtol=1e-6, atol=1e-6)

@@ -16,7 +16,7 @@ transformers = pytest.importorskip("transformers")
 sys.path.insert(0, str(REPO_ROOT / "tests" / "reshard"))
 sys.path.insert(0, str(REPO_ROOT / "tests" / "integration"))
 import megatron_fixture as mf  # noqa: E402
-from test_views_hf import LLAMA  # noqa: E402
+from test_views_hf import ARCHS, LLAMA  # noqa: E402
 from test_views_hf_logits import megatron_forward  # noqa: E402
 
 
@@ -25,24 +25,27 @@ def from_pretrained(view):
     major = int(transformers.__version__.split(".")[0])
     dtype = {"dtype" if major >= 5 else "torch_dtype": torch.float32}
     model, info = transformers.AutoModelForCausalLM.from_pretrained(
-        str(view), output_loading_info=True, **dtype)
+        str(view), output_loading_info=True, attn_implementation="eager", **dtype)
     return model.eval(), info
 
 
-@pytest.mark.parametrize("era,untie,groups,shape", [
-    ("mcore", True, 4, (2, 2)),   # GQA, untied head, TP 2 x PP 2
-    ("mcore", False, 2, (4, 1)),  # tied embeddings; TP 4 a multiple of the 2 query groups
-    ("mcore", True, 0, (2, 1)),   # no GQA: one group per head
+@pytest.mark.parametrize("arch,untie,groups,shape", [
+    ("llama", True, 4, (2, 2)),   # GQA, untied head, TP 2 x PP 2
+    ("llama", False, 2, (4, 1)),  # tied embeddings; TP 4 a multiple of the 2 query groups
+    ("llama", True, 0, (2, 1)),   # no GQA: one group per head
+    ("mistral", True, 2, (2, 2)),  # a sliding window (eager attention: the mask is exact)
+    ("qwen2", False, 2, (2, 1)),  # q, k and v biases
+    ("qwen3", True, 2, (2, 2)),   # per-head q/k norms
 ])
-def test_from_pretrained_logits_equal_megatrons(mnt, era, untie, groups, shape):
+def test_from_pretrained_logits_equal_megatrons(mnt, arch, untie, groups, shape):
     root = mnt / "ckpt"
-    cfg = mf.ModelConfig(era=era, untie=untie, num_query_groups=groups, **LLAMA)
+    cfg = mf.ModelConfig(era="mcore", untie=untie, num_query_groups=groups, **ARCHS[arch][1])
     mf.save_checkpoint(root, cfg, *shape)
     view = root / ".views" / "hf"
     model, info = from_pretrained(view)
     for what in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs"):
         assert not info.get(what), (what, info[what])
-    assert type(model).__name__ == "LlamaForCausalLM"
+    assert type(model).__name__ == ARCHS[arch][0]
     config = json.loads((view / "config.json").read_text())
     assert model.config.num_key_value_heads == config["num_key_value_heads"] == cfg.groups
     assert model.config.tie_word_embeddings == (not untie)

@@ -92,6 +92,14 @@ def hf_reference(want, cfg):
         out[p + "self_attn.q_proj.weight"] = qkv[:, :qh * hd].reshape(-1, cfg.hidden_size)
         out[p + "self_attn.k_proj.weight"] = qkv[:, qh * hd:(qh + 1) * hd].reshape(-1, cfg.hidden_size)
         out[p + "self_attn.v_proj.weight"] = qkv[:, (qh + 1) * hd:].reshape(-1, cfg.hidden_size)
+        if cfg.qkv_bias:
+            b = want[pre + "self_attention.linear_qkv.bias"][l].view(g, (qh + 2) * hd)
+            out[p + "self_attn.q_proj.bias"] = b[:, :qh * hd].reshape(-1)
+            out[p + "self_attn.k_proj.bias"] = b[:, qh * hd:(qh + 1) * hd].reshape(-1)
+            out[p + "self_attn.v_proj.bias"] = b[:, (qh + 1) * hd:].reshape(-1)
+        if cfg.qk_layernorm:
+            for n in ("q", "k"):
+                out[p + f"self_attn.{n}_norm.weight"] = want[pre + f"self_attention.{n}_layernorm.weight"][l]
         out[p + "self_attn.o_proj.weight"] = want[pre + "self_attention.linear_proj.weight"][l]
         out[p + "input_layernorm.weight"] = want[pre + "self_attention.linear_qkv.layer_norm_weight"][l]
         out[p + "post_attention_layernorm.weight"] = want[pre + "mlp.linear_fc1.layer_norm_weight"][l]
@@ -108,6 +116,8 @@ def hf_reference(want, cfg):
     (dict(num_query_groups=4, untie=True), (1, 2), False),  # TP 1: one chunk, still padded
     (dict(num_query_groups=4, ffn_hidden_size=100), (4, 1), False),  # F / TP = 25: odd halves
     (dict(num_query_groups=4, per_layer_keys=True), (2, 2), False),  # decoder.layers.N.X keys
+    (dict(num_query_groups=2, qkv_bias=True), (2, 2), False),  # Qwen2ForCausalLM
+    (dict(num_query_groups=2, qk_layernorm=True), (2, 1), False),  # Qwen3ForCausalLM
 ])
 def test_hf_view_of_a_torch_dist_checkpoint(mnt, expected, kw, shape, common_in_dcp):
     sys.path.insert(0, str(REPO_ROOT / "tests" / "integration"))

@@ -115,6 +115,9 @@ class ModelConfig:
     make_vocab_size_divisible_by: int = 96
     untie: bool = False             # args.untie_embeddings_and_output_weights
     bias: bool = True               # args.add_bias_linear
+    qkv_bias: bool = False          # args.add_qkv_bias: a bias on linear_qkv only (Qwen2)
+    qk_layernorm: bool = False      # args.qk_layernorm: per-head q/k norms (Qwen3; mcore only)
+    window_size: tuple = None       # args.window_size (left, right): sliding-window attention
     normalization: str = "LayerNorm"  # or "RMSNorm" (weight only)
     position_embedding_type: str = "learned_absolute"  # or "rope" (no position_embeddings)
     max_position_embeddings: int = 32
@@ -222,12 +225,20 @@ def layer_params(cfg, era):
         (f"{c}.x", f"{m}._extra_state", f"{g}._extra_state", "extra")]
     in_norm = norm("in_norm", "input_layernorm", "input_norm")
     qkv = lin("qkv", "self_attention.linear_qkv", "self_attention.query_key_value", "qkv", "qkv")
+    if cfg.qkv_bias and not b:  # [MCORE] attention.py: bias=add_bias_linear or add_qkv_bias
+        qkv.insert(1, ("qkv.b", "self_attention.linear_qkv.bias",
+                       "self_attention.query_key_value.bias", "qkv"))
+    qk_norms = []
+    if cfg.qk_layernorm:  # [MCORE] SelfAttention: q_layernorm, k_layernorm after linear_qkv
+        assert era == "mcore", "qk_layernorm is megatron.core's"
+        qk_norms = (norm("q_norm", "self_attention.q_layernorm", None) +
+                    norm("k_norm", "self_attention.k_layernorm", None))
     proj = lin("proj", "self_attention.linear_proj", "self_attention.dense", "row", "rowbias")
     mlp_norm = norm("mlp_norm", "pre_mlp_layernorm", "post_attention_norm")
     fc1 = lin("fc1", "mlp.linear_fc1", "mlp.dense_h_to_4h", "fc1", "fc1")
     fc2 = lin("fc2", "mlp.linear_fc2", "mlp.dense_4h_to_h", "row", "rowbias")
     if era == "mcore":  # [MCORE] linear_proj is registered before linear_qkv
-        order = in_norm + proj + qkv + mlp_norm + fc1 + fc2
+        order = in_norm + proj + qkv + qk_norms + mlp_norm + fc1 + fc2
     else:               # [LEGACY] query_key_value before dense
         order = in_norm + qkv + proj + mlp_norm + fc1 + fc2
     return [(c, mcore if era == "mcore" else legacy, kind) for c, mcore, legacy, kind in order]
@@ -237,6 +248,8 @@ def param_shape(cfg, canon):
     """Full (unsharded) shape per component for a canonical parameter id."""
     h, f, hd = cfg.hidden_size, cfg.ffn_hidden_size, cfg.head_dim
     part = canon.split(".", 1)[1] if canon[0].isdigit() else canon
+    if part in ("q_norm.w", "q_norm.b", "k_norm.w", "k_norm.b"):
+        return {"w": (hd,)}
     if part in ("in_norm.w", "in_norm.b", "mlp_norm.w", "mlp_norm.b", "final_norm.w",
                 "final_norm.b", "proj.b", "fc2.b"):
         return {"w": (h,)}
@@ -438,7 +451,8 @@ def make_args(cfg, tps, pps, iteration):
         vocab_size=cfg.vocab_size if cfg.args_vocab_size else None,
         normalization=cfg.normalization, swiglu=cfg.swiglu,
         untie_embeddings_and_output_weights=cfg.untie, add_bias_linear=cfg.bias,
-        add_qkv_bias=False, tensor_model_parallel_size=tps, pipeline_model_parallel_size=pps,
+        add_qkv_bias=cfg.bias or cfg.qkv_bias, qk_layernorm=cfg.qk_layernorm,
+        window_size=cfg.window_size, tensor_model_parallel_size=tps, pipeline_model_parallel_size=pps,
         virtual_pipeline_model_parallel_size=None, context_parallel_size=1,
         expert_model_parallel_size=1, sequence_parallel=False,
         use_distributed_optimizer=cfg.distributed_optimizer, overlap_grad_reduce=False,

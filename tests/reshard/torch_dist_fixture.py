@@ -120,6 +120,13 @@ def rank_items(full, T, P, t, p, per_layer_keys=False):
                             shard(f"{l}.in_norm.w", "norm")[None]))
         tensors.append((lay + "self_attention.linear_qkv.weight", [L, rows, H],
                         [l, t * rows // T, 0], shard(f"{l}.qkv.w", "qkv")[None]))
+        if cfg.qkv_bias:  # Qwen2's: the fused QKV's bias, cut as its rows
+            tensors.append((lay + "self_attention.linear_qkv.bias", [L, rows],
+                            [l, t * rows // T], shard(f"{l}.qkv.b", "qkv")[None]))
+        if cfg.qk_layernorm and t == 0:  # Qwen3's per-head norms, replicated
+            for n in ("q", "k"):
+                tensors.append((lay + f"self_attention.{n}_layernorm.weight", [L, cfg.head_dim],
+                                [l, 0], shard(f"{l}.{n}_norm.w", "norm")[None]))
         tensors.append((lay + "self_attention.linear_proj.weight", [L, H, cols],
                         [l, 0, t * cols // T], shard(f"{l}.proj.w", "row")[None]))
         if t == 0:
@@ -253,6 +260,16 @@ def global_tensors(full, T):
     out[pre + "self_attention.linear_qkv.layer_norm_weight"] = stack(
         lambda l: comp(f"{l}.in_norm.w", "w"))
     out[pre + "self_attention.linear_qkv.weight"] = stack(qkv)
+    if cfg.qkv_bias:
+        out[pre + "self_attention.linear_qkv.bias"] = stack(lambda l: torch.cat(
+            [c for g in range(cfg.groups) for c in (
+                comp(f"{l}.qkv.b", "q")[g * qh * hd:(g + 1) * qh * hd],
+                comp(f"{l}.qkv.b", "k")[g * hd:(g + 1) * hd],
+                comp(f"{l}.qkv.b", "v")[g * hd:(g + 1) * hd])]))
+    if cfg.qk_layernorm:
+        for n in ("q", "k"):
+            out[pre + f"self_attention.{n}_layernorm.weight"] = stack(
+                lambda l, n=n: comp(f"{l}.{n}_norm.w", "w"))
     out[pre + "self_attention.linear_proj.weight"] = stack(lambda l: comp(f"{l}.proj.w", "w"))
     out[pre + "mlp.linear_fc1.layer_norm_weight"] = stack(lambda l: comp(f"{l}.mlp_norm.w", "w"))
     out[pre + "mlp.linear_fc1.weight"] = stack(
