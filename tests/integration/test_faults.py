@@ -314,7 +314,8 @@ def test_a_reader_between_a_failed_close_and_its_release_gets_the_previous_versi
                    env={"LD_PRELOAD": str(lmdb_fault_shim()),
                         "CKPTFS_TEST_LMDB_FAULT": str(trigger),
                         "CKPTFS_TEST_RELEASE_DELAY_MS": "1000"})
-    assert "passthrough on" in m.log()
+    # The daemon logs it when the kernel's INIT arrives, which may be after mount returned.
+    assert "passthrough on" in wait_for(m.log, lambda log: "passthrough on" in log, timeout=10)
     old = rand_bytes(3 * MiB, 53)
     write_file(m / "ckpt.pt", old)
     m.stats()  # sealed: no commit of it is left
