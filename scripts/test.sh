@@ -44,29 +44,46 @@ echo "== build ckptfs and libckptfs_gpu.so (optimized)"
 configure build "" "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG" \
   "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG"
 ninja -C build ckptfs ckptfs_gpu ckptfs_lmdb_fault_shim chunk_bench
-if command -v hipcc >/dev/null; then
-  echo "== build libckptfs_gpu.so with HIP (compiles the device path; running it needs a GPU)"
-  cmake -S . -B build-hip -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPTFS_BUILD_TESTS=OFF \
-    -DCKPTFS_WITH_HIP=ON -DCKPTFS_WERROR=ON >/dev/null
-  ninja -C build-hip ckptfs_gpu
-fi
-if command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]]; then
-  echo "== build libckptfs_gpu.so for NVIDIA against the CUDA runtime found here"
-  cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPTFS_BUILD_TESTS=OFF \
-    -DCKPTFS_WITH_HIP=ON -DCKPTFS_HIP_PLATFORM=nvidia -DCKPTFS_WERROR=ON >/dev/null
-  ninja -C build-cuda ckptfs_gpu
-fi
-echo "== fuzz every parser for a bounded time (libFuzzer, clang, ASan)"
-FUZZ_SECONDS=${FUZZ_SECONDS:-10} bash scripts/fuzz.sh
-for gpu_build in build-hip build-cuda; do
-  [[ -f $gpu_build/gpu/libckptfs_gpu.so ]] || continue
-  echo "== the GPU loader's mount tests with $gpu_build's libckptfs_gpu.so"
-  CKPTFS_BIN="$PWD/build/tools/ckptfs" CKPTFS_GPU_LIB="$PWD/$gpu_build/gpu/libckptfs_gpu.so" \
-    /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/integration/test_gpu_loader.py
-done
+# The GPU builds and the fuzzers run beside the mount tests, which wait on disks and daemons more
+# than they compute (the suite must pass on a busy machine anyway); their output is printed once
+# they end, and a failure fails the run.
+side_log=$(mktemp)
+(
+  set -euo pipefail
+  if command -v hipcc >/dev/null; then
+    echo "== build libckptfs_gpu.so with HIP (compiles the device path; running it needs a GPU)"
+    cmake -S . -B build-hip -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPTFS_BUILD_TESTS=OFF \
+      -DCKPTFS_WITH_HIP=ON -DCKPTFS_WERROR=ON >/dev/null
+    ninja -C build-hip ckptfs_gpu
+  fi
+  if command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]]; then
+    echo "== build libckptfs_gpu.so for NVIDIA against the CUDA runtime found here"
+    cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPTFS_BUILD_TESTS=OFF \
+      -DCKPTFS_WITH_HIP=ON -DCKPTFS_HIP_PLATFORM=nvidia -DCKPTFS_WERROR=ON >/dev/null
+    ninja -C build-cuda ckptfs_gpu
+  fi
+  echo "== fuzz every parser for a bounded time (libFuzzer, clang, ASan)"
+  FUZZ_SECONDS=${FUZZ_SECONDS:-10} bash scripts/fuzz.sh
+) >"$side_log" 2>&1 &
+side=$!
+# A failing stage ends the run: the builds and fuzzers beside it go too (each is bounded anyway).
+trap 'pkill -P "$side" 2>/dev/null; kill "$side" 2>/dev/null; rm -f "$side_log"' EXIT
 echo "== real-mount integration tests"
 (cd build && ctest --output-on-failure -R '^integration$')
 echo "== the POSIX, set-id, durability and torch tests again without passthrough (the daemon's write path)"
 CKPTFS_BIN="$PWD/build/tools/ckptfs" CKPTFS_TEST_MOUNT_OPTIONS=passthrough=0 \
   /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/integration/test_posix.py \
   tests/integration/test_privs.py tests/integration/test_durability.py tests/integration/test_torch.py
+echo "== (beside the mount tests) the GPU builds and the fuzzers"
+side_rc=0
+wait "$side" || side_rc=$?
+trap - EXIT
+cat "$side_log"
+rm -f "$side_log"
+[[ $side_rc == 0 ]] || { echo "the GPU builds or the fuzzers failed (exit $side_rc)"; exit "$side_rc"; }
+for gpu_build in build-hip build-cuda; do
+  [[ -f $gpu_build/gpu/libckptfs_gpu.so ]] || continue
+  echo "== the GPU loader's mount tests with $gpu_build's libckptfs_gpu.so"
+  CKPTFS_BIN="$PWD/build/tools/ckptfs" CKPTFS_GPU_LIB="$PWD/$gpu_build/gpu/libckptfs_gpu.so" \
+    /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/integration/test_gpu_loader.py
+done
