@@ -26,7 +26,8 @@ Runs alternate which side goes first, so neither inherits the other's writeback.
 
 --against OLD_CKPTFS compares two builds of ckptfs in one run: the baseline side is then a mount
 of OLD_CKPTFS (same options, its cache beside the other's) instead of the plain directory, and
-every figure reads new/old (e.g. `save new/old = 0.98`).
+every figure reads new/old (e.g. `save new/old = 0.98`); --against-opts gives that side other
+mount options (an option the old build does not know, say).
 """
 import argparse
 import os
@@ -140,7 +141,21 @@ def mount(ckptfs, mnt, cache, opts):
     return daemon_pid(cache)
 
 
-def mount_beside_plain(ckptfs, base, opts, against=None):
+def write_path(cache):
+    """'passthrough' or 'daemon': how the mount whose cache this is takes writes (its log says so
+    once the kernel's INIT arrived). Builds linked against a libfuse without passthrough (Debian
+    12's 3.14; scripts/install-deps.sh builds 3.17 into build-deps/) write through the daemon."""
+    log = os.path.join(cache, "ckptfs.log")
+    for _ in range(100):
+        with open(log) as f:
+            text = f.read()
+        if "mounted:" in text:
+            return "passthrough" if "passthrough on" in text else "daemon"
+        time.sleep(0.05)
+    return "unknown"
+
+
+def mount_beside_plain(ckptfs, base, opts, against=None, against_opts=None):
     """A fresh base/{plain,cache,mnt}: the mount (-o opts) with its cache beside the plain
     directory it is compared with (with `against`: a mount of that binary at base/plain, its
     cache base/cache-old). Returns (plain, mnt, the daemon's pid)."""
@@ -150,7 +165,8 @@ def mount_beside_plain(ckptfs, base, opts, against=None):
             subprocess.run([b, "umount", m], stderr=subprocess.DEVNULL)
     shutil.rmtree(base, ignore_errors=True)
     if against:
-        mount(against, plain, os.path.join(base, "cache-old"), opts)
+        mount(against, plain, os.path.join(base, "cache-old"),
+              opts if against_opts is None else against_opts)
     else:
         os.makedirs(plain)
     return plain, mnt, mount(ckptfs, mnt, cache, opts)
@@ -166,6 +182,8 @@ def main():
     ap.add_argument("--only", default="", help="comma-separated figures to time (default: all)")
     ap.add_argument("--against", default="", metavar="OLD_CKPTFS",
                     help="the baseline is a mount of this ckptfs binary, not the plain directory")
+    ap.add_argument("--against-opts", default=None, metavar="OPTS",
+                    help="mount options of the --against side (default: the same as -o)")
     benchjson.add_argument(ap)
     args = ap.parse_args()
     out = benchjson.Results("fs", args.json)
@@ -173,8 +191,16 @@ def main():
 
     size = int(args.gib * (1 << 30))
     base = args.dir
-    plain, mnt, pid = mount_beside_plain(args.bin, base, args.opts, args.against or None)
+    plain, mnt, pid = mount_beside_plain(args.bin, base, args.opts, args.against or None,
+                                         args.against_opts)
     subject, baseline = ("new", "old") if args.against else ("mount", "plain")
+    if args.against:
+        paths = {side: write_path(os.path.join(base, c))
+                 for side, c in (("new", "cache"), ("old", "cache-old"))}
+        print(f"# write path: new {paths['new']}, old {paths['old']}", flush=True)
+        if paths["new"] != paths["old"]:
+            print("# WARNING: the two builds take writes by different paths; the ratios compare "
+                  "the paths, not the builds", flush=True)
     mounts = [mnt, plain] if args.against else [mnt]
     reported0 = reported_kib()
     results = {}
