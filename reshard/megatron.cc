@@ -545,19 +545,22 @@ Result<std::vector<ViewFile>> Planner::Run(std::vector<ViewFile>* distrib) {
 Result<MegatronTensors> Planner::Tensors() {
   model_only_ = true;
   RETURN_IF_ERROR(Prepare());
-  if (model_.num_experts > 0) {
-    return Invalid("mixture-of-experts models are read by the tpT-ppP-epE views only");
-  }
   MegatronTensors out;
   out.model = model_;
   out.legacy = legacy_;
   out.source_vocab_rows = vocab_.source_rows;
   for (const Global& g : globals_) {
     if (g.from_embedding) continue;
+    if (g.expert.kind == ExpertKey::kGrouped1 || g.expert.kind == ExpertKey::kGrouped2) {
+      return Invalid("'model." + Join(g.path) +
+                     "': the legacy GroupedMLP stores every expert's weights transposed in one "
+                     "tensor, which this view does not transpose");
+    }
     MegatronTensor mt;
     mt.name = Join(g.path);
     mt.layer = g.layer ? g.layer->number : -1;
     mt.rule = g.rule;
+    mt.expert = g.expert.kind == ExpertKey::kPerExpert ? g.global_expert : -1;
     for (uint32_t k = 0; k < src_.tp; ++k) {
       const Decoded& d = FileOf(g, k);
       const ModelEntry& e = d.entries[g.entry[k]];

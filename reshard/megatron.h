@@ -72,6 +72,15 @@ struct MegatronModel {
   // ffn_hidden_size), the shared experts' (0: none), and the source's expert-parallel size.
   int64_t num_experts = 0, moe_ffn_hidden_size = 0, shared_expert_size = 0;
   uint32_t source_ep = 1;
+  // Read for the hf view only: the router (moe_router_topk, moe_router_pre_softmax), the shared
+  // experts' sigmoid gate, whether every layer has experts (moe_layer_freq 1 or all ones), the
+  // load-balancing loss coefficient, and why no Hugging Face architecture expresses the routing
+  // (sigmoid scores, an expert bias, group-limited top-k, a scaling factor, token dropping; empty
+  // when one does).
+  int64_t moe_topk = 2;
+  bool moe_pre_softmax = false, shared_expert_gate = false, moe_every_layer = true;
+  double moe_aux_loss_coeff = 0.0;
+  std::string router_refusal;
 };
 
 // Reads the model's description from a rank file's `args`. Errors (kInvalid): no args, a
@@ -97,6 +106,7 @@ struct MegatronTensor {
   // SwiGLU's fc1 whose shards, joined, are all gate rows then all up rows (torch_dist); else
   // each shard is its rank's gate rows then its up rows.
   bool gate_up_whole = false;
+  int64_t expert = -1;  // an expert's weight: its global expert number
 };
 struct MegatronTensors {
   MegatronModel model;

@@ -1,5 +1,7 @@
 #include "reshard/megatron_hf.h"
 
+#include "reshard/megatron_hf_arch.h"
+
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -24,32 +26,33 @@ struct HfTensor {
 };
 
 // What a Megatron tensor is in a decoder layer or around the layers. The layer roles run from
-// kInNorm to kKNorm; the first six are in every architecture's layers.
+// kInNorm to kExpertFc2; the first four are in every layer of every architecture.
 enum class Role {
-  kEmbed, kInNorm, kQkv, kProj, kMlpNorm, kFc1, kFc2, kQkvBias, kQNorm, kKNorm, kFinalNorm,
-  kOutput, kSkip,
+  kEmbed, kInNorm, kQkv, kProj, kMlpNorm, kFc1, kFc2, kQkvBias, kQNorm, kKNorm, kRouter,
+  kSharedGate, kSharedFc1, kSharedFc2, kExpertFc1, kExpertFc2, kFinalNorm, kOutput, kSkip,
 };
-constexpr int kNumLayerRoles = 9;
+constexpr int kNumLayerRoles = 15;
 constexpr const char* kLayerRoles[kNumLayerRoles] = {
     "input norm", "fused QKV", "attention output", "MLP norm", "fc1 (gate and up)", "fc2",
-    "fused QKV bias", "query norm", "key norm"};
+    "fused QKV bias", "query norm", "key norm", "router", "shared expert gate",
+    "shared expert fc1", "shared expert fc2", "expert fc1", "expert fc2"};
+int LayerIndex(Role r) { return static_cast<int>(r) - static_cast<int>(Role::kInNorm); }
+bool IsExpertRole(int k) { return k >= LayerIndex(Role::kExpertFc1); }
 
-struct ArchName {
-  const char* cls;
-  const char* type;
-};
-constexpr ArchName kArchNames[] = {{"LlamaForCausalLM", "llama"},
-                                   {"MistralForCausalLM", "mistral"},
-                                   {"Qwen2ForCausalLM", "qwen2"},
-                                   {"Qwen3ForCausalLM", "qwen3"}};
-const ArchName& NameOf(HfArch a) { return kArchNames[static_cast<int>(a)]; }
-
-// Whether layers of architecture `a` hold a tensor of layer role k (0 = kInNorm).
+// Whether layers of architecture `a` may hold a tensor of layer role k (0 = kInNorm).
 bool ArchHas(HfArch a, int k) {
   switch (static_cast<Role>(k + static_cast<int>(Role::kInNorm))) {
-    case Role::kQkvBias: return a == HfArch::kQwen2;
+    case Role::kQkvBias: return a == HfArch::kQwen2 || a == HfArch::kQwen2Moe;
     case Role::kQNorm:
-    case Role::kKNorm: return a == HfArch::kQwen3;
+    case Role::kKNorm: return a == HfArch::kQwen3 || a == HfArch::kQwen3Moe;
+    case Role::kFc1:
+    case Role::kFc2: return a != HfArch::kMixtral;
+    case Role::kRouter:
+    case Role::kExpertFc1:
+    case Role::kExpertFc2: return HfArchHasExperts(a);
+    case Role::kSharedGate:
+    case Role::kSharedFc1:
+    case Role::kSharedFc2: return a == HfArch::kQwen2Moe;
     default: return true;
   }
 }
@@ -58,15 +61,44 @@ bool EndsWith(std::string_view s, std::string_view x) {
   return s.size() >= x.size() && s.substr(s.size() - x.size()) == x;
 }
 
+// An expert's weight in a layer, after "mlp.experts.": SequentialMLP's
+// local_experts.{e}.linear_fcN.weight or TEGroupedMLP's linear_fcN.weight{e} (the global number
+// e in both, as ListMegatronTensors names them). Sets *expert.
+std::optional<Role> ExpertRole(std::string_view rest, int64_t* expert) {
+  auto number = [&](std::string_view digits) {
+    if (digits.empty() || digits.size() > 9) return false;
+    for (char c : digits) {
+      if (c < '0' || c > '9') return false;
+    }
+    *expert = std::stoll(std::string(digits));
+    return true;
+  };
+  if (rest.starts_with("local_experts.")) {
+    rest.remove_prefix(std::string_view("local_experts.").size());
+    const size_t dot = rest.find('.');
+    if (dot == std::string_view::npos || !number(rest.substr(0, dot))) return std::nullopt;
+    rest.remove_prefix(dot + 1);
+    if (rest == "linear_fc1.weight") return Role::kExpertFc1;
+    if (rest == "linear_fc2.weight") return Role::kExpertFc2;
+    return std::nullopt;
+  }
+  for (auto [prefix, role] : {std::pair{std::string_view("linear_fc1.weight"), Role::kExpertFc1},
+                              std::pair{std::string_view("linear_fc2.weight"), Role::kExpertFc2}}) {
+    if (rest.starts_with(prefix) && number(rest.substr(prefix.size()))) return role;
+  }
+  return std::nullopt;
+}
+
 // The role of `name` (a layer's tensor when layer >= 0), both naming eras and both layer specs
-// (Transformer Engine's fused norms, megatron.core's local modules), in a model served as `arch`.
-// Errors name the tensor.
-Result<Role> RoleOf(const std::string& name, int64_t layer, bool tied, HfArch arch) {
+// (Transformer Engine's fused norms, megatron.core's local modules), in a model served as `arch`;
+// an expert's number in *expert. Errors name the tensor.
+Result<Role> RoleOf(const std::string& name, int64_t layer, bool tied, HfArch arch,
+                    int64_t* expert) {
   const bool qkv_bias = EndsWith(name, ".self_attention.linear_qkv.bias") ||
                         EndsWith(name, ".self_attention.query_key_value.bias");
   if ((EndsWith(name, ".bias") || EndsWith(name, ".layer_norm_bias")) &&
-      !(qkv_bias && arch == HfArch::kQwen2 && layer >= 0)) {
-    return Invalid("'" + name + "' is a bias, which " + NameOf(arch).cls + " does not have there");
+      !(qkv_bias && ArchHas(arch, LayerIndex(Role::kQkvBias)) && layer >= 0)) {
+    return Invalid("'" + name + "' is a bias, which " + HfArchName(arch) + " does not have there");
   }
   // Transformer Engine's extra state (an empty uint8 tensor without fp8): not a weight.
   if (EndsWith(name, "._extra_state")) return Role::kSkip;
@@ -104,127 +136,31 @@ Result<Role> RoleOf(const std::string& name, int64_t layer, bool tied, HfArch ar
       {"self_attention.query_key_value.bias", Role::kQkvBias},
       {"self_attention.q_layernorm.weight", Role::kQNorm},
       {"self_attention.k_layernorm.weight", Role::kKNorm},
+      {"mlp.router.weight", Role::kRouter},
+      {"mlp.shared_experts.gate_weight", Role::kSharedGate},
+      {"mlp.shared_experts.linear_fc1.weight", Role::kSharedFc1},
+      {"mlp.shared_experts.linear_fc2.weight", Role::kSharedFc2},
   };
-  for (const auto& [suffix, role] : kNames) {
-    if (rest != suffix) continue;
-    const int k = static_cast<int>(role) - static_cast<int>(Role::kInNorm);
-    if (!ArchHas(arch, k)) {
-      return Invalid("'" + name + "' is a " + kLayerRoles[k] + ", which " + NameOf(arch).cls +
+  std::optional<Role> role;
+  for (const auto& [suffix, r] : kNames) {
+    if (rest == suffix) role = r;
+  }
+  if (!role && rest.starts_with("mlp.experts.")) {
+    role = ExpertRole(rest.substr(std::string_view("mlp.experts.").size()), expert);
+  }
+  if (!role) {
+    if (rest == "mlp.router.expert_bias") {
+      return Invalid("'" + name + "' is an expert bias of the router, which " + HfArchName(arch) +
                      " does not have");
     }
-    return role;
+    return Invalid("no Hugging Face name for '" + name + "'");
   }
-  return Invalid("no Hugging Face name for '" + name + "'");
-}
-
-// The model's config checks and config.json.
-struct Shape {
-  int64_t layers = 0, hidden = 0, heads = 0, groups = 0, head_dim = 0, ffn = 0;
-  int64_t vocab = 0;  // rows the view keeps
-};
-
-}  // namespace
-
-Result<HfArch> PickHfArch(const MegatronModel& m) {
-  auto no = [](const std::string& why) {
-    return Invalid("no Hugging Face architecture the hf view serves (LlamaForCausalLM, "
-                   "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM) expresses this "
-                   "model: " + why);
-  };
-  if (m.num_experts > 0) return no("it has experts (args.num_experts)");
-  if (m.normalization != "RMSNorm") return no("args.normalization is " + m.normalization);
-  if (m.position_embedding_type != "rope") {
-    return no("positions are " + m.position_embedding_type + ", not rope");
+  const int k = LayerIndex(*role);
+  if (!ArchHas(arch, k)) {
+    return Invalid("'" + name + "' is a " + kLayerRoles[k] + ", which " + HfArchName(arch) +
+                   " does not have");
   }
-  if (!m.swiglu) return no("args.swiglu is not set");
-  if (m.add_bias_linear) return no("args.add_bias_linear is set: every linear layer has a bias");
-  if (m.rotary_percent != 1.0) return no("args.rotary_percent is not 1");
-  if (m.rotary_interleaved) return no("args.rotary_interleaved is set");
-  if (m.rope_scaling) return Invalid("args.use_rope_scaling is set: its scaling is not mapped");
-  if (m.rope_interpolation) {
-    return Invalid("args.rotary_seq_len_interpolation_factor is set: its scaling is not mapped");
-  }
-  if (m.no_rope_layers) return no("args.no_rope_freq leaves layers without rotary embeddings");
-  if (m.norm_1p) {
-    return no("args.apply_layernorm_1p or layernorm_zero_centered_gamma stores norm weights "
-              "as gamma - 1");
-  }
-  if (m.qk_l2_norm) return no("args.qk_l2_norm is set (an L2 norm of queries and keys)");
-  if (!m.rotary_base) return Invalid("args.rotary_base is missing");
-  if (!m.norm_epsilon) return Invalid("args.norm_epsilon is missing");
-  if (m.max_position_embeddings <= 0) return Invalid("args.max_position_embeddings is missing");
-  // Sliding windows: a query attends to window_left keys before it and itself (Transformer
-  // Engine's (left, right)); Mistral's sliding_window counts the query's own key too.
-  const bool windowed = m.window_left >= 0;
-  if (windowed && m.window_right > 0) return no("args.window_size looks ahead (right > 0)");
-  if (windowed && m.window_skip) {
-    return no("args.window_attn_skip_freq mixes full and sliding-window layers");
-  }
-  if (m.qk_layernorm) {
-    if (m.add_qkv_bias) {
-      return no("QKV biases with per-head q/k norms (Qwen3's attention_bias would put a bias on "
-                "o_proj as well)");
-    }
-    if (windowed) return no("a sliding window with per-head q/k norms");
-    return HfArch::kQwen3;
-  }
-  if (m.add_qkv_bias) {
-    if (windowed) return no("a sliding window with QKV biases");
-    if (m.kv_channels > 0 && m.kv_channels * m.heads != m.hidden_size) {
-      return no("QKV biases with kv_channels " + std::to_string(m.kv_channels) +
-                " != hidden_size / heads (Qwen2's head size is hidden_size / heads)");
-    }
-    return HfArch::kQwen2;
-  }
-  return windowed ? HfArch::kMistral : HfArch::kLlama;
-}
-
-Status CheckMegatronHf(const MegatronModel& m) { return PickHfArch(m).status(); }
-
-const char* HfArchName(HfArch a) { return NameOf(a).cls; }
-
-namespace {
-
-Result<std::string> ConfigJson(const MegatronModel& m, const Shape& s, HfArch arch) {
-  using json::Value;
-  json::Object o;
-  auto put = [&](const char* k, Value v) { o.push_back({k, std::move(v)}); };
-  put("architectures", Value::MakeArray({Value::String(NameOf(arch).cls)}));
-  put("model_type", Value::String(NameOf(arch).type));
-  put("hidden_size", Value::Int(s.hidden));
-  put("intermediate_size", Value::Int(s.ffn));
-  put("num_hidden_layers", Value::Int(s.layers));
-  put("num_attention_heads", Value::Int(s.heads));
-  put("num_key_value_heads", Value::Int(s.groups));
-  if (arch != HfArch::kQwen2) put("head_dim", Value::Int(s.head_dim));  // Qwen2: hidden / heads
-  put("hidden_act", Value::String("silu"));
-  put("max_position_embeddings", Value::Int(m.max_position_embeddings));
-  put("rms_norm_eps", Value::Double(*m.norm_epsilon));
-  put("rope_theta", Value::Double(*m.rotary_base));
-  put("rope_scaling", Value::Null());
-  put("vocab_size", Value::Int(s.vocab));
-  put("tie_word_embeddings", Value::Bool(m.tied));
-  switch (arch) {
-    case HfArch::kLlama:
-      put("attention_bias", Value::Bool(false));
-      put("mlp_bias", Value::Bool(false));
-      break;
-    case HfArch::kMistral:
-      put("sliding_window", Value::Int(m.window_left + 1));
-      break;
-    case HfArch::kQwen3:
-      put("attention_bias", Value::Bool(false));
-      [[fallthrough]];
-    case HfArch::kQwen2:  // its q, k and v biases are not an option: always there
-      put("use_sliding_window", Value::Bool(false));
-      put("sliding_window", Value::Null());
-      put("max_window_layers", Value::Int(s.layers));
-      break;
-  }
-  put("torch_dtype", Value::String(m.dtype));
-  put("initializer_range", Value::Double(0.02));
-  put("use_cache", Value::Bool(true));
-  return json::Write(Value::MakeObject(std::move(o)));
+  return *role;
 }
 
 uint64_t RowBytes(const Shard& s, uint32_t itemsize) {
@@ -256,10 +192,11 @@ class HfPlanner {
   Result<std::vector<ViewEntry>> Run();
 
  private:
-  Status Add(const MegatronTensor& t, Role role);
+  Status Add(const MegatronTensor& t, Role role, int64_t expert);
   Status AddWhole(const MegatronTensor& t, const std::string& name, const VocabSizes& vocab = {});
   Status AddQkv(const MegatronTensor& t, const std::string& prefix, const char* part);
-  Status AddFc1(const MegatronTensor& t, const std::string& prefix);
+  Status AddFc1(const MegatronTensor& t, const std::string& gate_name, const std::string& up_name,
+                int64_t ffn);
   Result<uint32_t> Itemsize(const MegatronTensor& t) {
     const uint32_t n = DtypeSize(t.dtype);
     if (n == 0) return Invalid("'" + t.name + "' has an unknown dtype " + t.dtype);
@@ -269,7 +206,7 @@ class HfPlanner {
   MegatronTensors src_;
   const HfOptions options_;
   HfArch arch_ = HfArch::kLlama;
-  Shape shape_;
+  HfShape shape_;
   std::vector<HfTensor> out_;
 };
 
@@ -309,7 +246,7 @@ void RowRange(const std::vector<Shard>& shards, uint32_t itemsize, int64_t first
 // `part` is "weight" or "bias".
 Status HfPlanner::AddQkv(const MegatronTensor& t, const std::string& prefix, const char* part) {
   ASSIGN_OR_RETURN(uint32_t itemsize, Itemsize(t));
-  const Shape& s = shape_;
+  const HfShape& s = shape_;
   const int64_t per_group = s.heads / s.groups;
   const int64_t block = (per_group + 2) * s.head_dim;
   const int64_t ts = static_cast<int64_t>(t.shards.size());
@@ -348,27 +285,29 @@ Status HfPlanner::AddQkv(const MegatronTensor& t, const std::string& prefix, con
   return Status::Ok();
 }
 
-// SwiGLU's fc1 holds on each TP rank its slice of the gate projection, then its slice of the up
-// projection (megatron's swiglu applies SiLU to the first half).
-Status HfPlanner::AddFc1(const MegatronTensor& t, const std::string& prefix) {
+// SwiGLU's fc1 (a layer's, an expert's, the shared expert's) holds on each TP rank its slice of
+// the gate projection, then its slice of the up projection (megatron's swiglu applies SiLU to the
+// first half); `ffn` is its FFN size.
+Status HfPlanner::AddFc1(const MegatronTensor& t, const std::string& gate_name,
+                         const std::string& up_name, int64_t ffn) {
   ASSIGN_OR_RETURN(uint32_t itemsize, Itemsize(t));
   const int64_t ts = static_cast<int64_t>(t.shards.size());
   for (const Shard& sh : t.shards) {
     // Per rank [gate; up] halves need ffn / ts whole; torch_dist's whole gate-then-up rows
     // need only the rows to add up.
-    if (sh.shape.size() != 2 || sh.shape[1] != shape_.hidden || sh.shape[0] * ts != 2 * shape_.ffn ||
-        (!t.gate_up_whole && shape_.ffn % ts != 0)) {
-      return Invalid("'" + t.name + "' is not SwiGLU's fc1 of ffn_hidden_size " +
-                     std::to_string(shape_.ffn) + " over " + std::to_string(ts) + " TP ranks");
+    if (sh.shape.size() != 2 || sh.shape[1] != shape_.hidden || sh.shape[0] * ts != 2 * ffn ||
+        (!t.gate_up_whole && ffn % ts != 0)) {
+      return Invalid("'" + t.name + "' is not SwiGLU's fc1 of FFN size " + std::to_string(ffn) +
+                     " over " + std::to_string(ts) + " TP ranks");
     }
   }
-  HfTensor gate{prefix + "mlp.gate_proj.weight", t.dtype, {shape_.ffn, shape_.hidden}, {}};
-  HfTensor up{prefix + "mlp.up_proj.weight", t.dtype, {shape_.ffn, shape_.hidden}, {}};
+  HfTensor gate{gate_name, t.dtype, {ffn, shape_.hidden}, {}};
+  HfTensor up{up_name, t.dtype, {ffn, shape_.hidden}, {}};
   if (t.gate_up_whole) {
-    RowRange(t.shards, itemsize, 0, shape_.ffn, &gate.gathers);
-    RowRange(t.shards, itemsize, shape_.ffn, shape_.ffn, &up.gathers);
+    RowRange(t.shards, itemsize, 0, ffn, &gate.gathers);
+    RowRange(t.shards, itemsize, ffn, ffn, &up.gathers);
   } else {
-    const int64_t half = shape_.ffn / ts;
+    const int64_t half = ffn / ts;
     gate.gathers = EveryBlock(t.shards, itemsize, 2 * half, 0, half);
     up.gathers = EveryBlock(t.shards, itemsize, 2 * half, half, half);
   }
@@ -377,9 +316,14 @@ Status HfPlanner::AddFc1(const MegatronTensor& t, const std::string& prefix) {
   return Status::Ok();
 }
 
-Status HfPlanner::Add(const MegatronTensor& t, Role role) {
+Status HfPlanner::Add(const MegatronTensor& t, Role role, int64_t expert) {
   const std::string layer = "model.layers." + std::to_string(t.layer) + ".";
   const VocabSizes vocab{src_.source_vocab_rows, shape_.vocab};
+  // Mixtral's Hub names (block_sparse_moe, w1 gate, w3 up, w2 down); the Qwen MoE models'.
+  const bool mixtral = arch_ == HfArch::kMixtral;
+  const std::string moe = layer + (mixtral ? "block_sparse_moe." : "mlp.");
+  const std::string ex = moe + "experts." + std::to_string(expert) + ".";
+  const std::string shared = layer + "mlp.shared_expert.";
   switch (role) {
     case Role::kEmbed: return AddWhole(t, "model.embed_tokens.weight", vocab);
     case Role::kOutput: return AddWhole(t, "lm_head.weight", vocab);
@@ -392,7 +336,17 @@ Status HfPlanner::Add(const MegatronTensor& t, Role role) {
     case Role::kQkvBias: return AddQkv(t, layer, "bias");
     case Role::kQNorm: return AddWhole(t, layer + "self_attn.q_norm.weight");
     case Role::kKNorm: return AddWhole(t, layer + "self_attn.k_norm.weight");
-    case Role::kFc1: return AddFc1(t, layer);
+    case Role::kFc1:
+      return AddFc1(t, layer + "mlp.gate_proj.weight", layer + "mlp.up_proj.weight", shape_.ffn);
+    case Role::kRouter: return AddWhole(t, moe + "gate.weight");
+    case Role::kSharedGate: return AddWhole(t, layer + "mlp.shared_expert_gate.weight");
+    case Role::kSharedFc1:
+      return AddFc1(t, shared + "gate_proj.weight", shared + "up_proj.weight", shape_.shared_ffn);
+    case Role::kSharedFc2: return AddWhole(t, shared + "down_proj.weight");
+    case Role::kExpertFc1:
+      return AddFc1(t, ex + (mixtral ? "w1.weight" : "gate_proj.weight"),
+                    ex + (mixtral ? "w3.weight" : "up_proj.weight"), shape_.moe_ffn);
+    case Role::kExpertFc2: return AddWhole(t, ex + (mixtral ? "w2.weight" : "down_proj.weight"));
     case Role::kSkip: return Status::Ok();
   }
   return Status::Ok();
@@ -407,7 +361,7 @@ std::string ShardName(size_t k, size_t n) {
 Result<std::vector<ViewEntry>> HfPlanner::Run() {
   const MegatronModel& m = src_.model;
   ASSIGN_OR_RETURN(arch_, PickHfArch(m));
-  Shape& s = shape_;
+  HfShape& s = shape_;
   s.layers = m.num_layers;
   s.hidden = m.hidden_size;
   s.heads = m.heads;
@@ -428,20 +382,29 @@ Result<std::vector<ViewEntry>> HfPlanner::Run() {
     return Invalid("args.vocab_size " + std::to_string(s.vocab) + " is larger than the " +
                    std::to_string(src_.source_vocab_rows) + " rows of the word embeddings");
   }
-  // Every tensor to its HF tensors, and each layer's roles counted.
-  using Seen = std::array<int, kNumLayerRoles>;
+  s.experts = m.num_experts;
+  s.moe_ffn = m.moe_ffn_hidden_size;
+  s.shared_ffn = m.shared_expert_size;
+  // Every tensor to its HF tensors, and each layer's roles counted (experts once per expert).
+  using Seen = std::array<int64_t, kNumLayerRoles>;
   std::vector<Seen> seen(static_cast<size_t>(s.layers), Seen{});
   int embed = 0, norm = 0, output = 0;
   for (const MegatronTensor& t : src_.tensors) {
     if (t.layer >= s.layers) return Invalid("'" + t.name + "' is past the model's layers");
-    ASSIGN_OR_RETURN(Role role, RoleOf(t.name, t.layer, m.tied, arch_));
+    int64_t expert = -1;
+    ASSIGN_OR_RETURN(Role role, RoleOf(t.name, t.layer, m.tied, arch_, &expert));
     if (role == Role::kSkip) continue;
     if (t.layer >= 0) {
-      const int k = static_cast<int>(role) - static_cast<int>(Role::kInNorm);
+      const int k = LayerIndex(role);
       if (k < 0 || k >= kNumLayerRoles) {
         return Invalid("'" + t.name + "' has no place in a decoder layer");
       }
-      if (++seen[static_cast<size_t>(t.layer)][static_cast<size_t>(k)] > 1) {
+      if (IsExpertRole(k) && (expert < 0 || expert >= s.experts ||
+                              (t.expert >= 0 && t.expert != expert))) {
+        return Invalid("'" + t.name + "' is not one of the " + std::to_string(s.experts) +
+                       " experts");
+      }
+      if (++seen[static_cast<size_t>(t.layer)][static_cast<size_t>(k)] > 1 && !IsExpertRole(k)) {
         return Invalid("layer " + std::to_string(t.layer) + " has two " + kLayerRoles[k] +
                        " tensors ('" + t.name + "')");
       }
@@ -449,19 +412,57 @@ Result<std::vector<ViewEntry>> HfPlanner::Run() {
     embed += role == Role::kEmbed;
     norm += role == Role::kFinalNorm;
     output += role == Role::kOutput;
-    RETURN_IF_ERROR(Add(t, role));
+    RETURN_IF_ERROR(Add(t, role, expert));
   }
+  // Each layer whole: a layer with a router has every expert's fc1 and fc2 (each once: the names
+  // are checked unique below) and no dense fc1 or fc2; one without is dense.
   for (int64_t l = 0; l < s.layers; ++l) {
+    const Seen& have = seen[static_cast<size_t>(l)];
+    const bool moe = have[static_cast<size_t>(LayerIndex(Role::kRouter))] > 0;
+    if (!moe) s.dense_layers.push_back(l);
     for (int k = 0; k < kNumLayerRoles; ++k) {
-      if (ArchHas(arch_, k) && !seen[static_cast<size_t>(l)][static_cast<size_t>(k)]) {
-        return Invalid("layer " + std::to_string(l) + " has no " + kLayerRoles[k] + " tensor");
+      const Role r = static_cast<Role>(k + static_cast<int>(Role::kInNorm));
+      const bool expert_part = r == Role::kRouter || r == Role::kSharedGate ||
+                               r == Role::kSharedFc1 || r == Role::kSharedFc2 ||
+                               IsExpertRole(k);
+      const bool dense_part = r == Role::kFc1 || r == Role::kFc2;
+      const int64_t n = have[static_cast<size_t>(k)];
+      if ((moe && dense_part) || (!moe && expert_part)) continue;  // checked below
+      const int64_t want = IsExpertRole(k) ? s.experts : 1;
+      if (ArchHas(arch_, k) && n != want) {
+        return Invalid("layer " + std::to_string(l) + " has " + std::to_string(n) + " " +
+                       kLayerRoles[k] + " tensors, not " + std::to_string(want));
       }
+    }
+    if (moe && (have[static_cast<size_t>(LayerIndex(Role::kFc1))] ||
+                have[static_cast<size_t>(LayerIndex(Role::kFc2))])) {
+      return Invalid("layer " + std::to_string(l) + " has a router and a dense MLP");
+    }
+    if (!moe && !ArchHas(arch_, LayerIndex(Role::kFc1))) {
+      return Invalid("layer " + std::to_string(l) + " has no experts, and " + HfArchName(arch_) +
+                     " has experts in every layer");
+    }
+    if (!moe && have[static_cast<size_t>(LayerIndex(Role::kExpertFc1))] +
+                        have[static_cast<size_t>(LayerIndex(Role::kExpertFc2))] >
+                    0) {
+      return Invalid("layer " + std::to_string(l) + " has experts but no router");
+    }
+  }
+  if (HfArchHasExperts(arch_) && s.dense_layers.size() == static_cast<size_t>(s.layers)) {
+    return Invalid("args.num_experts is set, but no layer has a router (mlp.router.weight)");
+  }
+  {
+    std::vector<std::string_view> names;
+    for (const HfTensor& h : out_) names.push_back(h.name);
+    std::sort(names.begin(), names.end());
+    if (auto d = std::adjacent_find(names.begin(), names.end()); d != names.end()) {
+      return Invalid("two source tensors make '" + std::string(*d) + "'");
     }
   }
   if (embed != 1) return Invalid("the checkpoint has no single word_embeddings.weight");
   if (norm != 1) return Invalid("the checkpoint has no single final norm");
   if (!m.tied && output != 1) return Invalid("untied embeddings but no single output_layer.weight");
-  ASSIGN_OR_RETURN(std::string config, ConfigJson(m, s, arch_));
+  ASSIGN_OR_RETURN(std::string config, HfConfigJson(m, s, arch_));
 
   // Shards in order, each up to max_shard_bytes (a larger tensor alone).
   std::vector<std::vector<size_t>> shards;

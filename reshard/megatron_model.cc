@@ -55,6 +55,44 @@ bool SetArg(const ValuePtr& d, std::string_view key, ValuePtr value) {
 
 namespace {
 
+// The router's and the layers' MoE fields the hf view needs (transformer_config.py; the routing
+// itself in moe_utils.py topk_softmax_with_capacity): softmax scores over the top k logits
+// (pre_softmax false) or the top k of a softmax over all experts (true), and what else changes
+// the function a Hugging Face MoE block computes.
+void ReadRouterArgs(const ValuePtr& d, MegatronModel* m) {
+  m->moe_topk = IntArg(d, "moe_router_topk").value_or(2);
+  m->moe_pre_softmax = BoolArg(d, "moe_router_pre_softmax");
+  m->shared_expert_gate = BoolArg(d, "moe_shared_expert_gate");
+  m->moe_aux_loss_coeff = NumberArg(d, "moe_aux_loss_coeff").value_or(0.0);
+  if (ValuePtr f = Get(d, "moe_layer_freq"); f && f->kind == Kind::kInt) {
+    m->moe_every_layer = f->i == 1;
+  } else if (f && (f->kind == Kind::kList || f->kind == Kind::kTuple)) {
+    for (const ValuePtr& x : f->items) {
+      if (!x || x->kind != Kind::kInt || x->i != 1) m->moe_every_layer = false;
+    }
+  }
+  std::string& why = m->router_refusal;
+  const std::string score = StrArg(d, "moe_router_score_function").value_or("softmax");
+  if (score != "softmax") {
+    why = "args.moe_router_score_function is " + score + " (the architectures score with softmax)";
+  } else if (BoolArg(d, "moe_router_enable_expert_bias")) {
+    why = "args.moe_router_enable_expert_bias: an expert bias takes part in the selection";
+  } else if (IntArg(d, "moe_router_num_groups").value_or(0) > 0 ||
+             IntArg(d, "moe_router_group_topk").value_or(0) > 0 ||
+             IntArg(d, "moe_router_topk_limited_devices").value_or(0) > 0) {
+    why = "args.moe_router_num_groups: group-limited top-k routing";
+  } else if (auto s = NumberArg(d, "moe_router_topk_scaling_factor"); s && *s != 1.0) {
+    why = "args.moe_router_topk_scaling_factor scales the routing weights";
+  } else if (NumberArg(d, "moe_expert_capacity_factor")) {
+    why = "args.moe_expert_capacity_factor drops tokens over an expert's capacity";
+  } else if (BoolArg(d, "moe_apply_probs_on_input")) {
+    why = "args.moe_apply_probs_on_input weighs the experts' inputs, not their outputs";
+  } else if (m->moe_topk <= 0 || m->moe_topk > m->num_experts) {
+    why = "args.moe_router_topk " + std::to_string(m->moe_topk) + " is not between 1 and " +
+          std::to_string(m->num_experts);
+  }
+}
+
 // The mixture-of-experts fields of args (megatron.core's transformer_config.py), and the layouts
 // a view refuses because it cannot reproduce them bitwise.
 Status ReadMoeArgs(const ValuePtr& d, MegatronModel* m) {
@@ -72,6 +110,7 @@ Status ReadMoeArgs(const ValuePtr& d, MegatronModel* m) {
                    " does not divide num_experts " + std::to_string(m->num_experts));
   }
   m->source_ep = static_cast<uint32_t>(ep);
+  ReadRouterArgs(d, m);
   // Expert tensor parallelism other than TP: the rank files are then not a TP x PP x EP grid
   // (Megatron's torch format has no handling for it).
   if (auto etp = IntArg(d, "expert_tensor_parallel_size"); etp && *etp != tp) {

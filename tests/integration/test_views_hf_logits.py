@@ -47,16 +47,24 @@ def attend(q, k, v, hidden=None):
     return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).reshape(s, -1)
 
 
-def hf_forward(sd, config, tokens):
+def hf_dense_mlp(f, p, h):
+    """LlamaMLP and its kin: down(SiLU(gate(h)) * up(h)), under `p` ("model.layers.N.mlp.")."""
+    gate, up = h @ f[p + "gate_proj.weight"].T, h @ f[p + "up_proj.weight"].T
+    return (torch.nn.functional.silu(gate) * up) @ f[p + "down_proj.weight"].T
+
+
+def hf_forward(sd, config, tokens, mlp=None):
     """The forward pass of config's architecture over HF-named tensors (float64), as
     transformers writes it: LlamaForCausalLM; MistralForCausalLM (a key is seen while
     kv > q - sliding_window, masking_utils' sliding_window_overlay); Qwen2ForCausalLM (biases on
-    q, k and v); Qwen3ForCausalLM (q_norm and k_norm, RMSNorm over each head, before RoPE)."""
+    q, k and v); Qwen3ForCausalLM (q_norm and k_norm, RMSNorm over each head, before RoPE).
+    `mlp(f, i, h)`, when given, is layer i's MLP block (the MoE architectures')."""
     f = {k: v.double() for k, v in sd.items()}
     heads, groups = config["num_attention_heads"], config["num_key_value_heads"]
     d = config.get("head_dim") or config["hidden_size"] // heads
     eps, theta = config["rms_norm_eps"], config["rope_theta"]
-    window = config.get("sliding_window") if config["model_type"] == "mistral" else None
+    window = (config.get("sliding_window") if config["model_type"] in ("mistral", "mixtral")
+              else None)
     hidden = (lambda q, k: ~(k > q - window)) if window else None
     x = f["model.embed_tokens.weight"][tokens]
     for i in range(config["num_hidden_layers"]):
@@ -73,21 +81,33 @@ def hf_forward(sd, config, tokens):
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         x = x + attend(q, k, v, hidden) @ f[p + "self_attn.o_proj.weight"].T
         h = rms(x, f[p + "post_attention_layernorm.weight"], eps)
-        gate, up = h @ f[p + "mlp.gate_proj.weight"].T, h @ f[p + "mlp.up_proj.weight"].T
-        x = x + (torch.nn.functional.silu(gate) * up) @ f[p + "mlp.down_proj.weight"].T
+        x = x + (mlp(f, i, h) if mlp else hf_dense_mlp(f, p + "mlp.", h))
     x = rms(x, f["model.norm.weight"], eps)
     head = f["lm_head.weight"] if "lm_head.weight" in f else f["model.embed_tokens.weight"]
     return x @ head.T
 
 
-def megatron_forward(root, cfg, T, P, tokens):
+def megatron_dense_mlp(cat, p, pre, h, T, ffn):
+    """megatron.core's MLP on stage p: each TP rank's fc1 its [gate; up] halves, fc2 row-parallel.
+    `cat(key, p, dim)` joins a tensor's TP shards."""
+    inter = h @ cat(pre + "linear_fc1.weight", p, 0).T  # per rank: [gate_r, up_r]
+    parts = [c.chunk(2, dim=-1) for c in inter.split(2 * ffn // T, -1)]
+    gate = torch.cat([a for a, _ in parts], dim=-1)
+    up = torch.cat([b for _, b in parts], dim=-1)
+    return (torch.nn.functional.silu(gate) * up) @ cat(pre + "linear_fc2.weight", p, 1).T
+
+
+def megatron_forward(root, cfg, T, P, tokens, ranks=None, mlp=None):
     """The forward pass as megatron.core computes it, from the rank files (float64): TP shards
     joined along the dimension ColumnParallel/RowParallelLinear cut, each rank's fc1 its
     [gate; up] halves, the fused QKV (and its bias) viewed [groups, (heads/groups + 2) *
     head_dim]; q_layernorm/k_layernorm over each head before the rotary embedding; a window
-    (left, 0) as Transformer Engine applies it: keys q - left .. q."""
-    ranks = {(t, p): torch.load(root / "iter_0000100" / mf.rank_name(t, p, P) / mf.FILE)["model"]
-             for t in range(T) for p in range(P)}
+    (left, 0) as Transformer Engine applies it: keys q - left .. q. `ranks` {(t, p): model state
+    dict} when given (else read from root); `mlp(cat, p, i, h)` stage p's local layer i's MLP
+    block when given."""
+    if ranks is None:
+        ranks = {(t, p): torch.load(root / "iter_0000100" / mf.rank_name(t, p, P) / mf.FILE)[
+            "model"] for t in range(T) for p in range(P)}
     per, h_, d = cfg.num_layers // P, cfg.hidden_size, cfg.head_dim
     g, qh = cfg.groups, cfg.num_attention_heads // cfg.groups
     eps, theta = 1e-5, 10000.0
@@ -116,13 +136,8 @@ def megatron_forward(root, cfg, T, P, tokens):
                 hidden = lambda qi, ki: ki < qi - cfg.window_size[0]  # noqa: E731
             x = x + attend(q, k, v, hidden) @ cat(pre + "self_attention.linear_proj.weight", p, 1).T
             h = rms(x, ranks[(0, p)][pre + "pre_mlp_layernorm.weight"].double(), eps)
-            fc1 = [ranks[(t, p)][pre + "mlp.linear_fc1.weight"].double() for t in range(T)]
-            inter = torch.cat([h @ w.T for w in fc1], dim=-1)  # per rank: [gate_r, up_r]
-            parts = [c.chunk(2, dim=-1) for c in inter.split(2 * cfg.ffn_hidden_size // T, -1)]
-            gate = torch.cat([a for a, _ in parts], dim=-1)
-            up = torch.cat([b for _, b in parts], dim=-1)
-            x = x + (torch.nn.functional.silu(gate) * up) @ cat(
-                pre + "mlp.linear_fc2.weight", p, 1).T
+            x = x + (mlp(cat, p, i, h) if mlp else
+                     megatron_dense_mlp(cat, p, pre + "mlp.", h, T, cfg.ffn_hidden_size))
     x = rms(x, ranks[(0, P - 1)]["decoder.final_layernorm.weight"].double(), eps)
     head = cat("output_layer.weight", P - 1, 0) if cfg.untie else emb
     return (x @ head.T)[:, : cfg.vocab_size]  # the padded rows are not the tokenizer's

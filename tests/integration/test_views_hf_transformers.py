@@ -75,3 +75,28 @@ def test_from_pretrained_on_the_gpu_matches_the_cpu(mnt):
         gpu = model.to("cuda")(tokens[None].to("cuda")).logits[0].double().cpu()
     tol = 1e-3 * cpu.abs().max().item()  # the GPU's float32 kernels may use other reductions
     assert (gpu - cpu).abs().max().item() <= tol
+
+
+@pytest.mark.parametrize("case", ["mixtral-sequential-tp2pp2ep2", "qwen3moe-te-mixed-tp2ep4",
+                                  "qwen2moe-shared-mixed-tp2pp2ep2"])
+def test_from_pretrained_moe_logits_equal_megatrons(mnt, case):
+    # The MoE architectures from the Hub's per-expert names (transformers 5 fuses them on load).
+    from test_views_hf_moe import CASES, megatron_moe_forward
+    sys.path.insert(0, str(REPO_ROOT / "tests" / "reshard"))
+    import megatron_moe_fixture as mm
+    kw, shape, cls, _ = CASES[case]
+    cfg = mm.MoeConfig(**kw)
+    root = mnt / "ckpt"
+    mm.save_checkpoint(root, cfg, *shape)
+    model, info = from_pretrained(root / ".views" / "hf")
+    for what in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs"):
+        assert not info.get(what), (what, info[what])
+    assert type(model).__name__ == cls
+    tokens = torch.randint(0, cfg.vocab_size, (12,), generator=torch.Generator().manual_seed(9))
+    with torch.no_grad():
+        got = model(tokens[None]).logits[0].double()
+    want = megatron_moe_forward(root, cfg, *shape, tokens)
+    tol = 1e-5 * want.abs().max().item()
+    err = (got - want).abs().max().item()
+    print(f"from_pretrained {cls} logits: max |err| {err:.3g}, tolerance {tol:.3g}")
+    assert err <= tol, (err, tol)

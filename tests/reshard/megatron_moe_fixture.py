@@ -63,6 +63,10 @@ class MoeConfig:
     shared_gate: bool = False
     expert_bias: bool = False
     layer_freq: object = 1          # moe_layer_freq: 1 (every layer) or a list of 0/1 per layer
+    qkv_bias: bool = False          # args.add_qkv_bias: linear_qkv.bias (Qwen2-MoE's attention)
+    qk_layernorm: bool = False      # args.qk_layernorm: q_layernorm/k_layernorm (Qwen3-MoE's)
+    topk: int = 2                   # moe_router_topk
+    pre_softmax: bool = False       # moe_router_pre_softmax
     vocab_size: int = 500
     make_vocab_size_divisible_by: int = 32
     untie: bool = True
@@ -89,6 +93,7 @@ class MoeConfig:
             ffn_hidden_size=self.ffn_hidden_size, swiglu=self.swiglu, vocab_size=self.vocab_size,
             make_vocab_size_divisible_by=self.make_vocab_size_divisible_by, untie=self.untie,
             bias=False, normalization="RMSNorm", position_embedding_type="rope",
+            qkv_bias=self.qkv_bias, qk_layernorm=self.qk_layernorm,
             data_parallel_size=self.data_parallel_size, seed=self.seed)
 
 
@@ -157,7 +162,19 @@ def rank_params(cfg, v, tp, pp, ep, t, p, e, kind):
             qkv += [q[grp * qh * hd:(grp + 1) * qh * hd], k_[grp * hd:(grp + 1) * hd],
                     v_[grp * hd:(grp + 1) * hd]]
         add(L + "self_attention.linear_qkv.weight", torch.cat(qkv).chunk(tp)[t].clone())
+        if cfg.qkv_bias:  # interleaved per query group like the weight's rows
+            qb = v.get(f"{g}.q_bias", kind, (cfg.num_attention_heads * hd,))
+            kb = v.get(f"{g}.k_bias", kind, (cfg.num_query_groups * hd,))
+            vb = v.get(f"{g}.v_bias", kind, (cfg.num_query_groups * hd,))
+            b = []
+            for grp in range(cfg.num_query_groups):
+                b += [qb[grp * qh * hd:(grp + 1) * qh * hd], kb[grp * hd:(grp + 1) * hd],
+                      vb[grp * hd:(grp + 1) * hd]]
+            add(L + "self_attention.linear_qkv.bias", torch.cat(b).chunk(tp)[t].clone())
         add(L + "self_attention.linear_qkv._extra_state", None)
+        if cfg.qk_layernorm:  # per head, replicated
+            add(L + "self_attention.q_layernorm.weight", v.get(f"{g}.q_norm", kind, (hd,)).clone())
+            add(L + "self_attention.k_layernorm.weight", v.get(f"{g}.k_norm", kind, (hd,)).clone())
         add(L + "pre_mlp_layernorm.weight", v.get(f"{g}.mlp_norm", kind, (H,)).clone())
         if not cfg.moe_layer(g):
             add(L + "mlp.linear_fc1.weight", _glu_shard(v, f"{g}.fc1", kind, F, H, tp, t, glu))
@@ -246,7 +263,12 @@ def make_args(cfg, tp, pp, ep, iteration):
     a.num_experts = cfg.num_experts
     a.moe_ffn_hidden_size = cfg.moe_ffn_hidden_size
     a.moe_layer_freq = cfg.layer_freq
-    a.moe_router_topk = 2
+    a.moe_router_topk = cfg.topk
+    a.moe_router_pre_softmax = cfg.pre_softmax
+    a.moe_router_score_function = "softmax"
+    a.moe_router_topk_scaling_factor = None
+    a.moe_expert_capacity_factor = None
+    a.moe_aux_loss_coeff = 0.01
     a.moe_grouped_gemm = cfg.form != "sequential"
     a.moe_use_legacy_grouped_gemm = cfg.form == "grouped"
     a.moe_shared_expert_intermediate_size = cfg.shared_size or None
