@@ -85,6 +85,11 @@ void ReadRouterArgs(const ValuePtr& d, MegatronModel* m) {
     why = "args.moe_router_topk_scaling_factor scales the routing weights";
   } else if (NumberArg(d, "moe_expert_capacity_factor")) {
     why = "args.moe_expert_capacity_factor drops tokens over an expert's capacity";
+  } else if (StrArg(d, "moe_router_load_balancing_type").value_or("") == "sinkhorn") {
+    why = "args.moe_router_load_balancing_type is sinkhorn (its router leaves the top-k weights "
+          "unnormalised, or takes a sigmoid for top-1)";
+  } else if (BoolArg(d, "moe_router_force_load_balancing")) {
+    why = "args.moe_router_force_load_balancing routes tokens at random";
   } else if (BoolArg(d, "moe_apply_probs_on_input")) {
     why = "args.moe_apply_probs_on_input weighs the experts' inputs, not their outputs";
   } else if (m->moe_topk <= 0 || m->moe_topk > m->num_experts) {

@@ -280,6 +280,8 @@ REFUSED = [
     (dict(extra_args=dict(moe_router_num_groups=2, moe_router_group_topk=1)), "group-limited"),
     (dict(extra_args=dict(moe_router_topk_scaling_factor=2.5)), "scaling"),
     (dict(extra_args=dict(moe_expert_capacity_factor=1.0)), "drops tokens"),
+    (dict(extra_args=dict(moe_router_load_balancing_type="sinkhorn")), "sinkhorn"),
+    (dict(extra_args=dict(moe_apply_probs_on_input=True)), "weighs the experts' inputs"),
     (dict(shared_size=32), "without args.moe_shared_expert_gate"),
     (dict(shared_size=32, shared_gate=True), "shared experts without QKV biases"),
     (dict(pre_softmax=True), "unnormalised"),
