@@ -79,6 +79,7 @@ struct MegatronModel {
   // when one does).
   int64_t moe_topk = 2;
   bool moe_pre_softmax = false, shared_expert_gate = false, moe_every_layer = true;
+  bool moe_legacy_grouped = false;  // the legacy GroupedMLP (moe_use_legacy_grouped_gemm)
   double moe_aux_loss_coeff = 0.0;
   std::string router_refusal;
 };

@@ -31,6 +31,10 @@ Status No(const std::string& why) {
 // A model with experts: the router first, then what tells the three MoE architectures apart.
 Result<HfArch> PickMoeArch(const MegatronModel& m, bool windowed) {
   if (!m.router_refusal.empty()) return No(m.router_refusal);
+  if (m.moe_legacy_grouped) {  // older checkpoints without the flag are refused when planned
+    return No("args.moe_use_legacy_grouped_gemm: the legacy GroupedMLP stores every expert's "
+              "weights transposed in one tensor, which this view does not transpose");
+  }
   if (m.shared_expert_size > 0) {  // Qwen2-MoE: one shared expert behind a sigmoid gate
     if (!m.shared_expert_gate) {
       return No("shared experts without args.moe_shared_expert_gate (Qwen2MoeForCausalLM's "

@@ -63,6 +63,8 @@ void ReadRouterArgs(const ValuePtr& d, MegatronModel* m) {
   m->moe_topk = IntArg(d, "moe_router_topk").value_or(2);
   m->moe_pre_softmax = BoolArg(d, "moe_router_pre_softmax");
   m->shared_expert_gate = BoolArg(d, "moe_shared_expert_gate");
+  m->moe_legacy_grouped =
+      BoolArg(d, "moe_grouped_gemm") && BoolArg(d, "moe_use_legacy_grouped_gemm");
   m->moe_aux_loss_coeff = NumberArg(d, "moe_aux_loss_coeff").value_or(0.0);
   if (ValuePtr f = Get(d, "moe_layer_freq"); f && f->kind == Kind::kInt) {
     m->moe_every_layer = f->i == 1;
