@@ -225,15 +225,32 @@ Status Planner::DecodeAll() {
     }
     if (model_only_) continue;
     if (model_.distributed_optimizer) {
-      const std::string where = "rank (" + std::to_string(r.tp) + ", " + std::to_string(r.pp) +
-                                ")'s distrib_optim.pt";
+      const std::string rank = "rank (" + std::to_string(r.tp) + ", " + std::to_string(r.pp) +
+                               (src_.ep > 1 ? ", " + std::to_string(r.ep) : "") + ")";
+      const std::string where = rank + "'s distrib_optim.pt";
       if (!r.distrib) {
         // Saved with --no-save-optim: no optimizer entry, no distrib_optim.pt. The model alone.
-        if (!IsMapping(Get(d.root, "optimizer"))) continue;
-        return Invalid("args.use_distributed_optimizer is set but rank (" + std::to_string(r.tp) +
-                       ", " + std::to_string(r.pp) + ") has no distrib_optim.pt");
+        ValuePtr o = Get(d.root, "optimizer");
+        if (!o || o->kind == Kind::kNone) continue;
+        return Invalid("args.use_distributed_optimizer is set but " + rank +
+                       " has no distrib_optim.pt" +
+                       (r.ep > 0 ? " (a stage without experts at EP > 1, whose other EP ranks "
+                                   "hold no optimizer state, is not resharded)"
+                                 : ""));
       }
-      ASSIGN_OR_RETURN(DistOptSource ds, ReadDistOpt(*r.distrib, r.distrib_source, where));
+      ASSIGN_OR_RETURN(DistOptStates ds, ReadDistOpt(*r.distrib, r.distrib_source, where));
+      // At EP > 1 the dense optimizer's state is in EP rank 0's files (DP rank 0 of the dense
+      // group), the experts' in every EP rank's (expert-DP rank 0): [dense or None, experts]. A
+      // stage without experts has the dense optimizer alone.
+      bool chained = false;
+      for (size_t x = 0; x < d.entries.size(); ++x) chained |= DistSub(d, x, src_.ep) == 1;
+      if (ds.list != chained || ds.subs.size() != (chained ? 2u : 1u) || !ds.subs.back() ||
+          (chained && ds.subs[0].has_value() != (r.ep == 0))) {
+        return Invalid(where + (chained ? " is not [dense state or None, experts' state] as a "
+                                          "ChainedOptimizer of a run at EP " +
+                                              std::to_string(src_.ep) + " saves it"
+                                        : " holds other than one optimizer's state"));
+      }
       d.dist = std::move(ds);
     } else {
       RETURN_IF_ERROR(DecodeOptimizer(&d, rules_, model_.swiglu, src_.ep));
@@ -408,76 +425,119 @@ bool Planner::SharedEmbedding(const std::string& name, bool head, uint32_t p, ui
 
 Status Planner::LayOutSourceDistOpt() {
   for (Decoded& d : files_) {
-    std::vector<DistOptParam> params;
-    std::vector<size_t> which;
-    for (size_t i = 0; i < d.entries.size(); ++i) {
-      const ModelEntry& e = d.entries[i];
-      if (!e.tensor) continue;
-      const std::string name = Join(e.path);
-      ASSIGN_OR_RETURN(Rule rule, rules_.Classify("model." + name, model_.swiglu));
-      if (rule == Rule::kExtraState) continue;
-      int64_t numel = 1;
-      for (int64_t x : e.tensor->shape) numel *= x;
-      params.push_back({numel, SharedEmbedding(name, false, d.rank->pp, src_.pp)});
-      which.push_back(i);
-    }
-    ASSIGN_OR_RETURN(auto size, DistOptBucketSize(params, d.root ? Get(d.root, "args") : nullptr,
-                                                  d.rank->pp));
-    DistOptLayout layout = LayoutDistOpt(params, size);
-    if (layout.numel_unpadded != d.dist->numel_unpadded) {
-      return Invalid("rank (" + std::to_string(d.rank->tp) + ", " + std::to_string(d.rank->pp) +
-                     ")'s parameters lay out to " + std::to_string(layout.numel_unpadded) +
-                     " elements in Megatron's buffer, but its distrib_optim.pt holds " +
-                     std::to_string(d.dist->numel_unpadded) +
-                     ": the checkpoint was not written with the layout its args describe");
-    }
     d.dist_offset.assign(d.entries.size(), -1);
-    for (size_t k = 0; k < which.size(); ++k) d.dist_offset[which[k]] = layout.offset[k];
-  }
-  for (const Decoded& d : files_) {
-    if (d.dist->states.size() != files_[0].dist->states.size()) {
-      return Invalid("the ranks' distrib_optim.pt hold different optimizer states");
-    }
-    for (size_t s = 0; s < d.dist->states.size(); ++s) {
-      if (d.dist->states[s].first != files_[0].dist->states[s].first) {
-        return Invalid("the ranks' distrib_optim.pt hold different optimizer states");
+    d.dist_sub.assign(d.entries.size(), 0);
+    for (size_t sub = 0; sub < d.dist->subs.size(); ++sub) {
+      std::vector<DistOptParam> params;
+      std::vector<size_t> which;
+      for (size_t i = 0; i < d.entries.size(); ++i) {
+        const ModelEntry& e = d.entries[i];
+        if (!e.tensor) continue;
+        const std::string name = Join(e.path);
+        ASSIGN_OR_RETURN(Rule rule,
+                         ClassifyEntry(rules_, "model." + name, d.expert[i], model_.swiglu));
+        if (rule == Rule::kExtraState || DistSub(d, i, src_.ep) != static_cast<int>(sub)) continue;
+        if (d.expert[i].kind == ExpertKey::kGrouped1 || d.expert[i].kind == ExpertKey::kGrouped2) {
+          return Invalid("'model." + name + "': the distributed optimizer's state of the legacy "
+                         "GroupedMLP's experts is not resharded");
+        }
+        int64_t numel = 1;
+        for (int64_t x : e.tensor->shape) numel *= x;
+        params.push_back({numel, sub == 0 && SharedEmbedding(name, false, d.rank->pp, src_.pp)});
+        which.push_back(i);
       }
+      ASSIGN_OR_RETURN(auto size, DistOptBucketSize(params, d.root ? Get(d.root, "args") : nullptr,
+                                                    d.rank->pp));
+      DistOptLayout layout = LayoutDistOpt(params, size);
+      for (size_t k = 0; k < which.size(); ++k) d.dist_sub[which[k]] = static_cast<int>(sub);
+      const std::optional<DistOptSource>& state = d.dist->subs[sub];
+      if (!state) continue;  // another rank's to hold
+      if (layout.numel_unpadded != state->numel_unpadded) {
+        return Invalid("rank (" + std::to_string(d.rank->tp) + ", " + std::to_string(d.rank->pp) +
+                       ")'s parameters lay out to " + std::to_string(layout.numel_unpadded) +
+                       " elements in Megatron's buffer, but its distrib_optim.pt holds " +
+                       std::to_string(state->numel_unpadded) +
+                       ": the checkpoint was not written with the layout its args describe");
+      }
+      for (size_t k = 0; k < which.size(); ++k) d.dist_offset[which[k]] = layout.offset[k];
+    }
+  }
+  const DistOptSource& first = *files_[0].dist->subs[0];
+  for (const Decoded& d : files_) {
+    for (const std::optional<DistOptSource>& s : d.dist->subs) {
+      if (!s) continue;
+      bool same = s->states.size() == first.states.size();
+      for (size_t k = 0; same && k < s->states.size(); ++k) {
+        same = s->states[k].first == first.states[k].first;
+      }
+      if (!same) return Invalid("the ranks' distrib_optim.pt hold different optimizer states");
     }
   }
   return Status::Ok();
 }
 
-Result<ViewFile> Planner::PlanDistOpt(uint32_t t, uint32_t p, const Decoded& primary,
+Result<ViewFile> Planner::PlanDistOpt(uint32_t t, uint32_t p, uint32_t e, const Decoded& primary,
                                       const std::vector<const Global*>& params) {
-  const size_t nstates = primary.dist->states.size();
-  std::vector<std::vector<std::vector<Gather>>> gathers(nstates);
-  std::vector<DistOptParam> layout_params;
-  std::vector<int64_t> numels;
+  // At EP > 1: [the dense state on EP rank 0, else None; the experts' state]; a stage without
+  // experts has the dense optimizer alone.
+  bool chained = false;
+  for (const Global* g : params) chained |= ExpertParallel(*g, E_);
+  if (!chained && E_ > 1 && e > 0) {
+    return Invalid("pipeline stage " + std::to_string(p) + " has no experts: its expert-parallel "
+                   "ranks other than 0 hold no optimizer state of their own, and Megatron writes "
+                   "no distrib_optim.pt there, which the views do not model");
+  }
+  std::vector<DistOptPlan> subs(chained ? 2 : 1);
+  const Decoded& dense_like = File(primary.rank->tp, primary.rank->pp, 0);
+  subs[0].like = !chained || e == 0 ? &*dense_like.dist->subs[0] : nullptr;
+  if (chained) {
+    // The experts' state of a source file with experts (the primary's stage may have none).
+    for (const Decoded& d : files_) {
+      if (d.dist->subs.size() == 2) subs[1].like = &*d.dist->subs[1];
+    }
+    if (!subs[1].like) return Invalid("no source rank holds an experts' optimizer state");
+  }
+  std::vector<std::vector<DistOptParam>> layout_params(subs.size());
   for (const Global* g : params) {
+    const size_t sub = ExpertParallel(*g, E_) ? 1 : 0;
+    DistOptPlan& plan = subs[sub];
+    if (!plan.like) continue;
     const std::string name = Join(g->path);
+    const size_t nstates = plan.like->states.size();
+    plan.gathers.resize(nstates);
     std::vector<int64_t> shape;
     for (size_t s = 0; s < nstates; ++s) {
       std::vector<Shard> shards;
       for (uint32_t k = 0; k < src_.tp; ++k) {
         const Decoded& d = FileOf(*g, k);
-        const int64_t off = d.dist_offset[g->entry[k]];
+        const size_t x = g->entry[k];
+        const int64_t off = d.dist_offset[x];
         if (off < 0) return Invalid("'" + name + "' has no distributed optimizer state");
-        shards.push_back(Shard{d.dist->source,
-                               d.dist->states[s].second->offset + static_cast<uint64_t>(off) * 4,
-                               d.entries[g->entry[k]].tensor->shape});
+        const DistOptSource& from = *d.dist->subs[static_cast<size_t>(d.dist_sub[x])];
+        if (from.states[s].first != plan.like->states[s].first) {
+          return Invalid("the ranks' distrib_optim.pt hold different optimizer states");
+        }
+        shards.push_back(Shard{from.source,
+                               from.states[s].second->offset + static_cast<uint64_t>(off) * 4,
+                               d.entries[x].tensor->shape});
       }
-      gathers[s].emplace_back();
-      RETURN_IF_ERROR(PlanShard(name + " " + primary.dist->states[s].first, g->rule, shards, 4, t,
-                                T_, vocab_, &gathers[s].back(), &shape));
+      plan.gathers[s].emplace_back();
+      RETURN_IF_ERROR(PlanShard(name + " " + plan.like->states[s].first, g->rule, shards, 4, t,
+                                T_, vocab_, &plan.gathers[s].back(), &shape));
     }
     int64_t numel = 1;
     for (int64_t x : shape) numel *= x;
-    numels.push_back(numel);
-    layout_params.push_back({numel, SharedEmbedding(name, g->place == Global::kHead, p, P_)});
+    plan.numels.push_back(numel);
+    layout_params[sub].push_back(
+        {numel, sub == 0 && SharedEmbedding(name, g->place == Global::kHead, p, P_)});
   }
-  ASSIGN_OR_RETURN(auto size, DistOptBucketSize(layout_params, Get(primary.root, "args"), p));
-  DistOptLayout layout = LayoutDistOpt(layout_params, size);
-  return WriteDistOpt(*primary.dist, layout, numels, gathers, primary.rank->distrib_extra_records);
+  for (size_t sub = 0; sub < subs.size(); ++sub) {
+    if (!subs[sub].like) continue;
+    ASSIGN_OR_RETURN(auto size, DistOptBucketSize(layout_params[sub], Get(primary.root, "args"), p));
+    subs[sub].layout = LayoutDistOpt(layout_params[sub], size);
+  }
+  return WriteDistOpt(primary.rank->distrib->prefix, subs, chained,
+                      primary.rank->distrib_extra_records);
 }
 
 Status Planner::Prepare() {
@@ -516,6 +576,11 @@ Status Planner::Prepare() {
       return Invalid("some ranks have a distrib_optim.pt and some do not");
     }
     has_distrib_ = with != 0;
+    if (has_distrib_ && model_.num_experts > 0 && (src_.ep > 1) != (E_ > 1)) {
+      return Invalid("EP " + std::to_string(src_.ep) + " to EP " + std::to_string(E_) +
+                     " with the distributed optimizer: the experts' optimizer state is of an "
+                     "optimizer of its own at EP > 1 only, and is not moved between the two");
+    }
     if (has_distrib_) RETURN_IF_ERROR(LayOutSourceDistOpt());
   }
   if (!model_only_ && legacy_ && model_.query_groups % T_ != 0) {

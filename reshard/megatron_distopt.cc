@@ -10,13 +10,12 @@ namespace ckptfs::reshard {
 using pickle::Kind;
 using pickle::ValuePtr;
 
-Result<DistOptSource> ReadDistOpt(const TorchFile& f, uint32_t source, const std::string& where) {
+namespace {
+
+Result<DistOptSource> ReadOneState(const TorchFile& f, const TensorIndex& tensors,
+                                   const ValuePtr& root, uint32_t source,
+                                   const std::string& where) {
   auto bad = [&](const std::string& why) { return Invalid(where + ": " + why); };
-  const ValuePtr& root = f.root;
-  if (root && root->kind == Kind::kList) {
-    return bad("holds the states of several optimizers (mixture-of-experts or several parameter "
-               "dtypes), which views do not reshard");
-  }
   if (!IsMapping(root)) return bad("does not hold a dict");
   ValuePtr coalesced = Get(root, "buckets_coalesced");
   if (!coalesced || coalesced->kind != Kind::kBool || !coalesced->b) {
@@ -45,7 +44,7 @@ Result<DistOptSource> ReadDistOpt(const TorchFile& f, uint32_t source, const std
   DistOptSource out;
   out.source = source;
   out.file = &f;
-  out.tensors = IndexTensors(f);
+  out.tensors = tensors;
   out.dtype_key = key;
   bool have_numel = false;
   for (const auto& [k, v] : PairsOf(*world)) {
@@ -74,6 +73,31 @@ Result<DistOptSource> ReadDistOpt(const TorchFile& f, uint32_t source, const std
                  "numel_unpadded " + std::to_string(out.numel_unpadded));
     }
   }
+  return out;
+}
+
+}  // namespace
+
+Result<DistOptStates> ReadDistOpt(const TorchFile& f, uint32_t source, const std::string& where) {
+  const TensorIndex tensors = IndexTensors(f);
+  DistOptStates out;
+  if (f.root && f.root->kind == Kind::kList) {
+    out.list = true;
+    for (size_t i = 0; i < f.root->items.size(); ++i) {
+      const ValuePtr& v = f.root->items[i];
+      if (!v || v->kind == Kind::kNone) {
+        out.subs.emplace_back();
+        continue;
+      }
+      ASSIGN_OR_RETURN(DistOptSource s, ReadOneState(f, tensors, v, source,
+                                                     where + " (optimizer " + std::to_string(i) +
+                                                         ")"));
+      out.subs.emplace_back(std::move(s));
+    }
+    return out;
+  }
+  ASSIGN_OR_RETURN(DistOptSource s, ReadOneState(f, tensors, f.root, source, where));
+  out.subs.emplace_back(std::move(s));
   return out;
 }
 
@@ -146,17 +170,17 @@ Result<std::optional<int64_t>> DistOptBucketSize(const std::vector<DistOptParam>
   return std::optional<int64_t>(std::max<int64_t>(40000000, 1000000 * *dp * cp));
 }
 
-Result<ViewFile> WriteDistOpt(const DistOptSource& like, const DistOptLayout& layout,
-                              const std::vector<int64_t>& numels,
-                              const std::vector<std::vector<std::vector<Gather>>>& gathers,
-                              const std::vector<std::pair<std::string, std::string>>& extra_records) {
+namespace {
+
+Result<ValuePtr> WriteOneState(TorchOut* out, const DistOptPlan& plan) {
+  const DistOptSource& like = *plan.like;
+  const DistOptLayout& layout = plan.layout;
   // The parameters in the order of their offsets (reverse registration order).
-  std::vector<size_t> order(numels.size());
+  std::vector<size_t> order(plan.numels.size());
   std::iota(order.begin(), order.end(), size_t{0});
   std::sort(order.begin(), order.end(),
             [&](size_t a, size_t b) { return layout.offset[a] < layout.offset[b]; });
   const uint64_t n = static_cast<uint64_t>(layout.numel_unpadded);
-  TorchOut out;
   ValuePtr world = pickle::MakeDict({});
   for (size_t s = 0; s < like.states.size(); ++s) {
     std::vector<Gather> flat;
@@ -165,21 +189,42 @@ Result<ViewFile> WriteDistOpt(const DistOptSource& like, const DistOptLayout& la
       const uint64_t off = static_cast<uint64_t>(layout.offset[i]);
       if (off < at) return Invalid("distributed optimizer layout: parameters overlap");
       if (off > at) flat.push_back(Gather{.rows = 1, .parts = {}, .zeros = (off - at) * 4});
-      for (const Gather& g : gathers[s][i]) flat.push_back(g);
-      at = off + static_cast<uint64_t>(numels[i]);
+      for (const Gather& g : plan.gathers[s][i]) flat.push_back(g);
+      at = off + static_cast<uint64_t>(plan.numels[i]);
     }
     if (at > n) return Invalid("distributed optimizer layout: parameters past numel_unpadded");
     if (at < n) flat.push_back(Gather{.rows = 1, .parts = {}, .zeros = (n - at) * 4});
     const TorchTensor& t = *like.states[s].second;
     Put(world, pickle::MakeStr(like.states[s].first),
-        out.NewTensor(*t.node, std::move(flat), {static_cast<int64_t>(n)}, {1}, n * 4));
+        out->NewTensor(*t.node, std::move(flat), {static_cast<int64_t>(n)}, {1}, n * 4));
   }
   Put(world, pickle::MakeStr("numel_unpadded"), pickle::MakeInt(layout.numel_unpadded));
-  ASSIGN_OR_RETURN(ValuePtr key, out.Copy(like.tensors, like.source, like.dtype_key));
+  ASSIGN_OR_RETURN(ValuePtr key, out->Copy(like.tensors, like.source, like.dtype_key));
   ValuePtr root = pickle::MakeDict({});
   Put(root, pickle::MakeStr("buckets_coalesced"), pickle::MakeBool(true));
   Put(root, pickle::MakeInt(0), pickle::MakeDict({{key, world}}));
-  return out.Finish(like.file->prefix, root, extra_records);
+  return root;
+}
+
+}  // namespace
+
+Result<ViewFile> WriteDistOpt(const std::string& prefix, const std::vector<DistOptPlan>& subs,
+                              bool list,
+                              const std::vector<std::pair<std::string, std::string>>& extra_records) {
+  TorchOut out;
+  std::vector<ValuePtr> items;
+  for (const DistOptPlan& plan : subs) {
+    if (!plan.like) {
+      items.push_back(pickle::MakeNone());
+      continue;
+    }
+    ASSIGN_OR_RETURN(ValuePtr v, WriteOneState(&out, plan));
+    items.push_back(std::move(v));
+  }
+  if (!list && (items.size() != 1 || !subs[0].like)) {
+    return Internal("distrib_optim.pt: one state expected");
+  }
+  return out.Finish(prefix, list ? pickle::MakeList(std::move(items)) : items[0], extra_records);
 }
 
 }  // namespace ckptfs::reshard

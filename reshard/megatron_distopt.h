@@ -1,5 +1,6 @@
 // Megatron-LM's distributed optimizer in the legacy checkpoint format: the distrib_optim.pt that
-// DP rank 0 of every TP x PP rank writes beside model_optim_rng.pt, holding the fp32 main
+// DP rank 0 of every TP x PP rank writes beside model_optim_rng.pt (with experts at EP > 1, one
+// state per sub-optimizer), holding the fp32 main
 // parameters and the optimizer's per-parameter state of the rank's model chunk as flat tensors
 // in the layout of Megatron's parameter buffer (docs/views.md, "The distributed optimizer").
 // Internal to reshard/megatron*.cc.
@@ -29,9 +30,16 @@ struct DistOptSource {
   std::vector<std::pair<std::string, const TorchTensor*>> states;  // 'param' first, file order
   int64_t numel_unpadded = 0;
 };
+// The states of a distrib_optim.pt: one dict, or (megatron.core's ChainedOptimizer of a dense
+// and an experts' optimizer, mixture of experts at EP > 1) a list of one entry per sub-optimizer,
+// None where this rank is not rank 0 of that optimizer's data-parallel group. `list` tells which.
+struct DistOptStates {
+  bool list = false;
+  std::vector<std::optional<DistOptSource>> subs;
+};
 // Errors (kInvalid, naming `where`): another layout (per-bucket lists from before 2024, several
-// optimizers or buffers: mixture-of-experts, fp8), tensors that are not flat fp32 of N elements.
-Result<DistOptSource> ReadDistOpt(const TorchFile& f, uint32_t source, const std::string& where);
+// buffers: several dtypes, fp8), tensors that are not flat fp32 of N elements.
+Result<DistOptStates> ReadDistOpt(const TorchFile& f, uint32_t source, const std::string& where);
 
 // A parameter of a model chunk, in registration order (model.parameters()).
 struct DistOptParam {
@@ -56,12 +64,19 @@ DistOptLayout LayoutDistOpt(const std::vector<DistOptParam>& params,
 Result<std::optional<int64_t>> DistOptBucketSize(const std::vector<DistOptParam>& params,
                                                  const pickle::ValuePtr& args, uint32_t pp);
 
-// The target's distrib_optim.pt: shaped like `like`, every state's flat tensor made of each
-// parameter's gathers (gathers[state][param], registration order) at `layout`'s offsets, zeros
-// between them.
-Result<ViewFile> WriteDistOpt(const DistOptSource& like, const DistOptLayout& layout,
-                              const std::vector<int64_t>& numels,
-                              const std::vector<std::vector<std::vector<Gather>>>& gathers,
+// One sub-optimizer's state in a target distrib_optim.pt: shaped like `like` (nullptr: None),
+// every state's flat tensor made of each parameter's gathers (gathers[state][param],
+// registration order) at `layout`'s offsets, zeros between them.
+struct DistOptPlan {
+  const DistOptSource* like = nullptr;
+  DistOptLayout layout;
+  std::vector<int64_t> numels;
+  std::vector<std::vector<std::vector<Gather>>> gathers;
+};
+// The target's distrib_optim.pt: the one state (list false), or the list of them. `prefix` is the
+// archive's record prefix.
+Result<ViewFile> WriteDistOpt(const std::string& prefix, const std::vector<DistOptPlan>& subs,
+                              bool list,
                               const std::vector<std::pair<std::string, std::string>>& extra_records);
 
 }  // namespace ckptfs::reshard

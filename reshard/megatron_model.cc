@@ -141,12 +141,6 @@ Status ReadMoeArgs(const ValuePtr& d, MegatronModel* m) {
   if (ValuePtr v = Get(d, "moe_latent_size"); v && v->kind == Kind::kInt && v->i > 0) {
     return Invalid("args.moe_latent_size: MoE latent projections are not resharded");
   }
-  if (m->distributed_optimizer) {
-    return Invalid(
-        "the distributed optimizer's state (distrib_optim.pt) of a mixture-of-experts "
-        "model (one state per sub-optimizer, the experts' over expert data parallelism) "
-        "is not resharded");
-  }
   if (!m->mcore)
     return Invalid("mixture-of-experts legacy models (language_model.*) are not supported");
   return Status::Ok();

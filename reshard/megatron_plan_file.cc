@@ -135,7 +135,7 @@ Result<ViewFile> Planner::PlanFile(uint32_t t, uint32_t p, uint32_t e, ViewFile*
   }
 
   if (distrib && primary.dist) {
-    ASSIGN_OR_RETURN(*distrib, PlanDistOpt(t, p, primary, dist_params));
+    ASSIGN_OR_RETURN(*distrib, PlanDistOpt(t, p, e, primary, dist_params));
   }
   return out.Finish(primary.rank->file->prefix, root, primary.rank->extra_records);
 }

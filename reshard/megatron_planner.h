@@ -81,10 +81,13 @@ struct Decoded {
   // Per entry index (tensors only): the sub-optimizer, the Adam state index and group, or -1.
   std::vector<int64_t> opt_sub, opt_index, opt_group, opt_pos;
   std::vector<ExpertKey> expert;  // per entry
-  // The distributed optimizer: distrib_optim.pt, and per entry index the parameter's first
-  // element in its flat tensors (-1: not a parameter).
-  std::optional<DistOptSource> dist;
+  // The distributed optimizer: distrib_optim.pt (per sub-optimizer: the dense one, then at EP > 1
+  // the experts'; None where this rank does not hold it), and per entry index its sub-optimizer
+  // and the parameter's first element in that one's flat tensors (-1: not a parameter, or its
+  // state is not in this file).
+  std::optional<DistOptStates> dist;
   std::vector<int64_t> dist_offset;
+  std::vector<int> dist_sub;
 };
 
 // Whether the optimizer keeps entry e out of weight decay (biases and 1-d tensors).
@@ -164,8 +167,17 @@ class Planner {
   bool SharedEmbedding(const std::string& name, bool head, uint32_t p, uint32_t P) const;
   // Rank (t, p)'s model_optim_rng.pt, and its distrib_optim.pt when `distrib` is given.
   Result<ViewFile> PlanFile(uint32_t t, uint32_t p, uint32_t e, ViewFile* distrib);
-  Result<ViewFile> PlanDistOpt(uint32_t t, uint32_t p, const Decoded& primary,
+  Result<ViewFile> PlanDistOpt(uint32_t t, uint32_t p, uint32_t e, const Decoded& primary,
                                const std::vector<const Global*>& params);
+  // The sub-optimizer holding parameter entry `x` of `d` (a file of an EP size `ep` run): 1 for
+  // an expert's at EP > 1, else 0.
+  static int DistSub(const Decoded& d, size_t x, uint32_t ep) {
+    const ExpertKey::Kind k = d.expert[x].kind;
+    return ep > 1 && (k == ExpertKey::kPerExpert || k == ExpertKey::kGrouped1 ||
+                      k == ExpertKey::kGrouped2)
+               ? 1
+               : 0;
+  }
 
   // Building one target file.
   static Result<ValuePtr> Copy(Out* out, const Decoded& d, const ValuePtr& v) {

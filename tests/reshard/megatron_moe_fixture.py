@@ -29,6 +29,16 @@ Facts taken from Megatron-LM's own code (NVIDIA/Megatron-LM; read, not copied):
            experts' param groups (is_expert_parallel True) and optimizer; ChainedOptimizer.
            state_dict (optimizer.py) saves [dense, experts] for two optimizers, the one
            optimizer's state dict for one. Groups by first appearance as megatron_fixture [OPT].
+  [DISTOPT] With --use-distributed-optimizer each sub-optimizer is a DistributedOptimizer
+           (megatron_distopt.py's [STATE], [DPZERO], [LAYOUT] per sub-optimizer: the experts'
+           buffer holds the expert parameters of the rank, the dense one the rest);
+           ChainedOptimizer.save_parameter_state (optimizer.py) saves the list of their
+           parameter states, None for a sub-optimizer whose data-parallel group's rank 0 this rank
+           is not, and nothing when all are None. The dense group's rank 0 is on EP rank 0 (with
+           ETP = TP, parallel_state.py's generators give dense DP rank = ep + EP * expert-DP
+           rank), the experts' group's rank 0 (expert-DP rank 0) on every EP rank: EP rank 0's
+           file holds [dense, experts], the others' [None, experts]; a stage without experts
+           saves the dense state alone, on EP rank 0 only.
   [ARGS]   arguments.py: expert_tensor_parallel_size defaults to tensor_model_parallel_size;
            num_experts, moe_ffn_hidden_size, moe_layer_freq, moe_grouped_gemm,
            moe_shared_expert_intermediate_size, moe_shared_expert_gate,
@@ -36,11 +46,13 @@ Facts taken from Megatron-LM's own code (NVIDIA/Megatron-LM; read, not copied):
 """
 import argparse
 import collections
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+import megatron_distopt as md
 import megatron_fixture as mf
 import sharing
 
@@ -72,6 +84,7 @@ class MoeConfig:
     untie: bool = True
     data_parallel_size: int = 8
     seed: int = 77
+    distributed_optimizer: bool = False  # [DISTOPT]
     ep_shift: int = 0               # test hook: EP rank e holds the experts of rank e + shift (a
                                     # wrong numbering the comparisons must catch)
     extra_args: dict = field(default_factory=dict)
@@ -94,6 +107,7 @@ class MoeConfig:
             make_vocab_size_divisible_by=self.make_vocab_size_divisible_by, untie=self.untie,
             bias=False, normalization="RMSNorm", position_embedding_type="rope",
             qkv_bias=self.qkv_bias, qk_layernorm=self.qk_layernorm,
+            distributed_optimizer=self.distributed_optimizer,
             data_parallel_size=self.data_parallel_size, seed=self.seed)
 
 
@@ -281,6 +295,24 @@ def make_args(cfg, tp, pp, ep, iteration):
 
 
 def build_rank(cfg, values, tp, pp, ep, t, p, e, iteration=100):
+    return build_rank_files(cfg, values, tp, pp, ep, t, p, e, iteration)[0]
+
+
+def _distopt(cfg, pp, p, params, expert_groups, iteration):
+    """[DISTOPT] one DistributedOptimizer's `optimizer` entry and parameter state."""
+    dcfg = cfg.as_dense_config()
+    dcfg.extra_args = dict(cfg.extra_args)
+    groups = _optimizer(params, expert_groups, iteration)["optimizer"]["param_groups"]
+    states = {"param": [m for _, m, _, _ in params], "exp_avg": [a for _, _, a, _ in params],
+              "exp_avg_sq": [s for _, _, _, s in params]}
+    opt, dist, _ = md.rank_state(dcfg, pp, p, [(k, m.numel()) for k, m, _, _ in params], states,
+                                 groups, iteration)
+    return opt, dist
+
+
+def build_rank_files(cfg, values, tp, pp, ep, t, p, e, iteration=100):
+    """Rank (t, p, e)'s model_optim_rng.pt state dict and its distrib_optim.pt's (None: no such
+    file)."""
     masters = rank_params(cfg, values, tp, pp, ep, t, p, e, "master")
     ea = rank_params(cfg, values, tp, pp, ep, t, p, e, "exp_avg")
     eas = rank_params(cfg, values, tp, pp, ep, t, p, e, "exp_avg_sq")
@@ -292,9 +324,18 @@ def build_rank(cfg, values, tp, pp, ep, t, p, e, iteration=100):
         w = m.to(torch.bfloat16)
         model.append((k, w))
         (experts if ex and ep > 1 else dense).append((k, m, a, s))
-    optimizer = _optimizer(dense, False, iteration)
-    if experts:  # [OPT] ChainedOptimizer of two: a list
-        optimizer = [optimizer, _optimizer(experts, True, iteration)]
+    distrib = None
+    if cfg.distributed_optimizer:
+        optimizer, dense_state = _distopt(cfg, pp, p, dense, False, iteration)
+        distrib = dense_state if e == 0 else None
+        if experts:
+            expert_opt, expert_state = _distopt(cfg, pp, p, experts, True, iteration)
+            optimizer = [optimizer, expert_opt]
+            distrib = [distrib, expert_state]
+    else:
+        optimizer = _optimizer(dense, False, iteration)
+        if experts:  # [OPT] ChainedOptimizer of two: a list
+            optimizer = [optimizer, _optimizer(experts, True, iteration)]
     return {
         "args": make_args(cfg, tp, pp, ep, iteration),
         "checkpoint_version": 3.0,
@@ -304,7 +345,7 @@ def build_rank(cfg, values, tp, pp, ep, t, p, e, iteration=100):
         "opt_param_scheduler": {"max_lr": mf.LR, "min_lr": mf.MIN_LR, "num_steps": iteration * 8},
         "rng_state": mf._rng_state(cfg.seed),  # the same on every rank: comparable across shapes
         "num_floating_point_operations_so_far": 1234.0 * iteration,
-    }
+    }, distrib
 
 
 def rank_name(t, p, e, pp, ep):
@@ -320,12 +361,14 @@ def save_checkpoint(root, cfg, tp, pp, ep, iteration=100, mutate=None):
     for p in range(pp):
         for e in range(ep):
             for t in range(tp):
-                sd = build_rank(cfg, values, tp, pp, ep, t, p, e, iteration)
+                sd, distrib = build_rank_files(cfg, values, tp, pp, ep, t, p, e, iteration)
                 if mutate:
                     mutate(sd, t, p, e)
                 d = Path(root) / f"iter_{iteration:07d}" / rank_name(t, p, e, pp, ep)
                 d.mkdir(parents=True, exist_ok=True)
                 torch.save(sd, d / FILE)
+                if distrib is not None:
+                    torch.save(distrib, d / mf.DISTRIB_FILE)
     (Path(root) / TRACKER).write_text(str(iteration))
 
 
@@ -333,6 +376,17 @@ def rank_dirs(root, tp, pp, ep, iteration=100):
     it = Path(root) / f"iter_{iteration:07d}"
     return {(t, p, e): it / rank_name(t, p, e, pp, ep)
             for p in range(pp) for e in range(ep) for t in range(tp)}
+
+
+def _distopt_groups_by_settings(sd):
+    """A DistributedOptimizer's `optimizer` entry holds no per-parameter state, only the param
+    groups, which Megatron matches by their settings, not by position (test_views_distopt.py):
+    its groups sorted by their settings, in place."""
+    opt = sd.get("optimizer")
+    for o in opt if isinstance(opt, list) else [opt]:
+        inner = o.get("optimizer") if isinstance(o, dict) else None
+        if isinstance(inner, dict) and "state" not in inner and "param_groups" in inner:
+            inner["param_groups"].sort(key=lambda g: sorted((k, repr(v)) for k, v in g.items()))
 
 
 def compare(view_root, want_root, shape, source_shape, iteration=100):
@@ -352,8 +406,16 @@ def compare(view_root, want_root, shape, source_shape, iteration=100):
         exp = mf.Loaded(d / FILE).obj
         primary = (t * Ts // T, p * Ps // P, e * Es // E)
         exp["model"]._metadata = torch.load(src[primary] / FILE)["model"]._metadata
+        _distopt_groups_by_settings(got.obj)
+        _distopt_groups_by_settings(exp)
         mf.assert_same(got.obj, exp, name)
         sharing.assert_same_sharing(got.obj, exp, name)
+        files = sorted(os.listdir(Path(view_root) / it / name))
+        assert files == sorted(os.listdir(d)), (name, files)
+        if mf.DISTRIB_FILE in files:
+            got = mf.Loaded(Path(view_root) / it / name / mf.DISTRIB_FILE).obj
+            exp = mf.Loaded(d / mf.DISTRIB_FILE).obj
+            mf.assert_same(got, exp, name + "/" + mf.DISTRIB_FILE)
 
 
 def main(argv=None):

@@ -306,12 +306,6 @@ TEST(MegatronMoeErrors, InterleavedGluIsRefused) {
   Check(m, 1, 1);
 }
 
-TEST(MegatronMoeErrors, DistributedOptimizerIsRefused) {
-  Moe m{.ep = 2};
-  m.extra = {{"use_distributed_optimizer", 1}};
-  EXPECT_TRUE(Contains(PlanError(m, 1, 2).message(), "distributed optimizer"));
-}
-
 TEST(MegatronMoeErrors, EpMustDivideTheExperts) {
   EXPECT_TRUE(Contains(PlanError({.ep = 2}, 1, 3).message(), "EP 3 does not divide num_experts 4"));
 }
