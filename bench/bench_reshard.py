@@ -21,7 +21,15 @@ source file, each parameter's fp32 state cut from the flat tensors by Megatron's
 (tests/reshard/megatron_distopt.py), merged and split with the weights by their rules, laid out
 again for the target, torch.save, torch.load of the new files.
 
+A mixture-of-experts checkpoint (tests/reshard/megatron_moe_fixture.py: SequentialMLP experts,
+every layer MoE, the optimizer a [dense, experts] ChainedOptimizer) saved at TP 2 x PP 2 x EP 4
+goes to tp1-pp2-ep2 and to hf (MixtralForCausalLM) the same two ways; its offline routes are the
+conversions in bench/moe_offline.py (torch.load of every source rank file, TP shards merged,
+experts renumbered, the optimizer laid out again, torch.save / safetensors, and for tp1-pp2-ep2
+torch.load of the new files). Each view is checked equal to its conversion, bit for bit.
+
   /usr/bin/python3 bench/bench_reshard.py --gib 2
+  /usr/bin/python3 bench/bench_reshard.py --only moe --moe-gib 1
 """
 import argparse
 import copy
@@ -45,7 +53,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "reshard"))
 import megatron_distopt as md  # noqa: E402
 import megatron_fixture as mf  # noqa: E402
+import megatron_moe_fixture as mm  # noqa: E402
 import benchjson  # noqa: E402  (bench/, the script's own folder)
+import moe_offline as mo  # noqa: E402
 
 
 def sh(*args):
@@ -239,9 +249,165 @@ def read_whole(d):
     return n
 
 
+def dense_cases(mnt, gib, work, pid):
+    """The dense checkpoint's figures: (tpT-ppP results, hf, distributed optimizer)."""
+    # hidden 2048, 16 heads in 4 query groups, SwiGLU ffn 5632, vocab 32000: about 630 MiB per
+    # layer with the optimizer (14 bytes per parameter), 0.9 GiB for the tied embeddings.
+    layers = max(2, 2 * round((gib * 1024 - 900) / 630 / 2))
+    cfg = mf.ModelConfig(era="mcore", num_layers=layers, hidden_size=2048, num_attention_heads=16,
+                         num_query_groups=4, ffn_hidden_size=5632, swiglu=True, vocab_size=32000,
+                         make_vocab_size_divisible_by=128, bias=False, normalization="RMSNorm",
+                         position_embedding_type="rope")
+    results = []
+    root = mnt / "ckpt"
+    t0 = time.perf_counter()
+    mf.save_checkpoint(root, cfg, 4, 2)
+    os.sync()
+    src_bytes = du(root)
+    print(f"source: {layers} layers, TP 4 x PP 2, {src_bytes / 2**30:.2f} GiB, "
+          f"saved in {time.perf_counter() - t0:.1f} s", flush=True)
+    for T, P in ((2, 2), (4, 1), (2, 1)):
+        spec = f"tp{T}-pp{P}"
+        view = root / ".views" / spec / "iter_0000100"
+        # View route.
+        drop_caches()
+        written0 = proc_field(pid, "write_bytes", "io")
+        cache0 = du(work / "cache")
+        t0 = time.perf_counter()
+        first = view / mf.rank_name(0, 0, P) / "model_optim_rng.pt"
+        with open(first, "rb") as f:
+            f.read(1)
+        ttfb = time.perf_counter() - t0
+        for p in range(P):
+            for t in range(T):
+                torch.load(view / mf.rank_name(t, p, P) / "model_optim_rng.pt")
+        view_s = time.perf_counter() - t0
+        view_written = proc_field(pid, "write_bytes", "io") - written0
+        cache_grew = du(work / "cache") - cache0
+        # Offline route.
+        drop_caches()
+        off = work / f"offline-{spec}"
+        t0 = time.perf_counter()
+        ref = mf.reference_shard(root, T, P)
+        mf.write_reference(ref, off, "iter_0000100")
+        del ref
+        for p in range(P):
+            for t in range(T):
+                torch.load(off / "iter_0000100" / mf.rank_name(t, p, P) / "model_optim_rng.pt")
+        offline_s = time.perf_counter() - t0
+        offline_written = du(off)
+        shutil.rmtree(off)
+        results.append((spec, view_s, offline_s, ttfb, view_written, cache_grew,
+                        offline_written))
+        print(f"tp4-pp2 -> {spec}: view {view_s:.1f} s, offline {offline_s:.1f} s, "
+              f"first byte {ttfb:.2f} s", flush=True)
+    # The hf view read whole vs the offline route to the same directory.
+    drop_caches()
+    written0, cache0 = proc_field(pid, "write_bytes", "io"), du(work / "cache")
+    t0 = time.perf_counter()
+    hf_bytes = read_whole(root / ".views" / "hf")
+    hf_view_s = time.perf_counter() - t0
+    hf_written = proc_field(pid, "write_bytes", "io") - written0
+    hf_cache = du(work / "cache") - cache0
+    drop_caches()
+    off = work / "offline-hf"
+    t0 = time.perf_counter()
+    offline_hf(root, cfg, 4, 2, off)
+    hf_offline_s = time.perf_counter() - t0
+    hf_offline_bytes = du(off)
+    # Both routes made the same tensors.
+    view_index = json.loads((root / ".views" / "hf" / "model.safetensors.index.json").read_text())
+    off_index = json.loads((off / "model.safetensors.index.json").read_text())
+    assert view_index["metadata"] == off_index["metadata"], (view_index, off_index)
+    assert sorted(view_index["weight_map"]) == sorted(off_index["weight_map"])
+    shutil.rmtree(off)
+    print(f"tp4-pp2 -> hf: view {hf_view_s:.1f} s ({hf_bytes / 2**30:.2f} GiB), offline "
+          f"{hf_offline_s:.1f} s", flush=True)
+    dcfg = mf.ModelConfig(**{**cfg.__dict__, "distributed_optimizer": True,
+                             "extra_args": dict(overlap_grad_reduce=True)})
+    shutil.rmtree(root)
+    dist = distopt_case(mnt / "ckpt-distopt", dcfg, work, pid, 2, 2)
+    return results, (hf_view_s, hf_offline_s, hf_written, hf_cache, hf_offline_bytes), dist
+
+
+def moe_config(gib):
+    """hidden 1024, 16 heads in 4 query groups, 8 experts of ffn 1024, vocab 2000 (the embeddings'
+    share of a layer's experts is Mixtral's), every layer MoE; the dense part (attention, router,
+    norms, embeddings) is on each of the 4 EP ranks: 14 bytes per parameter with the optimizer,
+    about 476 MiB per layer and 224 MiB of embeddings. Below two layers' worth the hidden and
+    expert sizes halve."""
+    size = lambda H, n: 14 * (n * (4 * 2.5 * H * H + 24 * H * H) + 4 * 2 * 2048 * H) / 2**30  # noqa
+    H = 1024
+    while H > 256 and size(H, 2) > 1.25 * gib:
+        H //= 2
+    layers = max(2, 2 * round(gib / size(H, 2)))
+    return mm.MoeConfig(num_layers=layers, hidden_size=H, num_attention_heads=16,
+                        num_query_groups=4, ffn_hidden_size=2816, moe_ffn_hidden_size=H,
+                        num_experts=8, vocab_size=2000, make_vocab_size_divisible_by=128)
+
+
+def moe_case(root, cfg, work, pid):
+    """tp2-pp2-ep4 -> tp1-pp2-ep2 and -> hf of an MoE checkpoint: {target: (view s, offline s,
+    first byte s or None, daemon written, cache growth, offline written)}."""
+    t0 = time.perf_counter()
+    mm.save_checkpoint(root, cfg, 2, 2, 4)
+    os.sync()
+    print(f"MoE source: {cfg.num_layers} layers, hidden {cfg.hidden_size}, {cfg.num_experts} "
+          f"experts, TP 2 x PP 2 x EP 4, {du(root) / 2**30:.2f} GiB, saved in "
+          f"{time.perf_counter() - t0:.1f} s", flush=True)
+    out = {}
+    view = root / ".views" / "tp1-pp2-ep2" / mo.ITER
+    ranks = [mm.rank_name(0, p, e, 2, 2) for p in range(2) for e in range(2)]
+    drop_caches()
+    written0, cache0 = proc_field(pid, "write_bytes", "io"), du(work / "cache")
+    t0 = time.perf_counter()
+    with open(view / ranks[0] / mm.FILE, "rb") as f:
+        f.read(1)
+    ttfb = time.perf_counter() - t0
+    for r in ranks:
+        torch.load(view / r / mm.FILE)
+    view_s = time.perf_counter() - t0
+    vw, cg = proc_field(pid, "write_bytes", "io") - written0, du(work / "cache") - cache0
+    drop_caches()
+    off = work / "offline-moe"
+    t0 = time.perf_counter()
+    mo.convert_ep(root, off, 2, 2, 4, 1, 2)
+    for r in ranks:
+        torch.load(off / mo.ITER / r / mm.FILE)
+    offline_s = time.perf_counter() - t0
+    ow = du(off)
+    mo.compare_ep(view, off / mo.ITER, 2, 2)
+    shutil.rmtree(off)
+    out["tp1-pp2-ep2"] = (view_s, offline_s, ttfb, vw, cg, ow)
+    print(f"tp2-pp2-ep4 -> tp1-pp2-ep2: view {view_s:.1f} s, offline {offline_s:.1f} s, first "
+          f"byte {ttfb:.2f} s (every tensor equal)", flush=True)
+    drop_caches()
+    written0, cache0 = proc_field(pid, "write_bytes", "io"), du(work / "cache")
+    t0 = time.perf_counter()
+    n = read_whole(root / ".views" / "hf")
+    view_s = time.perf_counter() - t0
+    vw, cg = proc_field(pid, "write_bytes", "io") - written0, du(work / "cache") - cache0
+    drop_caches()
+    off = work / "offline-moe-hf"
+    t0 = time.perf_counter()
+    mo.convert_hf(root, off, 2, 2, 4, write_safetensors)
+    offline_s = time.perf_counter() - t0
+    ow = du(off)
+    count = mo.compare_hf(root / ".views" / "hf", off)
+    shutil.rmtree(off)
+    out["hf"] = (view_s, offline_s, None, vw, cg, ow)
+    print(f"tp2-pp2-ep4 -> hf: view {view_s:.1f} s ({n / 2**30:.2f} GiB), offline "
+          f"{offline_s:.1f} s ({count} tensors equal)", flush=True)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--gib", type=float, default=2.0, help="approximate source checkpoint size")
+    ap.add_argument("--moe-gib", type=float, default=1.0,
+                    help="approximate size of the mixture-of-experts source")
+    ap.add_argument("--only", choices=("dense", "moe"),
+                    help="run only the dense or the mixture-of-experts figures")
     ap.add_argument("--dir", default="/var/tmp/ckptfs-bench-reshard")
     ap.add_argument("--bin", default=str(REPO / "build" / "tools" / "ckptfs"))
     benchjson.add_argument(ap)
@@ -253,110 +419,51 @@ def main():
         subprocess.run(["fusermount3", "-u", str(work / "mnt")], stderr=subprocess.DEVNULL)
         shutil.rmtree(work)
     (work / "mnt").mkdir(parents=True)
-    # hidden 2048, 16 heads in 4 query groups, SwiGLU ffn 5632, vocab 32000: about 630 MiB per
-    # layer with the optimizer (14 bytes per parameter), 0.9 GiB for the tied embeddings.
-    layers = max(2, 2 * round((args.gib * 1024 - 900) / 630 / 2))
-    cfg = mf.ModelConfig(era="mcore", num_layers=layers, hidden_size=2048, num_attention_heads=16,
-                         num_query_groups=4, ffn_hidden_size=5632, swiglu=True, vocab_size=32000,
-                         make_vocab_size_divisible_by=128, bias=False, normalization="RMSNorm",
-                         position_embedding_type="rope")
     mnt = work / "mnt"
     out = sh(args.bin, "mount", mnt, "--cache-dir", work / "cache")
     pid = int(re.search(r"daemon pid (\d+)", out).group(1))
-    results = []
+    results, moe = [], {}
     try:
-        root = mnt / "ckpt"
-        t0 = time.perf_counter()
-        mf.save_checkpoint(root, cfg, 4, 2)
-        os.sync()
-        src_bytes = du(root)
-        print(f"source: {layers} layers, TP 4 x PP 2, {src_bytes / 2**30:.2f} GiB, "
-              f"saved in {time.perf_counter() - t0:.1f} s", flush=True)
-        for T, P in ((2, 2), (4, 1), (2, 1)):
-            spec = f"tp{T}-pp{P}"
-            view = root / ".views" / spec / "iter_0000100"
-            # View route.
-            drop_caches()
-            written0 = proc_field(pid, "write_bytes", "io")
-            cache0 = du(work / "cache")
-            t0 = time.perf_counter()
-            first = view / mf.rank_name(0, 0, P) / "model_optim_rng.pt"
-            with open(first, "rb") as f:
-                f.read(1)
-            ttfb = time.perf_counter() - t0
-            for p in range(P):
-                for t in range(T):
-                    torch.load(view / mf.rank_name(t, p, P) / "model_optim_rng.pt")
-            view_s = time.perf_counter() - t0
-            view_written = proc_field(pid, "write_bytes", "io") - written0
-            cache_grew = du(work / "cache") - cache0
-            # Offline route.
-            drop_caches()
-            off = work / f"offline-{spec}"
-            t0 = time.perf_counter()
-            ref = mf.reference_shard(root, T, P)
-            mf.write_reference(ref, off, "iter_0000100")
-            del ref
-            for p in range(P):
-                for t in range(T):
-                    torch.load(off / "iter_0000100" / mf.rank_name(t, p, P) / "model_optim_rng.pt")
-            offline_s = time.perf_counter() - t0
-            offline_written = du(off)
-            shutil.rmtree(off)
-            results.append((spec, view_s, offline_s, ttfb, view_written, cache_grew,
-                            offline_written))
-            print(f"tp4-pp2 -> {spec}: view {view_s:.1f} s, offline {offline_s:.1f} s, "
-                  f"first byte {ttfb:.2f} s", flush=True)
-        # The hf view read whole vs the offline route to the same directory.
-        drop_caches()
-        written0, cache0 = proc_field(pid, "write_bytes", "io"), du(work / "cache")
-        t0 = time.perf_counter()
-        hf_bytes = read_whole(root / ".views" / "hf")
-        hf_view_s = time.perf_counter() - t0
-        hf_written = proc_field(pid, "write_bytes", "io") - written0
-        hf_cache = du(work / "cache") - cache0
-        drop_caches()
-        off = work / "offline-hf"
-        t0 = time.perf_counter()
-        offline_hf(root, cfg, 4, 2, off)
-        hf_offline_s = time.perf_counter() - t0
-        hf_offline_bytes = du(off)
-        # Both routes made the same tensors.
-        view_index = json.loads((root / ".views" / "hf" / "model.safetensors.index.json").read_text())
-        off_index = json.loads((off / "model.safetensors.index.json").read_text())
-        assert view_index["metadata"] == off_index["metadata"], (view_index, off_index)
-        assert sorted(view_index["weight_map"]) == sorted(off_index["weight_map"])
-        shutil.rmtree(off)
-        print(f"tp4-pp2 -> hf: view {hf_view_s:.1f} s ({hf_bytes / 2**30:.2f} GiB), offline "
-              f"{hf_offline_s:.1f} s", flush=True)
-        dcfg = mf.ModelConfig(**{**cfg.__dict__, "distributed_optimizer": True,
-                                 "extra_args": dict(overlap_grad_reduce=True)})
-        shutil.rmtree(root)
-        dist = distopt_case(mnt / "ckpt-distopt", dcfg, work, pid, 2, 2)
+        if args.only != "moe":
+            results, hf, dist = dense_cases(mnt, args.gib, work, pid)
+            shutil.rmtree(mnt / "ckpt-distopt")
+        if args.only != "dense":
+            moe = moe_case(mnt / "ckpt-moe", moe_config(args.moe_gib), work, pid)
         rss = proc_field(pid, "VmHWM")
     finally:
         subprocess.run([args.bin, "umount", mnt], stdout=subprocess.DEVNULL)
     print()
-    for spec, v, o, ttfb, vw, cg, ow in results:
-        print(f"tp4-pp2->{spec:8s} view/offline = {v / o:.2f}   (view {v:.1f} s, offline {o:.1f} s; "
-              f"written: daemon {vw} B, cache dir +{max(cg, 0)} B, offline {ow / 2**30:.2f} GiB; "
-              f"first byte {ttfb:.2f} s)")
-        results_json.add(f"tp4-pp2->{spec}", v / o, subject="view", baseline="offline",
+    if results:
+        for spec, v, o, ttfb, vw, cg, ow in results:
+            print(f"tp4-pp2->{spec:8s} view/offline = {v / o:.2f}   (view {v:.1f} s, offline "
+                  f"{o:.1f} s; written: daemon {vw} B, cache dir +{max(cg, 0)} B, offline "
+                  f"{ow / 2**30:.2f} GiB; first byte {ttfb:.2f} s)")
+            results_json.add(f"tp4-pp2->{spec}", v / o, subject="view", baseline="offline",
+                             better="lower", goal=0.25, subject_s=v, baseline_s=o,
+                             first_byte_s=ttfb, view_written=vw, offline_written=ow)
+        v, o, vw, cg, ow = hf
+        print(f"tp4-pp2->hf       view/offline = {v / o:.2f}   (view {v:.1f} s, offline "
+              f"{o:.1f} s; written: daemon {vw} B, cache dir +{max(cg, 0)} B, offline "
+              f"{ow / 2**30:.2f} GiB)")
+        results_json.add("tp4-pp2->hf", v / o, subject="view", baseline="offline",
+                         better="lower", goal=0.25, subject_s=v, baseline_s=o,
+                         view_written=vw, offline_written=ow)
+        v, o, ttfb, vw, cg, ow = dist
+        print(f"tp4-pp2->tp2-pp2 distributed optimizer view/offline = {v / o:.2f}   (view "
+              f"{v:.1f} s, offline {o:.1f} s; written: daemon {vw} B, cache dir +{max(cg, 0)} B, "
+              f"offline {ow / 2**30:.2f} GiB; first byte {ttfb:.2f} s)")
+        results_json.add("distopt tp4-pp2->tp2-pp2", v / o, subject="view", baseline="offline",
                          better="lower", goal=0.25, subject_s=v, baseline_s=o,
                          first_byte_s=ttfb, view_written=vw, offline_written=ow)
-    print(f"tp4-pp2->hf       view/offline = {hf_view_s / hf_offline_s:.2f}   (view "
-          f"{hf_view_s:.1f} s, offline {hf_offline_s:.1f} s; written: daemon {hf_written} B, "
-          f"cache dir +{max(hf_cache, 0)} B, offline {hf_offline_bytes / 2**30:.2f} GiB)")
-    results_json.add("tp4-pp2->hf", hf_view_s / hf_offline_s, subject="view", baseline="offline",
-                     better="lower", goal=0.25, subject_s=hf_view_s, baseline_s=hf_offline_s,
-                     view_written=hf_written, offline_written=hf_offline_bytes)
-    v, o, ttfb, vw, cg, ow = dist
-    print(f"tp4-pp2->tp2-pp2 distributed optimizer view/offline = {v / o:.2f}   (view {v:.1f} s, "
-          f"offline {o:.1f} s; written: daemon {vw} B, cache dir +{max(cg, 0)} B, offline "
-          f"{ow / 2**30:.2f} GiB; first byte {ttfb:.2f} s)")
-    results_json.add("distopt tp4-pp2->tp2-pp2", v / o, subject="view", baseline="offline",
-                     better="lower", goal=0.25, subject_s=v, baseline_s=o, first_byte_s=ttfb,
-                     view_written=vw, offline_written=ow)
+    for spec, (v, o, ttfb, vw, cg, ow) in moe.items():
+        first = "" if ttfb is None else f"; first byte {ttfb:.2f} s"
+        print(f"moe tp2-pp2-ep4->{spec:11s} view/offline = {v / o:.2f}   (view {v:.1f} s, "
+              f"offline {o:.1f} s; written: daemon {vw} B, cache dir +{max(cg, 0)} B, offline "
+              f"{ow / 2**30:.2f} GiB{first})")
+        extra = {} if ttfb is None else {"first_byte_s": ttfb}
+        results_json.add(f"moe tp2-pp2-ep4->{spec}", v / o, subject="view", baseline="offline",
+                         better="lower", goal=0.25, subject_s=v, baseline_s=o,
+                         view_written=vw, offline_written=ow, **extra)
     print(f"daemon peak RSS = {rss / 1024:.0f} MiB (includes the source's save)")
     results_json.note("daemon_peak_rss_mib", round(rss / 1024))
     results_json.write()
