@@ -163,9 +163,7 @@ Result<reshard::MegatronModel> ViewTree::ReadModel(uint64_t root) {
   ASSIGN_OR_RETURN(InodeRecord iter, store_->Lookup(root, iter_name));
   if (store_->Lookup(iter.ino, kTorchDistConfig).ok()) {
     ASSIGN_OR_RETURN(TorchFile common, ReadTorchDistCommon(iter.ino, iter_name, nullptr));
-    ASSIGN_OR_RETURN(reshard::MegatronModel m, reshard::ReadMegatronModel(common));
-    m.torch_dist = true;
-    return m;
+    return reshard::ReadMegatronModel(common, /*torch_dist=*/true);
   }
   std::string first;
   RETURN_IF_ERROR(store_->ReadDir(iter.ino, 2, [&](const DirItem& item) {

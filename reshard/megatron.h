@@ -66,7 +66,7 @@ struct MegatronModel {
   int64_t window_left = -1, window_right = -1;
   bool window_skip = false;         // args.window_attn_skip_freq: some layers attend fully
   std::string tokenizer_type;
-  bool torch_dist = false;  // the iteration is in the torch_dist format (set by its reader)
+  bool torch_dist = false;  // the iteration is in the torch_dist format (ReadMegatronModel's flag)
   std::string dtype;  // of the parameters: bfloat16, float16 or float32 (args.bf16, args.fp16)
   // Mixture of experts (args.num_experts > 0): the experts' FFN size (moe_ffn_hidden_size, else
   // ffn_hidden_size), the shared experts' (0: none), and the source's expert-parallel size.
@@ -84,10 +84,12 @@ struct MegatronModel {
   std::string router_refusal;
 };
 
-// Reads the model's description from a rank file's `args`. Errors (kInvalid): no args, a
-// required field missing, a mixture-of-experts layout the views cannot plan bitwise (expert
-// tensor parallelism other than TP, interleaved GLU halves, single grouped weights).
-Result<MegatronModel> ReadMegatronModel(const TorchFile& f);
+// Reads the model's description from a rank file's `args` (torch_dist: from a torch_dist
+// iteration's common state). Errors (kInvalid): no args, a required field missing, a
+// mixture-of-experts layout the views cannot plan bitwise (interleaved GLU halves, latent
+// projections; in rank files also expert tensor parallelism other than TP, single grouped
+// weights, the distributed optimizer's state, none of which changes torch_dist's global tensors).
+Result<MegatronModel> ReadMegatronModel(const TorchFile& f, bool torch_dist = false);
 // Whether TP=T, PP=P and EP=E (0: the source's) can hold the model; the error names the reason.
 Status CheckMegatronTarget(const MegatronModel& m, uint32_t T, uint32_t P, uint32_t E = 0);
 // Padded vocabulary rows for TP=T (Megatron's _vocab_size_with_padding).

@@ -8,6 +8,7 @@ namespace ckptfs::reshard {
 namespace {
 
 constexpr std::string_view kLayers = "decoder.layers.";
+constexpr std::string_view kExperts = "mlp.experts.experts.";
 
 std::string ShapeText(const std::vector<int64_t>& v) {
   std::string s = "[";
@@ -78,6 +79,46 @@ Result<MegatronTensor> Join(std::string name, int64_t layer, const std::string& 
   return t;
 }
 
+// Where a model key sits: under decoder.layers., per layer (decoder.layers.N.X, as blocks whose
+// layers differ save them) or stacked on the layer axis (decoder.layers.X); an expert's weight
+// (mlp.experts.experts.X, its experts on an axis of their own).
+struct LayerKey {
+  bool in_layers = false;
+  int64_t layer = -1;  // per layer: N; else -1
+  std::string rest;    // after the layer: "mlp.linear_fc1.weight", ...
+  bool expert = false;
+  std::string tail;  // an expert's: after mlp.experts.experts. ("linear_fc1.weight")
+};
+
+Result<LayerKey> ParseLayerKey(const std::string& fqn, bool experts) {
+  LayerKey k;
+  if (!fqn.starts_with(kLayers)) return k;
+  k.in_layers = true;
+  k.rest = fqn.substr(kLayers.size());
+  const size_t dot = k.rest.find('.');
+  if (dot != std::string::npos && dot > 0 && k.rest.find_first_not_of("0123456789") == dot) {
+    k.layer = std::stoll(k.rest.substr(0, dot));
+    k.rest = k.rest.substr(dot + 1);
+  }
+  // dist_checkpointing's singleton_local_shards (False in Megatron-LM's saves; NVIDIA ModelOpt's
+  // use it) gives each expert keys of its own and splits SwiGLU's fc1 into _w and _v tensors.
+  if (fqn.ends_with(".weight_w") || fqn.ends_with(".weight_v") || fqn.ends_with(".bias_w") ||
+      fqn.ends_with(".bias_v")) {
+    return Invalid("'" + fqn + "': SwiGLU's fc1 saved as separate _w and _v tensors "
+                   "(dist_checkpointing's singleton_local_shards) is not read");
+  }
+  if (!k.rest.starts_with(kExperts)) return k;
+  if (!experts) return Invalid("'" + fqn + "' is an expert's weight, but args.num_experts is 0");
+  k.expert = true;
+  k.tail = k.rest.substr(kExperts.size());
+  if (!k.tail.empty() && k.tail[0] >= '0' && k.tail[0] <= '9') {
+    return Invalid("'" + fqn + "': experts saved under keys of their own "
+                   "(dist_checkpointing's singleton_local_shards) are not read; Megatron-LM's "
+                   "saves stack them on an expert axis");
+  }
+  return k;
+}
+
 }  // namespace
 
 const dcp::BytesEntry* CommonStateItem(const dcp::Metadata& md) {
@@ -103,36 +144,35 @@ Result<TorchFile> ParseTorchDistCommon(const std::string& bytes) {
 Result<MegatronTensors> ListTorchDistTensors(const TorchFile& common, const dcp::Metadata& md,
                                              const std::vector<DcpDataFile>& files) {
   MegatronTensors out;
-  ASSIGN_OR_RETURN(out.model, ReadMegatronModel(common));
-  if (out.model.num_experts > 0) {
-    return Invalid("torch_dist checkpoints with experts (args.num_experts) are not supported");
-  }
+  ASSIGN_OR_RETURN(out.model, ReadMegatronModel(common, /*torch_dist=*/true));
   out.legacy = false;
+  const int64_t L = out.model.num_layers, E = out.model.num_experts;
   const DcpChunkIndex chunks(files);
   for (const dcp::TensorEntry& t : md.tensors) {
     if (!IsModelKey(t.fqn)) continue;
-    // Homogeneous layers are stacked on a leading layer axis (decoder.layers.X [L, ...]); other
-    // blocks save each layer under its own key (decoder.layers.N.X).
-    int64_t own_layer = -1;
-    if (t.fqn.starts_with(kLayers)) {
-      const std::string rest = t.fqn.substr(kLayers.size());
-      const size_t dot = rest.find('.');
-      if (dot != std::string::npos && dot > 0 &&
-          rest.find_first_not_of("0123456789") == dot) {
-        own_layer = std::stoll(rest.substr(0, dot));
-      }
+    ASSIGN_OR_RETURN(const LayerKey key, ParseLayerKey(t.fqn, E > 0));
+    const bool stacked = key.in_layers && key.layer < 0;
+    if (key.layer >= L) {
+      return Invalid("'" + t.fqn + "' is past the model's " + std::to_string(L) + " layers");
     }
-    const bool stacked = t.fqn.starts_with(kLayers) && own_layer < 0;
-    if (stacked && (t.size.size() < 2 || t.size[0] != out.model.num_layers)) {
+    // The index axes in front of the weight's own: the layer axis of a stacked tensor, then the
+    // experts' (SequentialMLP's and TEGroupedMLP's sharded state dicts add it after the layer's).
+    std::vector<int64_t> index_dims;
+    if (stacked) index_dims.push_back(L);
+    if (key.expert) index_dims.push_back(E);
+    const size_t n = index_dims.size();
+    if (t.size.size() <= n || !std::equal(index_dims.begin(), index_dims.end(), t.size.begin())) {
       return Invalid("'" + t.fqn + "' is not stacked over the model's " +
-                     std::to_string(out.model.num_layers) + " layers (shape " +
+                     (stacked ? std::to_string(L) + " layers" + (key.expert ? " and " : "") : "") +
+                     (key.expert ? std::to_string(E) + " experts" : "") + " (shape " +
                      ShapeText(t.size) + ")");
     }
-    if (own_layer >= out.model.num_layers) {
-      return Invalid("'" + t.fqn + "' is past the model's " +
-                     std::to_string(out.model.num_layers) + " layers");
-    }
-    std::map<int64_t, std::vector<Found>> by_layer;  // -1: not stacked
+    const uint32_t itemsize = DtypeSize(t.dtype);
+    if (itemsize == 0) return Invalid("'" + t.fqn + "' has an unknown dtype " + t.dtype);
+    // Each (layer, expert) index's pieces (-1: no such axis). A chunk may span several indices
+    // (the legacy GroupedMLP saved an EP rank's experts as one chunk): it is contiguous and
+    // row-major, so each index's block in it is too.
+    std::map<std::pair<int64_t, int64_t>, std::vector<Found>> pieces;
     for (const dcp::Chunk& c : t.chunks) {
       const std::string where = "the chunk at " + ShapeText(c.offsets) + " of '" + t.fqn + "'";
       uint32_t source = 0;
@@ -142,37 +182,54 @@ Result<MegatronTensors> ListTorchDistTensors(const TorchFile& common, const dcp:
         return Invalid(where + " is not contiguous");
       }
       if (info->dtype != t.dtype) return Invalid(where + " is " + info->dtype);
-      Found f{c.offsets, c.sizes, source, info->offset};
-      int64_t layer = -1;
-      if (stacked) {
-        if (c.sizes.empty() || c.sizes[0] != 1) return Invalid(where + " spans several layers");
-        layer = c.offsets[0];
-        f.offsets.erase(f.offsets.begin());
-        f.sizes.erase(f.sizes.begin());
+      const std::vector<int64_t> offsets(c.offsets.begin() + static_cast<ptrdiff_t>(n),
+                                         c.offsets.end());
+      const std::vector<int64_t> sizes(c.sizes.begin() + static_cast<ptrdiff_t>(n), c.sizes.end());
+      uint64_t block = itemsize;
+      for (int64_t x : sizes) block *= static_cast<uint64_t>(x);
+      int64_t count = 1;
+      for (size_t d = 0; d < n; ++d) count *= c.sizes[d];
+      for (int64_t k = 0; k < count; ++k) {
+        std::vector<int64_t> at(n);
+        for (int64_t d = static_cast<int64_t>(n) - 1, rem = k; d >= 0; --d) {
+          at[static_cast<size_t>(d)] = c.offsets[static_cast<size_t>(d)] +
+                                       rem % c.sizes[static_cast<size_t>(d)];
+          rem /= c.sizes[static_cast<size_t>(d)];
+        }
+        const int64_t layer = stacked ? at[0] : key.layer;
+        const int64_t expert = key.expert ? at[n - 1] : -1;
+        pieces[{layer, expert}].push_back(
+            Found{offsets, sizes, source, info->offset + static_cast<uint64_t>(k) * block});
       }
-      by_layer[layer].push_back(std::move(f));
     }
     const bool vocab = t.fqn.ends_with("word_embeddings.weight") ||
                        t.fqn.ends_with("output_layer.weight");
-    const bool gate_up = out.model.swiglu && t.fqn.ends_with("mlp.linear_fc1.weight");
+    // SwiGLU's fc1 (a dense layer's, the shared experts', each expert's): all gate rows, then
+    // all up rows (apply_swiglu_sharded_factory).
+    const bool gate_up = out.model.swiglu && (key.rest == "mlp.linear_fc1.weight" ||
+                                              key.rest == "mlp.shared_experts.linear_fc1.weight" ||
+                                              (key.expert && key.tail == "linear_fc1.weight"));
     if (vocab && !t.size.empty()) out.source_vocab_rows = t.size[0];
-    if (!stacked) {
-      ASSIGN_OR_RETURN(MegatronTensor mt, Join(t.fqn, own_layer, t.dtype, t.size, by_layer[-1],
-                                               vocab, gate_up));
-      out.tensors.push_back(std::move(mt));
-      continue;
-    }
-    const std::vector<int64_t> slice(t.size.begin() + 1, t.size.end());
-    for (int64_t l = 0; l < out.model.num_layers; ++l) {
-      auto it = by_layer.find(l);
-      if (it == by_layer.end()) {
-        return Invalid("'" + t.fqn + "' has no chunk of layer " + std::to_string(l));
+    const std::vector<int64_t> slice(t.size.begin() + static_cast<ptrdiff_t>(n), t.size.end());
+    for (int64_t l = stacked ? 0 : key.layer; l < (stacked ? L : key.layer + 1); ++l) {
+      for (int64_t x = key.expert ? 0 : -1; x < (key.expert ? E : 0); ++x) {
+        auto it = pieces.find({l, x});
+        if (it == pieces.end()) {
+          return Invalid("'" + t.fqn + "' has no chunk of " +
+                         (x >= 0 ? "expert " + std::to_string(x) + " in " : std::string()) +
+                         "layer " + std::to_string(l));
+        }
+        std::string name = t.fqn;
+        if (key.in_layers) {
+          name = std::string(kLayers) + std::to_string(l) + "." +
+                 (x >= 0 ? "mlp.experts.local_experts." + std::to_string(x) + "." + key.tail
+                         : key.rest);
+        }
+        ASSIGN_OR_RETURN(MegatronTensor mt, Join(std::move(name), key.in_layers ? l : -1, t.dtype,
+                                                 slice, std::move(it->second), vocab, gate_up));
+        mt.expert = x;
+        out.tensors.push_back(std::move(mt));
       }
-      const std::string name =
-          std::string(kLayers) + std::to_string(l) + "." + t.fqn.substr(kLayers.size());
-      ASSIGN_OR_RETURN(MegatronTensor mt, Join(name, l, t.dtype, slice, std::move(it->second),
-                                               false, gate_up));
-      out.tensors.push_back(std::move(mt));
     }
   }
   // Layer by layer, as the model runs (the metadata has each stacked key's layers together):

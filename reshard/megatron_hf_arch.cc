@@ -31,7 +31,9 @@ Status No(const std::string& why) {
 // A model with experts: the router first, then what tells the three MoE architectures apart.
 Result<HfArch> PickMoeArch(const MegatronModel& m, bool windowed) {
   if (!m.router_refusal.empty()) return No(m.router_refusal);
-  if (m.moe_legacy_grouped) {  // older checkpoints without the flag are refused when planned
+  // Rank files only: torch_dist stores GroupedMLP's experts as SequentialMLP's. Older rank
+  // files without the flag are refused when planned.
+  if (m.moe_legacy_grouped && !m.torch_dist) {
     return No("args.moe_use_legacy_grouped_gemm: the legacy GroupedMLP stores every expert's "
               "weights transposed in one tensor, which this view does not transpose");
   }

@@ -119,8 +119,9 @@ Status ReadMoeArgs(const ValuePtr& d, MegatronModel* m) {
   m->source_ep = static_cast<uint32_t>(ep);
   ReadRouterArgs(d, m);
   // Expert tensor parallelism other than TP: the rank files are then not a TP x PP x EP grid
-  // (Megatron's torch format has no handling for it).
-  if (auto etp = IntArg(d, "expert_tensor_parallel_size"); etp && *etp != tp) {
+  // (Megatron's torch format has no handling for it). torch_dist holds every expert at its
+  // global shape whatever the expert TP was: it only cuts the chunks.
+  if (auto etp = IntArg(d, "expert_tensor_parallel_size"); etp && *etp != tp && !m->torch_dist) {
     return Invalid("expert_tensor_parallel_size " + std::to_string(*etp) +
                    " differs from tensor_model_parallel_size " + std::to_string(tp) +
                    ": such rank files are not a TP x PP x EP grid, and are not resharded");
@@ -133,7 +134,10 @@ Status ReadMoeArgs(const ValuePtr& d, MegatronModel* m) {
                      "views do not reshard");
     }
   }
-  if (BoolArg(d, "moe_single_grouped_weight") || BoolArg(d, "moe_single_grouped_bias")) {
+  // torch_dist splits a single grouped weight per expert when it saves (TEGroupedLinear's
+  // sharded state dict), so its experts are stored as any others.
+  if ((BoolArg(d, "moe_single_grouped_weight") || BoolArg(d, "moe_single_grouped_bias")) &&
+      !m->torch_dist) {
     return Invalid(
         "args.moe_single_grouped_weight: experts stored as one stacked tensor are not "
         "resharded");
@@ -148,10 +152,11 @@ Status ReadMoeArgs(const ValuePtr& d, MegatronModel* m) {
 
 }  // namespace
 
-Result<MegatronModel> ReadMegatronModel(const TorchFile& f) {
+Result<MegatronModel> ReadMegatronModel(const TorchFile& f, bool torch_dist) {
   ValuePtr d = ArgsDict(Get(f.root, "args"));
   if (!d) return Invalid("the checkpoint has no 'args' (an argparse.Namespace)");
   MegatronModel m;
+  m.torch_dist = torch_dist;
   auto need = [&](std::string_view key, int64_t* out) -> Status {
     auto v = IntArg(d, key);
     if (!v || *v <= 0) return Invalid("args." + std::string(key) + " is missing");

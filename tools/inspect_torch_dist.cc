@@ -1,5 +1,6 @@
 // `ckptfs inspect DIR` for megatron.core's torch_dist iterations: the backend, the parallel sizes
-// and the model from the common state's args, and every sharded tensor at its global shape.
+// and the model from the common state's args (with experts: their expert parallelism and axis),
+// and every sharded tensor at its global shape.
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -46,6 +47,43 @@ std::string Shape(const std::vector<int64_t>& v) {
   return s + "]";
 }
 
+// The experts: how many in how many layers, the expert parallelism they were saved at, and
+// where the expert axis is in the stored tensors (after the layer axis of stacked keys, first
+// in per-layer ones).
+std::string DescribeExperts(const reshard::MegatronModel& m, const pickle::ValuePtr& args,
+                            const dcp::Metadata& md) {
+  int64_t moe_layers = 0;
+  bool stacked = false, per_layer = false;
+  for (const dcp::TensorEntry& t : md.tensors) {
+    if (!t.fqn.starts_with("decoder.layers.")) continue;
+    const bool in_stack = t.fqn.starts_with("decoder.layers.mlp.");
+    if (t.fqn.ends_with(".mlp.router.weight")) moe_layers += in_stack ? m.num_layers : 1;
+    if (t.fqn.find(".mlp.experts.experts.") != std::string::npos) {
+      (in_stack ? stacked : per_layer) = true;
+    }
+  }
+  const int64_t tp = reshard::IntArg(args, "tensor_model_parallel_size").value_or(1);
+  const int64_t etp = reshard::IntArg(args, "expert_tensor_parallel_size").value_or(tp);
+  std::string out = "  experts: " + std::to_string(m.num_experts) + " per MoE layer (" +
+                    std::to_string(moe_layers) + " of " + std::to_string(m.num_layers) +
+                    " layers), ffn " + std::to_string(m.moe_ffn_hidden_size) + " each, top " +
+                    std::to_string(m.moe_topk);
+  if (m.shared_expert_size > 0) {
+    out += "; shared experts ffn " + std::to_string(m.shared_expert_size) +
+           (m.shared_expert_gate ? " (gated)" : "");
+  }
+  out += "\n  expert parallelism: EP " + std::to_string(m.source_ep) + " x expert TP " +
+         std::to_string(etp) + ", " + std::to_string(m.num_experts / m.source_ep) +
+         " experts per EP rank; expert axis:";
+  if (stacked) out += " dim 1 of decoder.layers.mlp.experts.experts.* [layers, experts, ...]";
+  if (per_layer) {
+    out += std::string(stacked ? "," : "") +
+           " dim 0 of decoder.layers.N.mlp.experts.experts.* [experts, ...]";
+  }
+  if (!stacked && !per_layer) out += " none (no expert tensor in .metadata)";
+  return out + "\n";
+}
+
 Result<std::string> Describe(const std::filesystem::path& dir) {
   ASSIGN_OR_RETURN(std::string config, ReadAll(dir / "metadata.json"));
   ASSIGN_OR_RETURN(std::string meta, ReadAll(dir / ".metadata"));
@@ -63,7 +101,7 @@ Result<std::string> Describe(const std::filesystem::path& dir) {
     return Invalid("neither common.pt nor a common_state item");
   }
   ASSIGN_OR_RETURN(TorchFile tf, reshard::ParseTorchDistCommon(common));
-  ASSIGN_OR_RETURN(reshard::MegatronModel m, reshard::ReadMegatronModel(tf));
+  ASSIGN_OR_RETURN(reshard::MegatronModel m, reshard::ReadMegatronModel(tf, /*torch_dist=*/true));
   const pickle::ValuePtr args = reshard::ArgsDict(reshard::Get(tf.root, "args"));
   auto size = [&](const char* key) {
     auto v = reshard::IntArg(args, key);
@@ -80,6 +118,7 @@ Result<std::string> Describe(const std::filesystem::path& dir) {
          (m.swiglu ? " (SwiGLU)" : "") + ", vocabulary " +
          (m.args_vocab_size ? std::to_string(m.args_vocab_size) : std::string("?")) +
          " padded to " + std::to_string(m.padded_vocab_size) + "\n";
+  if (m.num_experts > 0) out += DescribeExperts(m, args, md);
   char line[512];
   std::snprintf(line, sizeof line, "  %-9s %-22s %6s  %s\n", "dtype", "global shape", "chunks",
                 "key");

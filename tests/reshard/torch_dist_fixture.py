@@ -181,43 +181,52 @@ def write_checkpoint(root, cfg, T, P, iteration=100, common_in_dcp=False, per_la
     metadata.json without the common backend."""
     cfg.check(T, P)
     full = mf.FullModel(cfg)
+    # DP 1: rank = tp + TP * pp, Megatron's order tp, (cp, ep, dp), pp.
+    ranks = [(t + T * p, *rank_items(full, T, P, t, p, per_layer_keys))
+             for p in range(P) for t in range(T)]
+    write_iteration(root, iteration, ranks, common_state(cfg, T, P, iteration), common_in_dcp)
+    return full
+
+
+def write_iteration(root, iteration, ranks, common, common_in_dcp=False):
+    """Writes ROOT/iter_NNNNNNN from each rank's items, ranks [(global rank, bytes items, tensor
+    items)] as rank_items returns them, `common` the common state, and the tracker. A rank
+    without items writes no file."""
     C = dcp_classes("torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING")
     Metadata = metadata_class(C.md, ["planner_data", "storage_data", "storage_meta"])
     WriteItemType, TensorWriteData, WriteItem, MCoreSavePlan = planner_classes(C.md)
     d = pathlib.Path(root) / f"iter_{iteration:07d}"
     d.mkdir(parents=True, exist_ok=True)
     sdm, storage, plans, keys = {}, {}, [], []
-    for p in range(P):
-        for t in range(T):
-            rank = t + T * p  # DP 1: Megatron's order tp, (cp, ep, dp), pp
-            rel = f"__{rank}_0.distcp"
-            objs, tensors = rank_items(full, T, P, t, p, per_layer_keys)
-            if common_in_dcp and rank == 0:
-                objs.insert(0, ("common_state/shard_0_1", [common_state(cfg, T, P, iteration)]))
-            data, items = bytearray(), []
-            for key, value in objs:
-                blob = torch_save_bytes(value)
-                sdm[key] = C.BytesStorageMetadata()
-                storage[C.MetadataIndex(key)] = C._StorageInfo(rel, len(data), len(blob))
-                items.append(WriteItem(C.MetadataIndex(key), WriteItemType.BYTE_IO))
-                data += blob
+    for rank, objs, tensors in sorted(ranks, key=lambda r: r[0]):
+        rel = f"__{rank}_0.distcp"
+        if common_in_dcp and rank == 0:
+            objs = [("common_state/shard_0_1", [common])] + list(objs)
+        data, items = bytearray(), []
+        for key, value in objs:
+            blob = torch_save_bytes(value)
+            sdm[key] = C.BytesStorageMetadata()
+            storage[C.MetadataIndex(key)] = C._StorageInfo(rel, len(data), len(blob))
+            items.append(WriteItem(C.MetadataIndex(key), WriteItemType.BYTE_IO))
+            data += blob
+            keys.append(key)
+        for key, shape, offsets, chunk in tensors:
+            if key not in sdm:
+                props = C.TensorProperties(dtype=chunk.dtype)
+                sdm[key] = C.TensorStorageMetadata(props, torch.Size(shape), [])
                 keys.append(key)
-            for key, shape, offsets, chunk in tensors:
-                if key not in sdm:
-                    props = C.TensorProperties(dtype=chunk.dtype)
-                    sdm[key] = C.TensorStorageMetadata(props, torch.Size(shape), [])
-                    keys.append(key)
-                meta = C.ChunkStorageMetadata(torch.Size(offsets), chunk.size())
-                sdm[key].chunks.append(meta)
-                blob = torch_save_bytes(chunk)
-                index = C.MetadataIndex(key, offsets, len(sdm[key].chunks) - 1)
-                storage[index] = C._StorageInfo(rel, len(data), len(blob))
-                items.append(WriteItem(C.MetadataIndex(key, offsets), WriteItemType.SHARD,
-                                       TensorWriteData(meta, sdm[key].properties,
-                                                       torch.Size(shape))))
-                data += blob
+            meta = C.ChunkStorageMetadata(torch.Size(offsets), chunk.size())
+            sdm[key].chunks.append(meta)
+            blob = torch_save_bytes(chunk)
+            index = C.MetadataIndex(key, offsets, len(sdm[key].chunks) - 1)
+            storage[index] = C._StorageInfo(rel, len(data), len(blob))
+            items.append(WriteItem(C.MetadataIndex(key, offsets), WriteItemType.SHARD,
+                                   TensorWriteData(meta, sdm[key].properties,
+                                                   torch.Size(shape))))
+            data += blob
+        if data:
             (d / rel).write_bytes(data)
-            plans.append(MCoreSavePlan(items, mcore_data={}))
+        plans.append(MCoreSavePlan(items, mcore_data={}))
     metadata = Metadata(sdm, planner_data=None, storage_data=storage,
                         storage_meta=C.StorageMeta(str(d), "save-uuid"))
     metadata.mcore_data = {k: {} for k in dict.fromkeys(keys) if "/shard_" not in k}
@@ -228,11 +237,10 @@ def write_checkpoint(root, cfg, T, P, iteration=100, common_in_dcp=False, per_la
     if not common_in_dcp:
         config.update(common_backend="torch", common_backend_version=1)
         buf = io.BytesIO()
-        torch.save(common_state(cfg, T, P, iteration), buf)
+        torch.save(common, buf)
         (d / "common.pt").write_bytes(buf.getvalue())
     (d / "metadata.json").write_text(json.dumps(config))
     (pathlib.Path(root) / mf.TRACKER).write_text(str(iteration))
-    return full
 
 
 def global_tensors(full, T):
