@@ -216,6 +216,16 @@ Status Checkpoint::Decode() {
 
 Status Checkpoint::DecodeOptim(TpRank* tr, uint32_t d) {
   Optim& o = tr->optim[d];
+  RETURN_IF_ERROR(ParseOptim(&o, tr->groups.size()));
+  for (size_t g = 0; g < tr->groups.size(); ++g) {
+    RETURN_IF_ERROR(CheckOptimGroup(o, g, Partitioning(tr->totals[g], D), d,
+                                    "param_shapes and dp_world_size " + std::to_string(D)));
+  }
+  return Status::Ok();
+}
+
+Status Checkpoint::ParseOptim(Optim* op, size_t G) {
+  Optim& o = *op;
   const std::string where = src.tag + "/" + o.file->name;
   o.tensors = IndexTensors(*o.file->file);
   o.root = o.file->file->root;
@@ -256,7 +266,6 @@ Status Checkpoint::DecodeOptim(TpRank* tr, uint32_t d) {
     return Invalid(where + " is not a ZeRO stage 1/2 optimizer state (base_optimizer_state, "
                    "single_partition_of_fp32_groups, param_slice_mappings)");
   }
-  const size_t G = tr->groups.size();
   if (fp32->items.size() != G || maps->items.size() != G) {
     return Invalid(where + " has " + std::to_string(fp32->items.size()) +
                    " parameter groups; param_shapes has " + std::to_string(G));
@@ -271,32 +280,37 @@ Status Checkpoint::DecodeOptim(TpRank* tr, uint32_t d) {
   }
   for (size_t g = 0; g < G; ++g) {
     auto it = o.tensors.find(fp32->items[g].get());
-    const Partitioning part(tr->totals[g], D);
     if (it == o.tensors.end() || it->second->shape.size() != 1 ||
         it->second->dtype.empty() || !IsContiguous(it->second->shape, it->second->stride)) {
       return Invalid(where + ": single_partition_of_fp32_groups[" + std::to_string(g) +
                      "] is not a 1-D tensor");
     }
-    const uint64_t want = bf16_opt ? part.size : part.Real(d);
-    if (static_cast<uint64_t>(it->second->shape[0]) != want) {
-      return Invalid(where + ": group " + std::to_string(g) + " holds " +
-                     std::to_string(it->second->shape[0]) + " fp32 elements; param_shapes and " +
-                     "dp_world_size " + std::to_string(D) + " give " + std::to_string(want) +
-                     (bf16_opt ? " (BF16_Optimizer: the partition with its padding)" : ""));
-    }
     o.fp32.push_back(it->second);
     if (!IsMapping(maps->items[g])) return Invalid(where + ": param_slice_mappings");
     o.mappings.push_back(maps->items[g]);
-    if (!o.group_state[g]) continue;
-    for (const auto& [k, v] : PairsOf(*o.group_state[g])) {
-      auto t = o.tensors.find(v.get());
-      if (t == o.tensors.end() || t->second->shape.empty()) continue;
-      if (t->second->shape.size() != 1 || static_cast<uint64_t>(t->second->shape[0]) != part.size ||
-          !IsContiguous(t->second->shape, t->second->stride)) {
-        return Invalid(where + ": optimizer state '" + KeyName(k) + "' of group " +
-                       std::to_string(g) + " is not a partition of " + std::to_string(part.size) +
-                       " elements");
-      }
+  }
+  return Status::Ok();
+}
+
+Status Checkpoint::CheckOptimGroup(const Optim& o, size_t g, const Partitioning& part, uint64_t r,
+                                   const std::string& by) const {
+  const std::string where = src.tag + "/" + o.file->name;
+  const bool bf16_opt = bf16_optimizer.value_or(false);
+  const uint64_t want = bf16_opt ? part.size : part.Real(r);
+  if (static_cast<uint64_t>(o.fp32[g]->shape[0]) != want) {
+    return Invalid(where + ": group " + std::to_string(g) + " holds " +
+                   std::to_string(o.fp32[g]->shape[0]) + " fp32 elements; " + by + " give " + std::to_string(want) +
+                   (bf16_opt ? " (BF16_Optimizer: the partition with its padding)" : ""));
+  }
+  if (!o.group_state[g]) return Status::Ok();
+  for (const auto& [k, v] : PairsOf(*o.group_state[g])) {
+    auto t = o.tensors.find(v.get());
+    if (t == o.tensors.end() || t->second->shape.empty()) continue;
+    if (t->second->shape.size() != 1 || static_cast<uint64_t>(t->second->shape[0]) != part.size ||
+        !IsContiguous(t->second->shape, t->second->stride)) {
+      return Invalid(where + ": optimizer state '" + KeyName(k) + "' of group " +
+                     std::to_string(g) + " is not a partition of " + std::to_string(part.size) +
+                     " elements");
     }
   }
   return Status::Ok();
@@ -304,8 +318,12 @@ Status Checkpoint::DecodeOptim(TpRank* tr, uint32_t d) {
 
 std::vector<std::pair<std::string, std::pair<uint64_t, uint64_t>>> Fragments(
     const std::vector<Param>& params, const Partitioning& part, uint64_t d) {
+  return FragmentsIn(params, d * part.size, (d + 1) * part.size);
+}
+
+std::vector<std::pair<std::string, std::pair<uint64_t, uint64_t>>> FragmentsIn(
+    const std::vector<Param>& params, uint64_t lo, uint64_t hi) {
   std::vector<std::pair<std::string, std::pair<uint64_t, uint64_t>>> out;
-  const uint64_t lo = d * part.size, hi = lo + part.size;
   for (const Param& p : params) {
     if (p.offset < hi && p.offset + p.numel > lo) {
       const uint64_t a = std::max(p.offset, lo), b = std::min(p.offset + p.numel, hi);
@@ -353,21 +371,30 @@ const TorchTensor* Checkpoint::StateTensor(const Optim& o, size_t g, const std::
 Result<std::vector<Part>> Checkpoint::Flat(
     const TpRank& tr, size_t g, uint64_t from, uint64_t to,
     const std::function<const TorchTensor*(const Optim&)>& pick, const std::string& what) const {
-  const Partitioning part(tr.totals[g], D);
+  return FlatOf(Partitioning(tr.totals[g], D), [&tr](uint64_t r) -> const Optim& { return tr.optim[r]; },
+                from, to, pick, what);
+}
+
+Result<std::vector<Part>> FlatOf(const Partitioning& part,
+                                 const std::function<const Optim&(uint64_t r)>& optim_of,
+                                 uint64_t from, uint64_t to,
+                                 const std::function<const TorchTensor*(const Optim&)>& pick,
+                                 const std::string& what) {
   std::vector<Part> parts;
   for (uint64_t e = from; e < to;) {
     const uint64_t r = e / part.size;
     const uint64_t end = std::min(to, part.End(r));
-    const TorchTensor* t = pick(tr.optim[r]);
-    if (!t) return Invalid(tr.optim[r].file->name + " has no " + what);
+    const Optim& o = optim_of(r);
+    const TorchTensor* t = pick(o);
+    if (!t) return Invalid(o.file->name + " has no " + what);
     const uint64_t item = DtypeSize(t->dtype);
     if (item == 0) return Invalid(what + " has an unknown dtype " + t->dtype);
     const uint64_t at = t->offset + (e - part.Begin(r)) * item, len = (end - e) * item;
-    if (!parts.empty() && parts.back().source == tr.optim[r].file->source &&
+    if (!parts.empty() && parts.back().source == o.file->source &&
         parts.back().offset + parts.back().len == at) {
       parts.back().len += len;
     } else {
-      parts.push_back(Part{tr.optim[r].file->source, at, len, len});
+      parts.push_back(Part{o.file->source, at, len, len});
     }
     e = end;
   }

@@ -97,6 +97,13 @@ class Checkpoint {
   // State tensor `key` of group g in o; nullptr when absent or not a tensor.
   static const TorchTensor* StateTensor(const Optim& o, size_t g, const std::string& key);
 
+  // An optimizer file's structure (G parameter groups), no sizes checked. Errors: see
+  // PlanDeepSpeed.
+  Status ParseOptim(Optim* o, size_t G);
+  // Group g of o as partition r of `part` (`by` says where part comes from, for errors).
+  Status CheckOptimGroup(const Optim& o, size_t g, const Partitioning& part, uint64_t r,
+                         const std::string& by) const;
+
   const DeepSpeedSource& src;
   std::vector<TpRank> tp;    // by TP rank (stages 1 and 2)
   std::unique_ptr<Zero3> z3;  // stage 3 instead (deepspeed_zero3.cc)
@@ -119,6 +126,16 @@ class Checkpoint {
 // _create_param_mapping computes it: (name, (numel, start in the partition)).
 std::vector<std::pair<std::string, std::pair<uint64_t, uint64_t>>> Fragments(
     const std::vector<Param>& params, const Partitioning& part, uint64_t d);
+// The same for the window [lo, hi) of the group's flat buffer (start relative to lo).
+std::vector<std::pair<std::string, std::pair<uint64_t, uint64_t>>> FragmentsIn(
+    const std::vector<Param>& params, uint64_t lo, uint64_t hi);
+// The source pieces holding elements [from, to) of a flat buffer cut as `part`, partition r
+// held by optim_of(r), of the tensor `pick` selects.
+Result<std::vector<Part>> FlatOf(const Partitioning& part,
+                                 const std::function<const Optim&(uint64_t r)>& optim_of,
+                                 uint64_t from, uint64_t to,
+                                 const std::function<const TorchTensor*(const Optim&)>& pick,
+                                 const std::string& what);
 
 // param_shapes of a model-states file: per group (stage 3: per sub-group) its parameters'
 // names, shapes and element counts, offsets 0. Errors (naming `where`): not a list of mappings
@@ -210,6 +227,18 @@ struct FullTensor {
 Result<FullTensor> Full(const Checkpoint& c, const std::vector<Located>& slices, const Merge& m,
                         const std::string& key);
 
+// How one group of one target file is cut: the partitioning and the partition, the fragments its
+// param_slice_mappings list, its partition_count entry, and the gathers of any element range of a
+// state's flat buffer ("fp32" or a state key).
+struct GroupCut {
+  Partitioning part{0, 1};
+  uint64_t r = 0;
+  std::vector<std::pair<std::string, std::pair<uint64_t, uint64_t>>> fragments;
+  int64_t count = 1;
+  std::function<Result<std::vector<Gather>>(const std::string& key, uint64_t from, uint64_t to)>
+      range;
+};
+
 // The flat buffers of a target TP rank: per group its parameters in order, and the gathers of any
 // element range of a state's buffer.
 struct Target {
@@ -219,6 +248,9 @@ struct Target {
   std::function<Result<std::vector<Gather>>(size_t g, const std::string& key, uint64_t from,
                                             uint64_t to)>
       range;
+  // When set, how group g of target file d is cut; `groups` then only gives the group count.
+  // Unset: every group is partitioned over all D ranks (totals, groups, range).
+  std::function<Result<GroupCut>(size_t g, uint32_t d)> cut;
 };
 // Optimizer file `d` of D of target TP rank `tp` (docs/views.md, dpD).
 Result<ViewEntry> PlanOptimFile(const Checkpoint& c, const Target& target, uint32_t tp, uint32_t d,
@@ -229,6 +261,11 @@ Status PlanDp(const Checkpoint& c, uint32_t D, std::vector<ViewEntry>* out);
 Status PlanUniversal(const Checkpoint& c, std::vector<ViewEntry>* out);
 Status PlanUniversalZero3(const Checkpoint& c, std::vector<ViewEntry>* out);
 Status PlanDpZero3(const Checkpoint& c, uint32_t D, std::vector<ViewEntry>* out);
+// `latest` (the source's tag) and `files` of the tag as they are (deepspeed_dp.cc).
+void PlanLatestAndCopies(const Checkpoint& c, const std::vector<DsLayerFile>& files,
+                         std::vector<ViewEntry>* out);
+// A model-states file with dp_world_size set to D (deepspeed_dp.cc).
+Result<ViewEntry> PlanModelStates(const Checkpoint& c, const TpRank& tr, uint32_t tp, uint32_t D);
 // The tensor state keys of one group, over its ranks' state mappings (null: none) and their
 // files' tensors, in the order the optimizer made them ('step' apart). Errors: a state that is
 // not a tensor (the universal view cannot split it per parameter).
