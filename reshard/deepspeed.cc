@@ -145,6 +145,14 @@ Status Checkpoint::Decode() {
       optims[{o->tp, o->dp}] = &f;
     }
   }
+  bool experts = false;  // native MoE: expert files, or the model-states file's num_experts
+  for (const DsLayerFile& f : src.moe_files) experts |= !f.name.starts_with("expp_rank_");
+  if (models.empty() && !z3_models.empty() && experts) {
+    return Invalid("ZeRO stage 3 checkpoints with DeepSpeed MoE experts have no views yet");
+  }
+  if (!models.empty() && (experts || Get(models.begin()->second->file->root, "num_experts"))) {
+    return DecodeMoe(models, optims);
+  }
   if (models.empty() && !z3_models.empty()) {
     std::map<uint32_t, const DsSourceFile*> by_dp, optim_by_dp;
     for (const auto& [key, f] : z3_models) {
@@ -408,6 +416,25 @@ bool IsDeepSpeedSourceName(std::string_view name) {
          ParseZero3ModelName(name).has_value();
 }
 
+bool IsDeepSpeedMoeName(std::string_view name) {
+  const std::string s(name);
+  unsigned a = 0, b = 0, t = 0;
+  char tail = 0;
+  char canon[128];
+  if (std::sscanf(s.c_str(), "layer_%u_expert_%u_mp_rank_%u_model_states.p%c", &a, &b, &t,
+                  &tail) == 4) {
+    std::snprintf(canon, sizeof canon, "layer_%u_expert_%u_mp_rank_%02u_model_states.pt", a, b, t);
+  } else if (std::sscanf(s.c_str(), "expert_%u_mp_rank_%u_model_states.p%c", &b, &t, &tail) == 3) {
+    std::snprintf(canon, sizeof canon, "expert_%u_mp_rank_%02u_model_states.pt", b, t);
+  } else if (std::sscanf(s.c_str(), "expp_rank_%u_mp_rank_%u_optim_states.p%c", &a, &t, &tail) ==
+             3) {
+    std::snprintf(canon, sizeof canon, "expp_rank_%u_mp_rank_%02u_optim_states.pt", a, t);
+  } else {
+    return false;
+  }
+  return s == canon;
+}
+
 bool IsDeepSpeedLayerName(std::string_view name) {
   constexpr std::string_view kPrefix = "layer_", kSuffix = "-model_states.pt";
   if (!name.starts_with(kPrefix) || !name.ends_with(kSuffix)) return false;
@@ -442,6 +469,13 @@ bool ParseDsSpec(std::string_view s, DsSpec* spec) {
 Result<std::vector<std::string>> DeepSpeedSpecs(const DeepSpeedSource& src) {
   ds::Checkpoint c(src);
   RETURN_IF_ERROR(c.Decode());
+  if (c.moe) {  // dpD for D a multiple of EP; no universal view
+    std::vector<std::string> specs;
+    for (uint32_t d : {1u, 2u, 4u, 8u, 16u}) {
+      if (d % c.moe->ep == 0) specs.push_back("dp" + std::to_string(d));
+    }
+    return specs;
+  }
   return std::vector<std::string>{"dp1", "dp2", "dp4", "dp8", "universal"};
 }
 
@@ -449,7 +483,18 @@ Result<std::vector<ViewEntry>> PlanDeepSpeed(const DeepSpeedSource& src, const D
   ds::Checkpoint c(src);
   RETURN_IF_ERROR(c.Decode());
   std::vector<ViewEntry> out;
-  if (c.z3) {
+  if (c.moe) {
+    if (spec.kind == DsSpec::kUniversal) {
+      return Invalid("a DeepSpeed MoE checkpoint (expert files, moe param groups) has no "
+                     "universal view yet");
+    }
+    if (spec.kind == DsSpec::kTpDp) {
+      return Invalid("a DeepSpeed MoE checkpoint has no tensor-parallel views yet (tp" +
+                     std::to_string(spec.T) + "-dp" + std::to_string(spec.D) + "); its dpD "
+                     "views keep the expert-parallel size");
+    }
+    RETURN_IF_ERROR(ds::PlanDpMoe(c, spec.D, &out));
+  } else if (c.z3) {
     if (spec.kind == DsSpec::kUniversal) {
       RETURN_IF_ERROR(ds::PlanUniversalZero3(c, &out));
     } else if (spec.kind == DsSpec::kDp || spec.T == 1) {  // tp1-dpD: the source's own TP size
