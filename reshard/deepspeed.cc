@@ -276,7 +276,8 @@ Status Checkpoint::ParseOptim(Optim* op, size_t G) {
   }
   if (fp32->items.size() != G || maps->items.size() != G) {
     return Invalid(where + " has " + std::to_string(fp32->items.size()) +
-                   " parameter groups; param_shapes has " + std::to_string(G));
+                   " parameter groups; the checkpoint has " + std::to_string(G) +
+                   " (param_shapes, or dp rank 0's param_groups)");
   }
   o.group_state.assign(G, nullptr);
   for (const auto& [k, v] : PairsOf(*o.state)) {

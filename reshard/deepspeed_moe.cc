@@ -130,7 +130,10 @@ Status Checkpoint::DecodeMoe(
     }
     ep = e;
   }
-  if (!ep) return Invalid(tag + " holds expert files but no param group marked moe");
+  if (!ep) {
+    return Invalid(tag + " is a DeepSpeed MoE checkpoint (num_experts, or expert files) whose "
+                   "optimizer has no param group marked moe");
+  }
   moe->ep = *ep;
   if (D % moe->ep != 0) {
     return Invalid("dp_world_size " + std::to_string(D) + " is not a multiple of ep_size " +

@@ -100,14 +100,20 @@ def test_moe_0_14_4_mappings_past_what_the_source_names_are_refused(mnt):
     mf.compare_dp(root, root / ".views" / "dp2", 2, model=model)  # within what they name
 
 
+def _edit_optimizer_files(root, dp, edit):
+    """Applies edit(optimizer_state_dict) to every dp rank's optimizer file of ROOT's tag."""
+    for r in range(dp):
+        p = root / TAG / f"bf16_zero_pp_rank_{r}_mp_rank_00_optim_states.pt"
+        o = torch.load(p)
+        edit(o["optimizer_state_dict"])
+        torch.save(o, p)
+
+
 def test_moe_bf16_optimizer_is_refused(mnt):
     root = mnt / "ds"
     mf.generate(root, dp=2, ep=2)
-    for r in range(2):
-        p = root / TAG / f"bf16_zero_pp_rank_{r}_mp_rank_00_optim_states.pt"
-        o = torch.load(p)
-        del o["optimizer_state_dict"]["zero_stage"], o["optimizer_state_dict"]["loss_scaler"]
-        torch.save(o, p)
+    # BF16_Optimizer's state_dict has neither zero_stage nor a loss scaler.
+    _edit_optimizer_files(root, 2, lambda sd: (sd.pop("zero_stage"), sd.pop("loss_scaler")))
     expect_errno(errno.EINVAL, os.stat, root / ".views" / "dp4")
     assert "written by BF16_Optimizer" in _why(root), _why(root)
 
@@ -135,3 +141,15 @@ def test_moe_with_tensor_parallelism_or_zero3_is_refused(mnt):
     expect_errno(errno.EINVAL, os.stat, root / ".views" / "dp4")
     assert "dp4: ZeRO stage 3 checkpoints with DeepSpeed MoE experts have no views yet" \
         in _why(root), _why(root)
+
+
+def test_moe_checkpoint_without_moe_groups_is_refused(mnt):
+    # num_experts and expert files, but an optimizer whose groups none marks moe (not made by
+    # split_params_into_different_moe_groups_for_optimizer): nothing says which ranks hold what.
+    root = mnt / "ds"
+    mf.generate(root, dp=2, ep=2)
+    _edit_optimizer_files(root, 2, lambda sd: [g.pop("moe", None)
+                                               for g in sd[df.BASE]["param_groups"]])
+    expect_errno(errno.EINVAL, os.stat, root / ".views" / "dp2")
+    assert "is a DeepSpeed MoE checkpoint (num_experts, or expert files) whose optimizer has no " \
+           "param group marked moe" in _why(root), _why(root)
