@@ -268,12 +268,18 @@ Result<reshard::DeepSpeedSource> ViewTree::ReadDeepSpeed(uint64_t root, Sources*
   reshard::DeepSpeedSource src;
   ASSIGN_OR_RETURN(src.tag, DeepSpeedTag(root, latest));
   ASSIGN_OR_RETURN(InodeRecord dir, store_->Lookup(root, src.tag));
-  std::vector<std::string> names, layers;
+  std::vector<std::string> names, layers, moe_files;
   RETURN_IF_ERROR(store_->ReadDir(dir.ino, 0, [&](const DirItem& item) {
     if (reshard::IsDeepSpeedSourceName(item.name)) names.emplace_back(item.name);
     if (reshard::IsDeepSpeedLayerName(item.name)) layers.emplace_back(item.name);
+    if (reshard::IsDeepSpeedMoeName(item.name)) moe_files.emplace_back(item.name);
     return true;
   }));
+  for (const std::string& name : moe_files) {  // carried as they are: not parsed
+    ASSIGN_OR_RETURN(InodeRecord f, store_->Lookup(dir.ino, name));
+    ASSIGN_OR_RETURN(auto m, store_->CommittedManifest(f.ino));
+    src.moe_files.push_back({name, sources->Add(f.ino, m), m->size(), nullptr, {}});
+  }
   for (const std::string& name : layers) {
     ASSIGN_OR_RETURN(InodeRecord f, store_->Lookup(dir.ino, name));
     ASSIGN_OR_RETURN(auto m, store_->CommittedManifest(f.ino));

@@ -145,6 +145,14 @@ Status Checkpoint::Decode() {
       optims[{o->tp, o->dp}] = &f;
     }
   }
+  bool experts = false;  // native MoE: expert files, or the model-states file's num_experts
+  for (const DsLayerFile& f : src.moe_files) experts |= !f.name.starts_with("expp_rank_");
+  if (models.empty() && !z3_models.empty() && experts) {
+    return Invalid("ZeRO stage 3 checkpoints with DeepSpeed MoE experts have no views yet");
+  }
+  if (!models.empty() && (experts || Get(models.begin()->second->file->root, "num_experts"))) {
+    return DecodeMoe(models, optims);
+  }
   if (models.empty() && !z3_models.empty()) {
     std::map<uint32_t, const DsSourceFile*> by_dp, optim_by_dp;
     for (const auto& [key, f] : z3_models) {
@@ -216,6 +224,16 @@ Status Checkpoint::Decode() {
 
 Status Checkpoint::DecodeOptim(TpRank* tr, uint32_t d) {
   Optim& o = tr->optim[d];
+  RETURN_IF_ERROR(ParseOptim(&o, tr->groups.size()));
+  for (size_t g = 0; g < tr->groups.size(); ++g) {
+    RETURN_IF_ERROR(CheckOptimGroup(o, g, Partitioning(tr->totals[g], D), d,
+                                    "param_shapes and dp_world_size " + std::to_string(D)));
+  }
+  return Status::Ok();
+}
+
+Status Checkpoint::ParseOptim(Optim* op, size_t G) {
+  Optim& o = *op;
   const std::string where = src.tag + "/" + o.file->name;
   o.tensors = IndexTensors(*o.file->file);
   o.root = o.file->file->root;
@@ -256,10 +274,10 @@ Status Checkpoint::DecodeOptim(TpRank* tr, uint32_t d) {
     return Invalid(where + " is not a ZeRO stage 1/2 optimizer state (base_optimizer_state, "
                    "single_partition_of_fp32_groups, param_slice_mappings)");
   }
-  const size_t G = tr->groups.size();
   if (fp32->items.size() != G || maps->items.size() != G) {
     return Invalid(where + " has " + std::to_string(fp32->items.size()) +
-                   " parameter groups; param_shapes has " + std::to_string(G));
+                   " parameter groups; the checkpoint has " + std::to_string(G) +
+                   " (param_shapes, or dp rank 0's param_groups)");
   }
   o.group_state.assign(G, nullptr);
   for (const auto& [k, v] : PairsOf(*o.state)) {
@@ -271,32 +289,37 @@ Status Checkpoint::DecodeOptim(TpRank* tr, uint32_t d) {
   }
   for (size_t g = 0; g < G; ++g) {
     auto it = o.tensors.find(fp32->items[g].get());
-    const Partitioning part(tr->totals[g], D);
     if (it == o.tensors.end() || it->second->shape.size() != 1 ||
         it->second->dtype.empty() || !IsContiguous(it->second->shape, it->second->stride)) {
       return Invalid(where + ": single_partition_of_fp32_groups[" + std::to_string(g) +
                      "] is not a 1-D tensor");
     }
-    const uint64_t want = bf16_opt ? part.size : part.Real(d);
-    if (static_cast<uint64_t>(it->second->shape[0]) != want) {
-      return Invalid(where + ": group " + std::to_string(g) + " holds " +
-                     std::to_string(it->second->shape[0]) + " fp32 elements; param_shapes and " +
-                     "dp_world_size " + std::to_string(D) + " give " + std::to_string(want) +
-                     (bf16_opt ? " (BF16_Optimizer: the partition with its padding)" : ""));
-    }
     o.fp32.push_back(it->second);
     if (!IsMapping(maps->items[g])) return Invalid(where + ": param_slice_mappings");
     o.mappings.push_back(maps->items[g]);
-    if (!o.group_state[g]) continue;
-    for (const auto& [k, v] : PairsOf(*o.group_state[g])) {
-      auto t = o.tensors.find(v.get());
-      if (t == o.tensors.end() || t->second->shape.empty()) continue;
-      if (t->second->shape.size() != 1 || static_cast<uint64_t>(t->second->shape[0]) != part.size ||
-          !IsContiguous(t->second->shape, t->second->stride)) {
-        return Invalid(where + ": optimizer state '" + KeyName(k) + "' of group " +
-                       std::to_string(g) + " is not a partition of " + std::to_string(part.size) +
-                       " elements");
-      }
+  }
+  return Status::Ok();
+}
+
+Status Checkpoint::CheckOptimGroup(const Optim& o, size_t g, const Partitioning& part, uint64_t r,
+                                   const std::string& by) const {
+  const std::string where = src.tag + "/" + o.file->name;
+  const bool bf16_opt = bf16_optimizer.value_or(false);
+  const uint64_t want = bf16_opt ? part.size : part.Real(r);
+  if (static_cast<uint64_t>(o.fp32[g]->shape[0]) != want) {
+    return Invalid(where + ": group " + std::to_string(g) + " holds " +
+                   std::to_string(o.fp32[g]->shape[0]) + " fp32 elements; " + by + " give " + std::to_string(want) +
+                   (bf16_opt ? " (BF16_Optimizer: the partition with its padding)" : ""));
+  }
+  if (!o.group_state[g]) return Status::Ok();
+  for (const auto& [k, v] : PairsOf(*o.group_state[g])) {
+    auto t = o.tensors.find(v.get());
+    if (t == o.tensors.end() || t->second->shape.empty()) continue;
+    if (t->second->shape.size() != 1 || static_cast<uint64_t>(t->second->shape[0]) != part.size ||
+        !IsContiguous(t->second->shape, t->second->stride)) {
+      return Invalid(where + ": optimizer state '" + KeyName(k) + "' of group " +
+                     std::to_string(g) + " is not a partition of " + std::to_string(part.size) +
+                     " elements");
     }
   }
   return Status::Ok();
@@ -304,8 +327,12 @@ Status Checkpoint::DecodeOptim(TpRank* tr, uint32_t d) {
 
 std::vector<std::pair<std::string, std::pair<uint64_t, uint64_t>>> Fragments(
     const std::vector<Param>& params, const Partitioning& part, uint64_t d) {
+  return FragmentsIn(params, d * part.size, (d + 1) * part.size);
+}
+
+std::vector<std::pair<std::string, std::pair<uint64_t, uint64_t>>> FragmentsIn(
+    const std::vector<Param>& params, uint64_t lo, uint64_t hi) {
   std::vector<std::pair<std::string, std::pair<uint64_t, uint64_t>>> out;
-  const uint64_t lo = d * part.size, hi = lo + part.size;
   for (const Param& p : params) {
     if (p.offset < hi && p.offset + p.numel > lo) {
       const uint64_t a = std::max(p.offset, lo), b = std::min(p.offset + p.numel, hi);
@@ -353,21 +380,30 @@ const TorchTensor* Checkpoint::StateTensor(const Optim& o, size_t g, const std::
 Result<std::vector<Part>> Checkpoint::Flat(
     const TpRank& tr, size_t g, uint64_t from, uint64_t to,
     const std::function<const TorchTensor*(const Optim&)>& pick, const std::string& what) const {
-  const Partitioning part(tr.totals[g], D);
+  return FlatOf(Partitioning(tr.totals[g], D), [&tr](uint64_t r) -> const Optim& { return tr.optim[r]; },
+                from, to, pick, what);
+}
+
+Result<std::vector<Part>> FlatOf(const Partitioning& part,
+                                 const std::function<const Optim&(uint64_t r)>& optim_of,
+                                 uint64_t from, uint64_t to,
+                                 const std::function<const TorchTensor*(const Optim&)>& pick,
+                                 const std::string& what) {
   std::vector<Part> parts;
   for (uint64_t e = from; e < to;) {
     const uint64_t r = e / part.size;
     const uint64_t end = std::min(to, part.End(r));
-    const TorchTensor* t = pick(tr.optim[r]);
-    if (!t) return Invalid(tr.optim[r].file->name + " has no " + what);
+    const Optim& o = optim_of(r);
+    const TorchTensor* t = pick(o);
+    if (!t) return Invalid(o.file->name + " has no " + what);
     const uint64_t item = DtypeSize(t->dtype);
     if (item == 0) return Invalid(what + " has an unknown dtype " + t->dtype);
     const uint64_t at = t->offset + (e - part.Begin(r)) * item, len = (end - e) * item;
-    if (!parts.empty() && parts.back().source == tr.optim[r].file->source &&
+    if (!parts.empty() && parts.back().source == o.file->source &&
         parts.back().offset + parts.back().len == at) {
       parts.back().len += len;
     } else {
-      parts.push_back(Part{tr.optim[r].file->source, at, len, len});
+      parts.push_back(Part{o.file->source, at, len, len});
     }
     e = end;
   }
@@ -379,6 +415,25 @@ Result<std::vector<Part>> Checkpoint::Flat(
 bool IsDeepSpeedSourceName(std::string_view name) {
   return ParseModelName(name).has_value() || ParseOptimName(name).has_value() ||
          ParseZero3ModelName(name).has_value();
+}
+
+bool IsDeepSpeedMoeName(std::string_view name) {
+  const std::string s(name);
+  unsigned a = 0, b = 0, t = 0;
+  char tail = 0;
+  char canon[128];
+  if (std::sscanf(s.c_str(), "layer_%u_expert_%u_mp_rank_%u_model_states.p%c", &a, &b, &t,
+                  &tail) == 4) {
+    std::snprintf(canon, sizeof canon, "layer_%u_expert_%u_mp_rank_%02u_model_states.pt", a, b, t);
+  } else if (std::sscanf(s.c_str(), "expert_%u_mp_rank_%u_model_states.p%c", &b, &t, &tail) == 3) {
+    std::snprintf(canon, sizeof canon, "expert_%u_mp_rank_%02u_model_states.pt", b, t);
+  } else if (std::sscanf(s.c_str(), "expp_rank_%u_mp_rank_%u_optim_states.p%c", &a, &t, &tail) ==
+             3) {
+    std::snprintf(canon, sizeof canon, "expp_rank_%u_mp_rank_%02u_optim_states.pt", a, t);
+  } else {
+    return false;
+  }
+  return s == canon;
 }
 
 bool IsDeepSpeedLayerName(std::string_view name) {
@@ -415,6 +470,13 @@ bool ParseDsSpec(std::string_view s, DsSpec* spec) {
 Result<std::vector<std::string>> DeepSpeedSpecs(const DeepSpeedSource& src) {
   ds::Checkpoint c(src);
   RETURN_IF_ERROR(c.Decode());
+  if (c.moe) {  // dpD for D a multiple of EP; no universal view
+    std::vector<std::string> specs;
+    for (uint32_t d : {1u, 2u, 4u, 8u, 16u}) {
+      if (d % c.moe->ep == 0) specs.push_back("dp" + std::to_string(d));
+    }
+    return specs;
+  }
   return std::vector<std::string>{"dp1", "dp2", "dp4", "dp8", "universal"};
 }
 
@@ -422,7 +484,18 @@ Result<std::vector<ViewEntry>> PlanDeepSpeed(const DeepSpeedSource& src, const D
   ds::Checkpoint c(src);
   RETURN_IF_ERROR(c.Decode());
   std::vector<ViewEntry> out;
-  if (c.z3) {
+  if (c.moe) {
+    if (spec.kind == DsSpec::kUniversal) {
+      return Invalid("a DeepSpeed MoE checkpoint (expert files, moe param groups) has no "
+                     "universal view yet");
+    }
+    if (spec.kind == DsSpec::kTpDp) {
+      return Invalid("a DeepSpeed MoE checkpoint has no tensor-parallel views yet (tp" +
+                     std::to_string(spec.T) + "-dp" + std::to_string(spec.D) + "); its dpD "
+                     "views keep the expert-parallel size");
+    }
+    RETURN_IF_ERROR(ds::PlanDpMoe(c, spec.D, &out));
+  } else if (c.z3) {
     if (spec.kind == DsSpec::kUniversal) {
       RETURN_IF_ERROR(ds::PlanUniversalZero3(c, &out));
     } else if (spec.kind == DsSpec::kDp || spec.T == 1) {  // tp1-dpD: the source's own TP size

@@ -53,6 +53,8 @@ struct DeepSpeedSource {
   std::vector<DsSourceFile> files;  // its model-states and optimizer-states files, any order
   std::vector<DsLayerFile> layers;  // its layer files (Megatron-DeepSpeed's GPTModelPipe)
   std::vector<DsRootFile> root_files;  // those of kDsRootFiles the root holds
+  // Native MoE's expert files and expp_rank optimizer files (IsDeepSpeedMoeName), not parsed.
+  std::vector<DsLayerFile> moe_files;
 };
 
 // Whether a file of a tag directory is one the views read (mp_rank_TT_model_states.pt,
@@ -63,6 +65,11 @@ bool IsDeepSpeedSourceName(std::string_view name);
 // Whether a file of a tag directory is a pipeline module's layer file
 // (layer_XX[-model_TT]-model_states.pt, as DeepSpeed's PipelineModule names them).
 bool IsDeepSpeedLayerName(std::string_view name);
+
+// Whether a file of a tag directory is one of native DeepSpeed MoE's (deepspeed.moe.layer.MoE)
+// files: an expert's layer_L_expert_G_mp_rank_TT_model_states.pt (or the older
+// expert_G_mp_rank_TT_model_states.pt), or expp_rank_E_mp_rank_TT_optim_states.pt.
+bool IsDeepSpeedMoeName(std::string_view name);
 
 struct DsSpec {
   enum Kind { kDp, kTpDp, kUniversal } kind = kDp;

@@ -17,6 +17,23 @@ Result<ViewEntry> PlanOptimFile(const Checkpoint& c, const Target& target, uint3
   const TpRank& tr = *target.primary;
   const Optim& o0 = tr.optim[0];
   const size_t G = target.groups.size();
+  std::vector<GroupCut> cuts;
+  for (size_t g = 0; g < G; ++g) {
+    if (target.cut) {
+      ASSIGN_OR_RETURN(GroupCut cut, target.cut(g, d));
+      cuts.push_back(std::move(cut));
+      continue;
+    }
+    GroupCut cut;
+    cut.part = Partitioning(target.totals[g], D);
+    cut.r = d;
+    cut.fragments = Fragments(target.groups[g], cut.part, d);
+    cut.count = D;
+    cut.range = [&target, g](const std::string& key, uint64_t from, uint64_t to) {
+      return target.range(g, key, from, to);
+    };
+    cuts.push_back(std::move(cut));
+  }
   TorchOut out;
   auto copy = [&](const ValuePtr& v) { return out.Copy(o0.tensors, o0.file->source, v); };
   auto copy_with = [&](const ValuePtr& m, const Entries& with) {
@@ -27,7 +44,8 @@ Result<ViewEntry> PlanOptimFile(const Checkpoint& c, const Target& target, uint3
   ValuePtr state = EmptyLike(o0.state);
   for (const auto& [gk, gs] : PairsOf(*o0.state)) {
     const size_t g = static_cast<size_t>(gk->i);
-    const Partitioning part(target.totals[g], D);
+    const Partitioning& part = cuts[g].part;
+    const uint64_t r = cuts[g].r;
     ValuePtr ns = EmptyLike(gs);
     for (const auto& [k, v] : PairsOf(*gs)) {
       auto t = o0.tensors.find(v.get());
@@ -38,8 +56,8 @@ Result<ViewEntry> PlanOptimFile(const Checkpoint& c, const Target& target, uint3
       }
       const std::string key = KeyName(k);
       const uint64_t item = DtypeSize(t->second->dtype);
-      ASSIGN_OR_RETURN(std::vector<Gather> gathers, target.range(g, key, part.Begin(d), part.End(d)));
-      if (part.Padding(d)) gathers.push_back(Gather{1, {}, part.Padding(d) * item});
+      ASSIGN_OR_RETURN(std::vector<Gather> gathers, cuts[g].range(key, part.Begin(r), part.End(r)));
+      if (part.Padding(r)) gathers.push_back(Gather{1, {}, part.Padding(r) * item});
       const int64_t n = static_cast<int64_t>(part.size);
       Put(ns, k, out.NewTensor(*t->second->node, std::move(gathers), {n}, {1}, part.size * item));
     }
@@ -57,20 +75,21 @@ Result<ViewEntry> PlanOptimFile(const Checkpoint& c, const Target& target, uint3
   }
   const bool bf16_opt = c.bf16_optimizer.value_or(false);
   for (size_t g = 0; g < G; ++g) {
-    const Partitioning part(target.totals[g], D);
+    const Partitioning& part = cuts[g].part;
+    const uint64_t r = cuts[g].r;
     const TorchTensor& like = *o0.fp32[g];
-    ASSIGN_OR_RETURN(std::vector<Gather> gathers, target.range(g, "fp32", part.Begin(d), part.End(d)));
+    ASSIGN_OR_RETURN(std::vector<Gather> gathers, cuts[g].range("fp32", part.Begin(r), part.End(r)));
     // ZeRO 1/2 saves its fp32 partition without the padding; BF16_Optimizer with it (zeros, as
     // its flat buffer is padded), and the whole padding as the last rank's group_paddings.
-    const uint64_t n = bf16_opt ? part.size : part.Real(d), item = DtypeSize(like.dtype);
-    if (n > part.Real(d)) gathers.push_back(Gather{1, {}, (n - part.Real(d)) * item});
+    const uint64_t n = bf16_opt ? part.size : part.Real(r), item = DtypeSize(like.dtype);
+    if (n > part.Real(r)) gathers.push_back(Gather{1, {}, (n - part.Real(r)) * item});
     fp32.push_back(out.NewTensor(*like.node, std::move(gathers), {static_cast<int64_t>(n)}, {1},
                                  n * item));
     const uint64_t padding =
-        !bf16_opt ? part.Padding(d) : d + 1 == D ? part.size * D - part.total : 0;
+        !bf16_opt ? part.Padding(r) : r + 1 == part.dp ? part.size * part.dp - part.total : 0;
     paddings.push_back(pickle::MakeInt(static_cast<int64_t>(padding)));
     ValuePtr m = EmptyLike(o0.mappings[g]);
-    for (const auto& [name, frag] : Fragments(target.groups[g], part, d)) {
+    for (const auto& [name, frag] : cuts[g].fragments) {
       if (!fragment_class) return Invalid("the source's param_slice_mappings are all empty");
       auto fa = std::make_shared<Value>(*fragment_class);
       ValuePtr st = fragment_class->state ? EmptyLike(fragment_class->state) : nullptr;
@@ -87,7 +106,9 @@ Result<ViewEntry> PlanOptimFile(const Checkpoint& c, const Target& target, uint3
   }
   ValuePtr pc = Get(o0.osd, "partition_count");
   if (pc && pc->kind == Kind::kList) {
-    for (size_t i = 0; i < pc->items.size(); ++i) counts.push_back(pickle::MakeInt(D));
+    for (size_t i = 0; i < pc->items.size(); ++i) {
+      counts.push_back(pickle::MakeInt(i < G ? cuts[i].count : D));
+    }
   }
 
   Entries with = {{"base_optimizer_state", base},
@@ -101,8 +122,6 @@ Result<ViewEntry> PlanOptimFile(const Checkpoint& c, const Target& target, uint3
   ASSIGN_OR_RETURN(ViewFile f, out.Finish(ArchivePrefix(name), root, o0.file->extra_records));
   return ViewEntry{c.src.tag + "/" + name, std::move(f)};
 }
-
-namespace {
 
 // A model-states file with dp_world_size set to D. Its storages are the source's records,
 // whole and under their own keys (so the module's tensors keep sharing their flat buffers).
@@ -124,18 +143,21 @@ Result<ViewEntry> PlanModelStates(const Checkpoint& c, const TpRank& tr, uint32_
   return ViewEntry{c.src.tag + "/" + ModelName(tp), zip.Finish()};
 }
 
-}  // namespace
-
-Status PlanDp(const Checkpoint& c, uint32_t D, std::vector<ViewEntry>* out) {
+void PlanLatestAndCopies(const Checkpoint& c, const std::vector<DsLayerFile>& files,
+                         std::vector<ViewEntry>* out) {
   out->push_back(ViewEntry{"latest", {}});
   out->back().file.recipe.AddLiteral(c.src.tag);
-  // A pipeline module's layer files do not depend on the data-parallel size (DeepSpeed names
-  // them without it, and dp rank 0 writes them): as they are.
-  for (const DsLayerFile& l : c.src.layers) {
+  for (const DsLayerFile& l : files) {
     ViewEntry e{c.src.tag + "/" + l.name, {}};
     e.file.recipe.AddGather(1, {Part{l.source, 0, l.size, l.size}});
     out->push_back(std::move(e));
   }
+}
+
+Status PlanDp(const Checkpoint& c, uint32_t D, std::vector<ViewEntry>* out) {
+  // A pipeline module's layer files do not depend on the data-parallel size (DeepSpeed names
+  // them without it, and dp rank 0 writes them): as they are.
+  PlanLatestAndCopies(c, c.src.layers, out);
   for (uint32_t t = 0; t < c.tp.size(); ++t) {
     ASSIGN_OR_RETURN(ViewEntry m, PlanModelStates(c, c.tp[t], t, D));
     out->push_back(std::move(m));

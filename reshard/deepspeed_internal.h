@@ -82,6 +82,33 @@ struct Zero3 {
   std::vector<Zero3Rank> ranks;                 // by dp rank
 };
 
+// Native DeepSpeed MoE (deepspeed.moe.layer.MoE) at ZeRO stage 1/2: the optimizer's param
+// groups mix dense groups (partitioned over the dp ranks) and `moe` groups named ep_size_EP
+// (partitioned over the expert-data-parallel ranks of one EP rank, its local experts only).
+struct Moe {
+  struct Group {
+    bool moe = false;
+    // Per domain (dense: one, all dp ranks; moe: one per EP rank, its expert-dp ranks): the
+    // real elements, the parameters the source's param_slice_mappings name (offsets in the
+    // domain's flat buffer), and how far they reach (elements [0, known) are named).
+    std::vector<uint64_t> totals;
+    std::vector<std::vector<Param>> params;
+    std::vector<uint64_t> known;
+  };
+  uint32_t ep = 1;
+  // ds_config's use_data_before_expert_parallelism: rank r's EP rank is r / (dp / ep) and its
+  // expert-dp rank r % (dp / ep); otherwise (DeepSpeed's default) r % ep and r / ep.
+  bool data_before_expert = false;
+  // The moe groups' param_slice_mappings are cut by the full dp size (DeepSpeed 0.14.4 and
+  // older; fixed in 0.14.5): partition r's window is [r * a / dp, (r + 1) * a / dp) of the
+  // aligned buffer of a elements, not the partition itself.
+  bool full_dp_mappings = false;
+  std::vector<Group> groups;
+  // The (EP rank, expert-dp rank) of dp rank r of dp, and back.
+  std::pair<uint32_t, uint32_t> Split(uint32_t r, uint32_t dp) const;
+  uint32_t Join(uint32_t e, uint32_t q, uint32_t dp) const;
+};
+
 // A tag directory's files, decoded and checked against each other.
 class Checkpoint {
  public:
@@ -97,9 +124,18 @@ class Checkpoint {
   // State tensor `key` of group g in o; nullptr when absent or not a tensor.
   static const TorchTensor* StateTensor(const Optim& o, size_t g, const std::string& key);
 
+  // An optimizer file's structure (G parameter groups), no sizes checked. Errors: see
+  // PlanDeepSpeed.
+  Status ParseOptim(Optim* o, size_t G);
+  // Group g of o as partition r of `part` (`by` says where part comes from, for errors).
+  Status CheckOptimGroup(const Optim& o, size_t g, const Partitioning& part, uint64_t r,
+                         const std::string& by) const;
+
   const DeepSpeedSource& src;
   std::vector<TpRank> tp;    // by TP rank (stages 1 and 2)
   std::unique_ptr<Zero3> z3;  // stage 3 instead (deepspeed_zero3.cc)
+  std::unique_ptr<Moe> moe;   // native MoE at stage 1/2 (deepspeed_moe.cc); tp[0] then has no
+                              // param_shapes (groups, totals empty)
   uint32_t D = 0;            // the source's data-parallel size
   std::string optim_prefix;  // "", "bf16_" or "fp16_"
   // DeepSpeed's BF16_Optimizer (bf16 with ZeRO stage 1 and fp32 gradient accumulation) wrote
@@ -112,6 +148,8 @@ class Checkpoint {
   Status DecodeZero3(const std::map<uint32_t, const DsSourceFile*>& models,
                      const std::map<uint32_t, const DsSourceFile*>& optims);
   Status DecodeOptim(TpRank* tr, uint32_t d);
+  Status DecodeMoe(const std::map<uint32_t, const DsSourceFile*>& models,
+                   const std::map<std::pair<uint32_t, uint32_t>, const DsSourceFile*>& optims);
   Status CheckMappings(const TpRank& tr, uint32_t d) const;
 };
 
@@ -119,7 +157,19 @@ class Checkpoint {
 // _create_param_mapping computes it: (name, (numel, start in the partition)).
 std::vector<std::pair<std::string, std::pair<uint64_t, uint64_t>>> Fragments(
     const std::vector<Param>& params, const Partitioning& part, uint64_t d);
+// The same for the window [lo, hi) of the group's flat buffer (start relative to lo).
+std::vector<std::pair<std::string, std::pair<uint64_t, uint64_t>>> FragmentsIn(
+    const std::vector<Param>& params, uint64_t lo, uint64_t hi);
+// The source pieces holding elements [from, to) of a flat buffer cut as `part`, partition r
+// held by optim_of(r), of the tensor `pick` selects.
+Result<std::vector<Part>> FlatOf(const Partitioning& part,
+                                 const std::function<const Optim&(uint64_t r)>& optim_of,
+                                 uint64_t from, uint64_t to,
+                                 const std::function<const TorchTensor*(const Optim&)>& pick,
+                                 const std::string& what);
 
+// Integer field `key` of a pickled object's state (or of a mapping); nullopt when absent.
+std::optional<int64_t> IntField(const pickle::ValuePtr& obj, std::string_view key);
 // param_shapes of a model-states file: per group (stage 3: per sub-group) its parameters'
 // names, shapes and element counts, offsets 0. Errors (naming `where`): not a list of mappings
 // of shapes.
@@ -210,6 +260,18 @@ struct FullTensor {
 Result<FullTensor> Full(const Checkpoint& c, const std::vector<Located>& slices, const Merge& m,
                         const std::string& key);
 
+// How one group of one target file is cut: the partitioning and the partition, the fragments its
+// param_slice_mappings list, its partition_count entry, and the gathers of any element range of a
+// state's flat buffer ("fp32" or a state key).
+struct GroupCut {
+  Partitioning part{0, 1};
+  uint64_t r = 0;
+  std::vector<std::pair<std::string, std::pair<uint64_t, uint64_t>>> fragments;
+  int64_t count = 1;
+  std::function<Result<std::vector<Gather>>(const std::string& key, uint64_t from, uint64_t to)>
+      range;
+};
+
 // The flat buffers of a target TP rank: per group its parameters in order, and the gathers of any
 // element range of a state's buffer.
 struct Target {
@@ -219,6 +281,9 @@ struct Target {
   std::function<Result<std::vector<Gather>>(size_t g, const std::string& key, uint64_t from,
                                             uint64_t to)>
       range;
+  // When set, how group g of target file d is cut; `groups` then only gives the group count.
+  // Unset: every group is partitioned over all D ranks (totals, groups, range).
+  std::function<Result<GroupCut>(size_t g, uint32_t d)> cut;
 };
 // Optimizer file `d` of D of target TP rank `tp` (docs/views.md, dpD).
 Result<ViewEntry> PlanOptimFile(const Checkpoint& c, const Target& target, uint32_t tp, uint32_t d,
@@ -229,6 +294,12 @@ Status PlanDp(const Checkpoint& c, uint32_t D, std::vector<ViewEntry>* out);
 Status PlanUniversal(const Checkpoint& c, std::vector<ViewEntry>* out);
 Status PlanUniversalZero3(const Checkpoint& c, std::vector<ViewEntry>* out);
 Status PlanDpZero3(const Checkpoint& c, uint32_t D, std::vector<ViewEntry>* out);
+Status PlanDpMoe(const Checkpoint& c, uint32_t D, std::vector<ViewEntry>* out);
+// `latest` (the source's tag) and `files` of the tag as they are (deepspeed_dp.cc).
+void PlanLatestAndCopies(const Checkpoint& c, const std::vector<DsLayerFile>& files,
+                         std::vector<ViewEntry>* out);
+// A model-states file with dp_world_size set to D (deepspeed_dp.cc).
+Result<ViewEntry> PlanModelStates(const Checkpoint& c, const TpRank& tr, uint32_t tp, uint32_t D);
 // The tensor state keys of one group, over its ranks' state mappings (null: none) and their
 // files' tensors, in the order the optimizer made them ('step' apart). Errors: a state that is
 // not a tensor (the universal view cannot split it per parameter).
