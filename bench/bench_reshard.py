@@ -101,6 +101,44 @@ def write_safetensors(path, tensors):
             f.write(t.contiguous().view(torch.uint8).numpy().tobytes())
 
 
+def cold_loads(pid, work, paths, first=None):
+    """torch.load of every path in turn from a cold page cache, the first byte of `first` (else
+    of paths[0]) read ahead of them: (seconds, seconds to that first byte, bytes the daemon
+    wrote, growth of the cache directory)."""
+    drop_caches()
+    written0, cache0 = proc_field(pid, "write_bytes", "io"), du(work / "cache")
+    t0 = time.perf_counter()
+    with open(first or paths[0], "rb") as f:
+        f.read(1)
+    ttfb = time.perf_counter() - t0
+    for path in paths:
+        torch.load(path)
+    s = time.perf_counter() - t0
+    return s, ttfb, proc_field(pid, "write_bytes", "io") - written0, du(work / "cache") - cache0
+
+
+def cold_read_whole(pid, work, d):
+    """read_whole(d) from a cold page cache: (seconds, bytes read, bytes the daemon wrote, growth
+    of the cache directory)."""
+    drop_caches()
+    written0, cache0 = proc_field(pid, "write_bytes", "io"), du(work / "cache")
+    t0 = time.perf_counter()
+    n = read_whole(d)
+    s = time.perf_counter() - t0
+    return s, n, proc_field(pid, "write_bytes", "io") - written0, du(work / "cache") - cache0
+
+
+def write_hf_dir(out, sd):
+    """A new directory `out` holding sd as save_pretrained writes it under its 5 GB shard size:
+    one safetensors shard and the index."""
+    out.mkdir(parents=True)
+    shard = "model-00001-of-00001.safetensors"
+    write_safetensors(out / shard, sd)
+    total = sum(t.numel() * t.element_size() for t in sd.values())
+    (out / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": total}, "weight_map": {k: shard for k in sorted(sd)}}))
+
+
 def offline_hf(root, cfg, T, P, out):
     """The offline route to a Hugging Face directory: load every rank file, merge TP and PP, map
     to HF's names (QKV split per query group, SwiGLU into gate and up, vocabulary unpadded) and
@@ -128,12 +166,7 @@ def offline_hf(root, cfg, T, P, out):
             sd[hf + "mlp.up_proj.weight"] = torch.cat([h[1] for h in halves])
             sd[hf + "mlp.down_proj.weight"] = cat(pre + "mlp.linear_fc2.weight", p, 1)
     sd["model.norm.weight"] = ranks[(0, P - 1)]["decoder.final_layernorm.weight"]
-    out.mkdir(parents=True)
-    shard = "model-00001-of-00001.safetensors"
-    write_safetensors(out / shard, sd)
-    total = sum(t.numel() * t.element_size() for t in sd.values())
-    (out / "model.safetensors.index.json").write_text(json.dumps(
-        {"metadata": {"total_size": total}, "weight_map": {k: shard for k in sorted(sd)}}))
+    write_hf_dir(out, sd)
     os.sync()
     return sd
 
@@ -202,19 +235,10 @@ def distopt_case(root, cfg, work, pid, T, P):
     os.sync()
     names = (mf.FILE, mf.DISTRIB_FILE)
     print(f"distributed optimizer: {du(root) / 2**30:.2f} GiB at TP 4 x PP 2", flush=True)
-    drop_caches()
-    written0, cache0 = proc_field(pid, "write_bytes", "io"), du(work / "cache")
     view = root / ".views" / f"tp{T}-pp{P}" / "iter_0000100"
-    t0 = time.perf_counter()
-    with open(view / mf.rank_name(0, 0, P) / mf.DISTRIB_FILE, "rb") as f:
-        f.read(1)
-    ttfb = time.perf_counter() - t0
-    for p in range(P):
-        for t in range(T):
-            for name in names:
-                torch.load(view / mf.rank_name(t, p, P) / name)
-    view_s = time.perf_counter() - t0
-    vw, cg = proc_field(pid, "write_bytes", "io") - written0, du(work / "cache") - cache0
+    view_s, ttfb, vw, cg = cold_loads(
+        pid, work, [view / mf.rank_name(t, p, P) / n for p in range(P) for t in range(T)
+                    for n in names], first=view / mf.rank_name(0, 0, P) / mf.DISTRIB_FILE)
     drop_caches()
     off = work / "offline-distopt"
     t0 = time.perf_counter()
@@ -270,20 +294,8 @@ def dense_cases(mnt, gib, work, pid):
         spec = f"tp{T}-pp{P}"
         view = root / ".views" / spec / "iter_0000100"
         # View route.
-        drop_caches()
-        written0 = proc_field(pid, "write_bytes", "io")
-        cache0 = du(work / "cache")
-        t0 = time.perf_counter()
-        first = view / mf.rank_name(0, 0, P) / "model_optim_rng.pt"
-        with open(first, "rb") as f:
-            f.read(1)
-        ttfb = time.perf_counter() - t0
-        for p in range(P):
-            for t in range(T):
-                torch.load(view / mf.rank_name(t, p, P) / "model_optim_rng.pt")
-        view_s = time.perf_counter() - t0
-        view_written = proc_field(pid, "write_bytes", "io") - written0
-        cache_grew = du(work / "cache") - cache0
+        view_s, ttfb, view_written, cache_grew = cold_loads(
+            pid, work, [view / mf.rank_name(t, p, P) / mf.FILE for p in range(P) for t in range(T)])
         # Offline route.
         drop_caches()
         off = work / f"offline-{spec}"
@@ -302,13 +314,7 @@ def dense_cases(mnt, gib, work, pid):
         print(f"tp4-pp2 -> {spec}: view {view_s:.1f} s, offline {offline_s:.1f} s, "
               f"first byte {ttfb:.2f} s", flush=True)
     # The hf view read whole vs the offline route to the same directory.
-    drop_caches()
-    written0, cache0 = proc_field(pid, "write_bytes", "io"), du(work / "cache")
-    t0 = time.perf_counter()
-    hf_bytes = read_whole(root / ".views" / "hf")
-    hf_view_s = time.perf_counter() - t0
-    hf_written = proc_field(pid, "write_bytes", "io") - written0
-    hf_cache = du(work / "cache") - cache0
+    hf_view_s, hf_bytes, hf_written, hf_cache = cold_read_whole(pid, work, root / ".views" / "hf")
     drop_caches()
     off = work / "offline-hf"
     t0 = time.perf_counter()
@@ -358,16 +364,7 @@ def moe_case(root, cfg, work, pid):
     out = {}
     view = root / ".views" / "tp1-pp2-ep2" / mo.ITER
     ranks = [mm.rank_name(0, p, e, 2, 2) for p in range(2) for e in range(2)]
-    drop_caches()
-    written0, cache0 = proc_field(pid, "write_bytes", "io"), du(work / "cache")
-    t0 = time.perf_counter()
-    with open(view / ranks[0] / mm.FILE, "rb") as f:
-        f.read(1)
-    ttfb = time.perf_counter() - t0
-    for r in ranks:
-        torch.load(view / r / mm.FILE)
-    view_s = time.perf_counter() - t0
-    vw, cg = proc_field(pid, "write_bytes", "io") - written0, du(work / "cache") - cache0
+    view_s, ttfb, vw, cg = cold_loads(pid, work, [view / r / mm.FILE for r in ranks])
     drop_caches()
     off = work / "offline-moe"
     t0 = time.perf_counter()
@@ -381,16 +378,11 @@ def moe_case(root, cfg, work, pid):
     out["tp1-pp2-ep2"] = (view_s, offline_s, ttfb, vw, cg, ow)
     print(f"tp2-pp2-ep4 -> tp1-pp2-ep2: view {view_s:.1f} s, offline {offline_s:.1f} s, first "
           f"byte {ttfb:.2f} s (every tensor equal)", flush=True)
-    drop_caches()
-    written0, cache0 = proc_field(pid, "write_bytes", "io"), du(work / "cache")
-    t0 = time.perf_counter()
-    n = read_whole(root / ".views" / "hf")
-    view_s = time.perf_counter() - t0
-    vw, cg = proc_field(pid, "write_bytes", "io") - written0, du(work / "cache") - cache0
+    view_s, n, vw, cg = cold_read_whole(pid, work, root / ".views" / "hf")
     drop_caches()
     off = work / "offline-moe-hf"
     t0 = time.perf_counter()
-    mo.convert_hf(root, off, 2, 2, 4, write_safetensors)
+    mo.convert_hf(root, off, 2, 2, 4, write_hf_dir)
     offline_s = time.perf_counter() - t0
     ow = du(off)
     count = mo.compare_hf(root / ".views" / "hf", off)

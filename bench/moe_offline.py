@@ -160,7 +160,7 @@ def mixtral_config(args):
         "torch_dtype": "bfloat16", "initializer_range": 0.02, "use_cache": True}
 
 
-def convert_hf(src, out, Ts, P, EPs, write_safetensors):
+def convert_hf(src, out, Ts, P, EPs, write_hf_dir):
     """Every rank file under src/ITER -> out: MixtralForCausalLM's names (QKV split per query
     group, each expert's fc1 into w1 (gate) and w3 (up), fc2 as w2, the vocabulary unpadded)."""
     files = {(t, p, e): torch.load(src / ITER / mm.rank_name(t, p, e, P, EPs) / mm.FILE)
@@ -200,12 +200,7 @@ def convert_hf(src, out, Ts, P, EPs, write_safetensors):
                     sd[ex + "w3.weight"] = torch.cat([h[1] for h in halves])
     sd["model.norm.weight"] = ranks[(0, P - 1, 0)]["decoder.final_layernorm.weight"]
     sd["lm_head.weight"] = cat("output_layer.weight", P - 1, 0)[:V]
-    out.mkdir(parents=True)
-    shard = "model-00001-of-00001.safetensors"
-    write_safetensors(out / shard, sd)
-    total = sum(t.numel() * t.element_size() for t in sd.values())
-    (out / "model.safetensors.index.json").write_text(json.dumps(
-        {"metadata": {"total_size": total}, "weight_map": {k: shard for k in sorted(sd)}}))
+    write_hf_dir(out, sd)
     (out / "config.json").write_text(json.dumps(mixtral_config(args), indent=2))
     os.sync()
 
