@@ -227,7 +227,11 @@ Status PlanDpMoe(const Checkpoint& c, uint32_t D, std::vector<ViewEntry>* out) {
   target.groups.resize(m.groups.size());
   target.cut = [&](size_t g, uint32_t d) -> Result<GroupCut> {
     const Moe::Group& mg = m.groups[g];
-    const auto [e, q] = mg.moe ? m.Split(d, D) : std::pair<uint32_t, uint32_t>{0, d};
+    // Plain variables, not a structured binding: the lambda below captures e (clang 14 cannot
+    // capture bindings).
+    const std::pair<uint32_t, uint32_t> split =
+        mg.moe ? m.Split(d, D) : std::pair<uint32_t, uint32_t>{0, d};
+    const uint32_t e = split.first, q = split.second;
     const uint32_t n = mg.moe ? edp : D, n_s = mg.moe ? edp_s : S;
     GroupCut cut;
     cut.part = Partitioning(mg.totals[e], n);
