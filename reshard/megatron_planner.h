@@ -141,12 +141,12 @@ class Planner {
     int64_t global_expert, local;
   };
   Result<std::vector<Item>> MergedEntries(uint32_t tp, uint32_t pp);
-  // Whether g is an expert parameter of its own sub-optimizer at EP size E.
-  static bool ExpertParallel(const Global& g, uint32_t E) {
-    return E > 1 &&
-           (g.expert.kind == ExpertKey::kPerExpert || g.expert.kind == ExpertKey::kGrouped1 ||
-            g.expert.kind == ExpertKey::kGrouped2);
+  // Whether an entry of kind k is an expert parameter of its own sub-optimizer at EP size E.
+  static bool ExpertParallel(ExpertKey::Kind k, uint32_t E) {
+    return E > 1 && (k == ExpertKey::kPerExpert || k == ExpertKey::kGrouped1 ||
+                     k == ExpertKey::kGrouped2);
   }
+  static bool ExpertParallel(const Global& g, uint32_t E) { return ExpertParallel(g.expert.kind, E); }
   // Whether g belongs to target EP rank e.
   bool InTargetEp(const Global& g, uint32_t e) const;
   // Target parameter g's shard for TP rank t: ReshardTensor, or for a grouped tensor the
@@ -172,11 +172,7 @@ class Planner {
   // The sub-optimizer holding parameter entry `x` of `d` (a file of an EP size `ep` run): 1 for
   // an expert's at EP > 1, else 0.
   static int DistSub(const Decoded& d, size_t x, uint32_t ep) {
-    const ExpertKey::Kind k = d.expert[x].kind;
-    return ep > 1 && (k == ExpertKey::kPerExpert || k == ExpertKey::kGrouped1 ||
-                      k == ExpertKey::kGrouped2)
-               ? 1
-               : 0;
+    return ExpertParallel(d.expert[x].kind, ep) ? 1 : 0;
   }
 
   // Building one target file.
