@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <map>
@@ -12,6 +13,7 @@
 #include "reshard/dcp_view.h"
 #include "reshard/deepspeed.h"
 #include "reshard/megatron.h"
+#include "reshard/view_pages.h"
 #include "fs/views_internal.h"
 
 namespace ckptfs::fs {
@@ -687,8 +689,15 @@ Status ViewTree::Open(uint64_t ino, const reshard::ViewBytesFn& seen) {
       if (it != recs.end() && it->second.first == len) return it->second.second;
       return std::nullopt;
     };
-    // Several records at once: the pass is bound by reading the sources.
-    RETURN_IF_ERROR(reshard::ComputeCrcs(&body->file, read, known, kCrcThreads, seen));
+    // Several records at once: the pass is bound by reading the sources. What it reads goes to
+    // the page cache in whole pages, the pages around record boundaries once the headers hold
+    // their CRCs, so that a reader of the whole file makes no FUSE read.
+    std::optional<reshard::ViewPages> pages;
+    const auto page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    if (seen) pages.emplace(body->file.recipe.size(), page, seen);
+    RETURN_IF_ERROR(reshard::ComputeCrcs(&body->file, read, known, kCrcThreads,
+                                         pages ? pages->Sink() : nullptr));
+    if (pages) pages->Finish(body->file.recipe);
   }
   body->ready = true;
   return Status::Ok();

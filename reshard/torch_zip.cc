@@ -29,10 +29,11 @@ void Put64(std::string* s, uint64_t v) {
   for (int i = 0; i < 8; ++i) s->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
 }
 
+uint32_t Crc(uint32_t crc, const uint8_t* b, size_t n) {
+  return static_cast<uint32_t>(crc32_z(crc, b, static_cast<z_size_t>(n)));
+}
 uint32_t Crc(const std::string& b) {
-  uLong c = crc32(0L, Z_NULL, 0);
-  return static_cast<uint32_t>(
-      crc32_z(c, reinterpret_cast<const Bytef*>(b.data()), static_cast<z_size_t>(b.size())));
+  return Crc(0, reinterpret_cast<const uint8_t*>(b.data()), b.size());
 }
 
 }  // namespace
@@ -209,11 +210,11 @@ constexpr uint64_t kCrcUnit = 16 << 20;  // bytes one thread checksums at a time
 // The CRC of unit `u`; with `keep`, its bytes are also gathered there (u.len bytes).
 Result<uint32_t> UnitCrc(const ViewFile& f, const CrcUnit& u, const SourceReadFn& read,
                          uint8_t* keep) {
-  if (u.known) return *u.known;
-  uLong crc = crc32(0L, Z_NULL, 0);
+  if (u.known && !keep) return *u.known;
+  uint32_t crc = 0;
   size_t kept = 0;
   auto take = [&](const uint8_t* b, size_t n) {
-    crc = crc32_z(crc, b, n);
+    if (!u.known) crc = Crc(crc, b, n);
     if (keep && kept + n <= u.len) std::memcpy(keep + kept, b, n);
     kept += n;
   };
@@ -232,7 +233,7 @@ Result<uint32_t> UnitCrc(const ViewFile& f, const CrcUnit& u, const SourceReadFn
     return read(pc.source, pc.offset, pc.len, take);
   }));
   if (kept != u.len) return Internal("a source read gave a view record the wrong byte count");
-  return static_cast<uint32_t>(crc);
+  return u.known ? *u.known : crc;
 }
 
 }  // namespace
@@ -313,7 +314,7 @@ Status ComputeCrcs(ViewFile* f, const SourceReadFn& read, const KnownCrcFn& know
     uint64_t capacity = 0;
     for (size_t i = next++; i < n; i = next++) {
       const CrcUnit& u = units[i];
-      bool show = seen && !u.known;
+      bool show = static_cast<bool>(seen);
       if (show && capacity < u.len) {
         keep.reset(new (std::nothrow) uint8_t[u.len]);
         capacity = keep ? u.len : 0;

@@ -62,9 +62,11 @@ using ViewBytesFn = std::function<void(uint64_t offset, const uint8_t* data, siz
 
 // Computes every pending CRC of `f` and patches its headers; reads through `read` what `known`
 // cannot tell. The records are spread over `threads` threads (the caller's included), so `read`,
-// `known` and `seen` must be thread-safe when threads > 1. `seen`, when given, gets the record
-// bytes the pass read, in pieces of up to 16 MiB that start at multiples of 16 MiB of the file
-// except where a record starts, so that the caller can keep them for the reads that follow.
+// `known` and `seen` must be thread-safe when threads > 1. `seen`, when given, gets every byte of
+// the records, in pieces of up to 16 MiB that start at multiples of 16 MiB of the file except
+// where a record or a known source record starts, so that the caller can keep them for the reads
+// that follow; the known source records are then read too (not checksummed): a file opened is
+// read whole by torch.load, and the pass reads on several threads where a reader reads on one.
 // Errors: those of `read`. On error `f` is unchanged.
 Status ComputeCrcs(ViewFile* f, const SourceReadFn& read, const KnownCrcFn& known,
                    size_t threads = 1, const ViewBytesFn& seen = nullptr);

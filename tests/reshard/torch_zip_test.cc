@@ -201,9 +201,10 @@ TEST(TorchZip, LargeRecordsChecksumInPiecesOnThreads) {
   }
 }
 
-TEST(TorchZip, SeenGetsEachByteReadOnceInPiecesOnPageBoundaries) {
-  // `seen` gets every byte the pass read, and only those, at its offset;
-  // the known record in the middle of data/1 is not read, so it is not seen either.
+TEST(TorchZip, SeenGetsEveryRecordByteOnceInUnits) {
+  // `seen` gets every byte of the records once, at its offset, in units cut at 16 MiB of the
+  // file and around the known record in the middle of data/1, which is read for it but not
+  // checksummed (its CRC is still the known one: without `seen` it is not read at all).
   const LargeRecords big;
   const auto& src = big.src;
   ViewFile f = big.Build();
@@ -226,18 +227,31 @@ TEST(TorchZip, SeenGetsEachByteReadOnceInPiecesOnPageBoundaries) {
   const uint64_t known_at = d1 + (15 << 20), known_end = known_at + (3 << 20);
   const uint64_t unit = 16 << 20;
   uint64_t end = 0, total = 0;
+  bool known_seen = false;
   for (const auto& [off, bytes] : pieces) {
     SCOPED_TRACE(off);
     EXPECT_GE(off, end) << "pieces overlap";
     EXPECT_LE(bytes.size(), unit);
-    EXPECT_TRUE(off % unit == 0 || off == d0 || off == d1 || off == known_end)
+    EXPECT_TRUE(off % unit == 0 || off == d0 || off == d1 || off == known_at || off == known_end)
         << "a piece starts off a 16 MiB boundary inside a run";
-    EXPECT_TRUE(off + bytes.size() <= known_at || off >= known_end) << "the known record was seen";
+    if (off == known_at) {
+      known_seen = true;
+      EXPECT_EQ(bytes.size(), 3u << 20) << "the known record is one piece";
+    }
     EXPECT_TRUE(bytes == file.substr(off, bytes.size())) << "seen bytes differ from the file's";
     end = off + bytes.size();
     total += bytes.size();
   }
-  EXPECT_EQ(total, dir->entries[0].size + dir->entries[1].size - (3 << 20));
+  EXPECT_TRUE(known_seen);
+  EXPECT_EQ(total, dir->entries[0].size + dir->entries[1].size);
+  EXPECT_EQ(dir->entries[1].crc32,
+            static_cast<uint32_t>(crc32_z(
+                0, reinterpret_cast<const Bytef*>(file.data() + d1), dir->entries[1].size)));
+  // Without `seen`, the known record is not read.
+  ViewFile g = big.Build();
+  MemSources quiet{src};
+  ASSERT_TRUE(ComputeCrcs(&g, quiet.Fn(), big.Known(), 4).ok());
+  for (const auto& [source, offset, len] : quiet.reads) EXPECT_NE(source, 1u) << offset << len;
 }
 
 TEST(TorchZip, DirectoryReadsThroughTheRecipe) {
