@@ -1,3 +1,4 @@
+#include <libdeflate.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -29,9 +30,9 @@ void Put64(std::string* s, uint64_t v) {
   for (int i = 0; i < 8; ++i) s->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
 }
 
-uint32_t Crc(uint32_t crc, const uint8_t* b, size_t n) {
-  return static_cast<uint32_t>(crc32_z(crc, b, static_cast<z_size_t>(n)));
-}
+// zlib's CRC-32 (the zip one), by libdeflate: folded with carry-less multiplies where the CPU has
+// them, about twice zlib 1.2's speed, which matters in the CRC pass over a view file's records.
+uint32_t Crc(uint32_t crc, const uint8_t* b, size_t n) { return libdeflate_crc32(crc, b, n); }
 uint32_t Crc(const std::string& b) {
   return Crc(0, reinterpret_cast<const uint8_t*>(b.data()), b.size());
 }

@@ -8,7 +8,7 @@ pkgs=(
   libgtest-dev googletest
   clang libclang-rt-14-dev
   python3-torch python3-numpy python3-pytest attr psmisc procps util-linux e2fsprogs
-  libcurl4-openssl-dev libssl-dev openssl zlib1g-dev python3-botocore python3-boto3
+  libcurl4-openssl-dev libssl-dev openssl zlib1g-dev libdeflate-dev python3-botocore python3-boto3
   ceph-mon ceph-osd radosgw ceph-common curl
   # The Prometheus exporter (-o metrics=) and the Prometheus server its test scrapes it with;
   # matplotlib for bench/plot.py.
