@@ -487,7 +487,9 @@ Result<std::vector<ViewEntry>> PlanDeepSpeed(const DeepSpeedSource& src, const D
   if (c.moe) {
     if (spec.kind == DsSpec::kUniversal) {
       return Invalid("a DeepSpeed MoE checkpoint (expert files, moe param groups) has no "
-                     "universal view yet");
+                     "universal view: DeepSpeed defines none for native MoE experts "
+                     "(ds_to_universal skips their files; universal loading finds a "
+                     "parameter by its name, and every EP rank names its experts 0..E/EP-1)");
     }
     if (spec.kind == DsSpec::kTpDp) {
       return Invalid("a DeepSpeed MoE checkpoint has no tensor-parallel views yet (tp" +
