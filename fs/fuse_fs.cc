@@ -103,7 +103,9 @@ std::string EscapeCommas(const std::string& s) {
 }  // namespace
 
 Status ServeMount(Store* store, const Config& cfg, const std::function<void()>& on_mounted) {
-  auto views = fs::ViewTree::Make(store, GetLogger("views"), cfg.view_rules,
+  // The views read the store's committed files; the source outlives them (declared first).
+  const std::unique_ptr<fs::CheckpointSource> source = fs::NewStoreSource(store);
+  auto views = fs::ViewTree::Make(source.get(), GetLogger("views"), cfg.view_rules,
                                   reshard::HfOptions{cfg.view_hf_shard_bytes});
   if (!views.ok()) return views.status();
   fs::Context ctx{store, cfg, GetLogger("fs"), fs::NewFileInfoCache(), *views};

@@ -18,11 +18,11 @@
 
 namespace ckptfs::fs {
 
-// Random access to a committed file through the store.
-zip::ReadAtFn ReadAtOf(Store* store, std::shared_ptr<const Manifest> m) {
-  return [store, m](uint64_t off, size_t len) -> Result<std::string> {
+// Random access to one version of a source file.
+zip::ReadAtFn ReadAtOf(std::shared_ptr<const SourceFile> f) {
+  return [f](uint64_t off, size_t len) -> Result<std::string> {
     std::vector<ReadSlice> slices;
-    RETURN_IF_ERROR(store->ReadCommitted(*m, off, len, &slices));
+    RETURN_IF_ERROR(f->Read(off, len, &slices));
     std::string out;
     for (const ReadSlice& s : slices) out.append(reinterpret_cast<const char*>(s.data), s.len);
     if (out.size() != len) return Corrupt("short read");
@@ -49,10 +49,10 @@ Result<std::string> TrackedIteration(std::string tracker) {
 // of its records (for KnownCrcFn), and its records other than data.pkl and data/*, which view
 // files copy.
 Result<std::shared_ptr<const TorchFile>> ReadSourceTorch(
-    Store* store, Sources* sources, uint32_t index, const std::string& where,
+    Sources* sources, uint32_t index, const std::string& where,
     std::vector<std::pair<std::string, std::string>>* extra_records) {
-  const auto& m = sources->manifests[index];
-  const zip::ReadAtFn read_at = ReadAtOf(store, m);
+  const auto& m = sources->files[index];
+  const zip::ReadAtFn read_at = ReadAtOf(m);
   auto tf = ReadTorchFile(m->size(), read_at);
   if (!tf.ok()) return Invalid(where + ": " + tf.status().message());
   const std::string prefix = tf->prefix + "/";
@@ -67,7 +67,7 @@ Result<std::shared_ptr<const TorchFile>> ReadSourceTorch(
   return std::make_shared<const TorchFile>(std::move(*tf));
 }
 
-Result<std::shared_ptr<ViewTree>> ViewTree::Make(Store* store, Logger log,
+Result<std::shared_ptr<ViewTree>> ViewTree::Make(CheckpointSource* source, Logger log,
                                                  const std::string& rules_file,
                                                  const reshard::HfOptions& hf) {
   std::shared_ptr<const reshard::Rules> rules = reshard::Rules::BuiltIn();
@@ -79,12 +79,12 @@ Result<std::shared_ptr<ViewTree>> ViewTree::Make(Store* store, Logger log,
     ASSIGN_OR_RETURN(rules, reshard::Rules::Parse(ss.str()));
   }
   if (hf.max_shard_bytes == 0) return Invalid("hf_shard_size must be at least 1 byte");
-  return std::shared_ptr<ViewTree>(new ViewTree(store, std::move(log), std::move(rules), hf));
+  return std::shared_ptr<ViewTree>(new ViewTree(source, std::move(log), std::move(rules), hf));
 }
 
-ViewTree::ViewTree(Store* store, Logger log, std::shared_ptr<const reshard::Rules> rules,
+ViewTree::ViewTree(CheckpointSource* source, Logger log, std::shared_ptr<const reshard::Rules> rules,
                    const reshard::HfOptions& hf)
-    : store_(store), log_(std::move(log)), rules_(std::move(rules)), hf_options_(hf) {}
+    : source_(source), log_(std::move(log)), rules_(std::move(rules)), hf_options_(hf) {}
 ViewTree::~ViewTree() = default;
 
 ViewTree::Node* ViewTree::Get(uint64_t ino) {
@@ -113,27 +113,27 @@ ViewTree::Node* ViewTree::AddChild(Node* parent, std::string name, int type) {
 }
 
 Result<std::string> ViewTree::ReadTracker(uint64_t root) {
-  ASSIGN_OR_RETURN(InodeRecord tr, store_->Lookup(root, kTracker));
+  ASSIGN_OR_RETURN(InodeRecord tr, source_->Lookup(root, kTracker));
   return ReadReal(tr.ino, 4096);
 }
 
 Result<std::string> ViewTree::ReadReal(uint64_t ino, uint64_t max_len) {
-  ASSIGN_OR_RETURN(auto m, store_->CommittedManifest(ino));
+  ASSIGN_OR_RETURN(auto m, source_->Open(ino));
   if (m->size() > max_len) return Invalid("file too large to read whole");
   std::vector<ReadSlice> slices;
-  RETURN_IF_ERROR(store_->ReadCommitted(*m, 0, m->size(), &slices));
+  RETURN_IF_ERROR(m->Read(0, m->size(), &slices));
   std::string out;
   for (const ReadSlice& s : slices) out.append(reinterpret_cast<const char*>(s.data), s.len);
   return out;
 }
 
 bool ViewTree::HasViews(uint64_t dir) {
-  return store_->Lookup(dir, kTracker).ok() || store_->Lookup(dir, kDcpMetadata).ok() ||
+  return source_->Lookup(dir, kTracker).ok() || source_->Lookup(dir, kDcpMetadata).ok() ||
          DeepSpeedTag(dir, nullptr).ok();
 }
 
 Result<std::string> ViewTree::DeepSpeedTag(uint64_t root, std::string* latest) {
-  ASSIGN_OR_RETURN(InodeRecord rec, store_->Lookup(root, kDsLatest));
+  ASSIGN_OR_RETURN(InodeRecord rec, source_->Lookup(root, kDsLatest));
   if (!S_ISREG(rec.mode)) return NotFound("latest is not a file");
   ASSIGN_OR_RETURN(std::string bytes, ReadReal(rec.ino, 4096));
   std::string tag = bytes;
@@ -141,10 +141,10 @@ Result<std::string> ViewTree::DeepSpeedTag(uint64_t root, std::string* latest) {
   if (tag.empty() || tag.find('/') != std::string::npos || tag == "." || tag == "..") {
     return NotFound("latest names no tag");
   }
-  ASSIGN_OR_RETURN(InodeRecord dir, store_->Lookup(root, tag));
+  ASSIGN_OR_RETURN(InodeRecord dir, source_->Lookup(root, tag));
   if (!S_ISDIR(dir.mode)) return NotFound("the tag is not a directory");
-  if (!store_->Lookup(dir.ino, kDsModelStates).ok()) {  // ZeRO stages 1/2, else stage 3
-    RETURN_IF_ERROR(store_->Lookup(dir.ino, kDsZero3ModelStates).status());
+  if (!source_->Lookup(dir.ino, kDsModelStates).ok()) {  // ZeRO stages 1/2, else stage 3
+    RETURN_IF_ERROR(source_->Lookup(dir.ino, kDsZero3ModelStates).status());
   }
   if (latest) *latest = std::move(bytes);
   return tag;
@@ -152,9 +152,9 @@ Result<std::string> ViewTree::DeepSpeedTag(uint64_t root, std::string* latest) {
 
 Result<InodeRecord> ViewTree::LookupViews(uint64_t root) {
   Kind kind;
-  if (store_->Lookup(root, kTracker).ok()) {
+  if (source_->Lookup(root, kTracker).ok()) {
     kind = Kind::kMegatron;
-  } else if (store_->Lookup(root, kDcpMetadata).ok()) {
+  } else if (source_->Lookup(root, kDcpMetadata).ok()) {
     kind = Kind::kDcp;
   } else if (DeepSpeedTag(root, nullptr).ok()) {
     kind = Kind::kDeepSpeed;
@@ -177,7 +177,7 @@ Result<InodeRecord> ViewTree::LookupViews(uint64_t root) {
 }
 
 Result<InodeRecord> ViewTree::Attr(const Node& n) {
-  ASSIGN_OR_RETURN(InodeRecord root, store_->GetAttr(n.root));
+  ASSIGN_OR_RETURN(InodeRecord root, source_->GetAttr(n.root));
   InodeRecord r;
   r.ino = n.ino;
   r.uid = root.uid;
@@ -224,7 +224,7 @@ bool IsIterationName(std::string_view n) {
 
 Status ViewTree::PlanDcp(Node* spec) {
   if (spec->planned) return Status::Ok();
-  ASSIGN_OR_RETURN(InodeRecord meta_rec, store_->Lookup(spec->root, kDcpMetadata));
+  ASSIGN_OR_RETURN(InodeRecord meta_rec, source_->Lookup(spec->root, kDcpMetadata));
   ASSIGN_OR_RETURN(std::string meta_bytes, ReadReal(meta_rec.ino, kMaxSmallFile));
   ASSIGN_OR_RETURN(dcp::Metadata md, dcp::ParseMetadata(meta_bytes));
   auto sources = std::make_shared<Sources>();
@@ -232,12 +232,12 @@ Status ViewTree::PlanDcp(Node* spec) {
   std::map<std::string, uint32_t> index_of;
   for (const std::string& rel : md.Files()) {
     // Data files sit beside .metadata (FileSystemWriter writes no subdirectories).
-    auto rec = store_->Lookup(spec->root, rel);
+    auto rec = source_->Lookup(spec->root, rel);
     if (!rec.ok()) return Invalid("data file " + rel + " named by .metadata is missing");
-    ASSIGN_OR_RETURN(auto m, store_->CommittedManifest(rec->ino));
+    ASSIGN_OR_RETURN(auto m, source_->Open(rec->ino));
     const uint32_t index = sources->Add(rec->ino, m);
     index_of[rel] = index;
-    const zip::ReadAtFn read_at = ReadAtOf(store_, m);
+    const zip::ReadAtFn read_at = ReadAtOf(m);
     ASSIGN_OR_RETURN(FileDescription desc, dcp::DescribeDataFile(md, rel, m->size(), read_at));
     files.push_back(reshard::DcpDataFile{rel, index, std::move(desc)});
   }
@@ -246,8 +246,7 @@ Status ViewTree::PlanDcp(Node* spec) {
     if (b.storage.length > kMaxSmallFile) return Invalid("item " + b.fqn + " is too large");
     const uint32_t index = index_of.at(b.storage.relative_path);
     std::vector<ReadSlice> slices;
-    RETURN_IF_ERROR(store_->ReadCommitted(*sources->manifests[index], b.storage.offset,
-                                          b.storage.length, &slices));
+    RETURN_IF_ERROR(sources->files[index]->Read(b.storage.offset, b.storage.length, &slices));
     std::string bytes;
     for (const ReadSlice& s : slices) bytes.append(reinterpret_cast<const char*>(s.data), s.len);
     items[b.fqn] = std::move(bytes);
@@ -261,7 +260,7 @@ Status ViewTree::PlanDcp(Node* spec) {
     f->body->sources = sources;
   }
   spec->planned = true;
-  store_->metrics().view_plans.Add(1);
+  source_->CountPlan();
   return Status::Ok();
 }
 
@@ -269,43 +268,43 @@ Result<reshard::DeepSpeedSource> ViewTree::ReadDeepSpeed(uint64_t root, Sources*
                                                          std::string* latest, bool parse_layers) {
   reshard::DeepSpeedSource src;
   ASSIGN_OR_RETURN(src.tag, DeepSpeedTag(root, latest));
-  ASSIGN_OR_RETURN(InodeRecord dir, store_->Lookup(root, src.tag));
+  ASSIGN_OR_RETURN(InodeRecord dir, source_->Lookup(root, src.tag));
   std::vector<std::string> names, layers, moe_files;
-  RETURN_IF_ERROR(store_->ReadDir(dir.ino, 0, [&](const DirItem& item) {
+  RETURN_IF_ERROR(source_->ReadDir(dir.ino, 0, [&](const DirItem& item) {
     if (reshard::IsDeepSpeedSourceName(item.name)) names.emplace_back(item.name);
     if (reshard::IsDeepSpeedLayerName(item.name)) layers.emplace_back(item.name);
     if (reshard::IsDeepSpeedMoeName(item.name)) moe_files.emplace_back(item.name);
     return true;
   }));
   for (const std::string& name : moe_files) {  // carried as they are: not parsed
-    ASSIGN_OR_RETURN(InodeRecord f, store_->Lookup(dir.ino, name));
-    ASSIGN_OR_RETURN(auto m, store_->CommittedManifest(f.ino));
+    ASSIGN_OR_RETURN(InodeRecord f, source_->Lookup(dir.ino, name));
+    ASSIGN_OR_RETURN(auto m, source_->Open(f.ino));
     src.moe_files.push_back({name, sources->Add(f.ino, m), m->size(), nullptr, {}});
   }
   for (const std::string& name : layers) {
-    ASSIGN_OR_RETURN(InodeRecord f, store_->Lookup(dir.ino, name));
-    ASSIGN_OR_RETURN(auto m, store_->CommittedManifest(f.ino));
+    ASSIGN_OR_RETURN(InodeRecord f, source_->Lookup(dir.ino, name));
+    ASSIGN_OR_RETURN(auto m, source_->Open(f.ino));
     reshard::DsLayerFile lf{name, sources->Add(f.ino, m), m->size(), nullptr, {}};
     if (parse_layers) {
-      ASSIGN_OR_RETURN(lf.file, ReadSourceTorch(store_, sources, lf.source, src.tag + "/" + name,
+      ASSIGN_OR_RETURN(lf.file, ReadSourceTorch(sources, lf.source, src.tag + "/" + name,
                                                 &lf.extra_records));
     }
     src.layers.push_back(std::move(lf));
   }
   for (std::string_view name : reshard::kDsRootFiles) {
-    auto f = store_->Lookup(root, name);
+    auto f = source_->Lookup(root, name);
     if (!f.ok() || !S_ISREG(f->mode)) continue;
-    ASSIGN_OR_RETURN(auto m, store_->CommittedManifest(f->ino));
+    ASSIGN_OR_RETURN(auto m, source_->Open(f->ino));
     src.root_files.push_back({std::string(name), sources->Add(f->ino, m), m->size()});
   }
   for (const std::string& name : names) {
-    ASSIGN_OR_RETURN(InodeRecord f, store_->Lookup(dir.ino, name));
-    ASSIGN_OR_RETURN(auto m, store_->CommittedManifest(f.ino));
+    ASSIGN_OR_RETURN(InodeRecord f, source_->Lookup(dir.ino, name));
+    ASSIGN_OR_RETURN(auto m, source_->Open(f.ino));
     reshard::DsSourceFile sf;
     sf.name = name;
     sf.source = sources->Add(f.ino, m);
     sf.size = m->size();
-    ASSIGN_OR_RETURN(sf.file, ReadSourceTorch(store_, sources, sf.source, src.tag + "/" + name,
+    ASSIGN_OR_RETURN(sf.file, ReadSourceTorch(sources, sf.source, src.tag + "/" + name,
                                               &sf.extra_records));
     src.files.push_back(std::move(sf));
   }
@@ -343,7 +342,7 @@ void ViewTree::PlanTree(Node* spec, std::vector<reshard::ViewEntry> entries,
   }
   spec->sources = std::move(sources);
   spec->planned = true;
-  store_->metrics().view_plans.Add(1);
+  source_->CountPlan();
 }
 
 Status ViewTree::MakeSpec(Node* views, const std::string& spec, Node** out) {
@@ -417,8 +416,8 @@ bool ViewTree::Fresh(const Node& n) {
   auto same = [&](const std::shared_ptr<Sources>& src) {
     if (!src) return true;
     for (size_t i = 0; i < src->inos.size(); ++i) {
-      auto now = store_->CommittedManifest(src->inos[i]);
-      if (!now.ok() || !(**now == *src->manifests[i])) return false;
+      auto now = source_->Open(src->inos[i]);
+      if (!now.ok() || !src->files[i]->SameVersion(**now)) return false;
     }
     return true;
   };
@@ -462,10 +461,10 @@ Result<InodeRecord> ViewTree::Lookup(uint64_t parent, std::string_view name_view
         // Every refusal is kept with its reason (user.ckptfs.view_errors) and logged, whatever
         // its errno: a loader that finds no view starts from scratch without saying why.
         const bool invalid = st.code() != Code::kNotFound;
-        auto path = store_->ParentOf(dir->root);
+        const std::string path = source_->Describe(dir->root);
         log_->log(invalid ? spdlog::level::warn : spdlog::level::info,
                   "view {} of directory inode {}{}: {}", name, dir->root,
-                  path.ok() ? " (" + path->second + ")" : "", st.message());
+                  path.empty() ? "" : " (" + path + ")", st.message());
         if (dir->errors.size() >= kMaxViewErrors && !dir->errors.count(name)) {
           dir->errors.erase(dir->errors.begin());  // bounded: a name may be anything
         }
@@ -486,7 +485,7 @@ Result<InodeRecord> ViewTree::Lookup(uint64_t parent, std::string_view name_view
         break;
       }
       if (!IsIterationName(name)) return NotFound(name);
-      auto real = store_->Lookup(dir->root, name);
+      auto real = source_->Lookup(dir->root, name);
       if (!real.ok() || !S_ISDIR(real->mode)) return NotFound(name);
       made = AddChild(dir, name, kIterDir);
       Status st = PlanMegatronIter(made);
@@ -603,7 +602,7 @@ Status ViewTree::ReadDir(uint64_t ino, uint64_t offset,
           names = {{"model.pt", S_IFREG}, {"model.safetensors", S_IFREG}};
         } else {
           names.push_back({std::string(kTracker), S_IFREG});
-          (void)store_->ReadDir(n->root, 2, [&](const DirItem& item) {
+          (void)source_->ReadDir(n->root, 2, [&](const DirItem& item) {
             if (IsIterationName(item.name) && S_ISDIR(item.mode)) {
               names.push_back({std::string(item.name), S_IFDIR});
             }
@@ -649,13 +648,13 @@ Result<std::shared_ptr<ViewTree::Body>> ViewTree::BodyOf(uint64_t ino) {
 namespace {
 
 // Streams source bytes [off, off + len) of source s to sink, a few MiB at a time.
-Status ReadSource(Store* store, const Sources& src, uint32_t s, uint64_t off, uint64_t len,
+Status ReadSource(const Sources& src, uint32_t s, uint64_t off, uint64_t len,
                   const std::function<void(const uint8_t*, size_t)>& sink) {
   constexpr uint64_t kStep = 8 << 20;
   for (uint64_t at = 0; at < len; at += kStep) {
     std::vector<ReadSlice> slices;
     const uint64_t n = std::min(kStep, len - at);
-    Status st = store->ReadCommitted(*src.manifests[s], off + at, n, &slices);
+    Status st = src.files[s]->Read(off + at, n, &slices);
     if (st.code() == Code::kNotFound) {
       return IoError("a source file of the view changed since it was planned");
     }
@@ -681,7 +680,7 @@ Status ViewTree::Open(uint64_t ino, const reshard::ViewBytesFn& seen) {
     auto read = [&](uint32_t s, uint64_t off, uint64_t len,
                     const std::function<void(const uint8_t*, size_t)>& sink) {
       WarmAhead(*body, s, off + len);
-      return ReadSource(store_, src, s, off, len, sink);
+      return ReadSource(src, s, off, len, sink);
     };
     auto known = [&](uint32_t s, uint64_t off, uint64_t len) -> std::optional<uint32_t> {
       const auto& recs = src.records[s];
@@ -710,8 +709,8 @@ void ViewTree::WarmAhead(Body& body, uint32_t source, uint64_t reached) {
   uint64_t from, to;
   {
     std::lock_guard lock(body.warm_mu);
-    if (body.warmed.size() != body.sources->manifests.size()) {
-      body.warmed.assign(body.sources->manifests.size(), 0);
+    if (body.warmed.size() != body.sources->files.size()) {
+      body.warmed.assign(body.sources->files.size(), 0);
     }
     uint64_t& w = body.warmed[source];
     if (w >= reached + kWindow / 2) return;
@@ -719,7 +718,7 @@ void ViewTree::WarmAhead(Body& body, uint32_t source, uint64_t reached) {
     to = reached + kWindow;
     w = to;
   }
-  store_->WarmCommitted(body.sources->manifests[source], from, to - from);
+  body.sources->files[source]->Warm(from, to - from);
 }
 
 Status ViewTree::Read(uint64_t ino, uint64_t offset, size_t len, std::vector<ReadSlice>* out) {
@@ -738,7 +737,7 @@ Status ViewTree::Read(uint64_t ino, uint64_t offset, size_t len, std::vector<Rea
       if (!buf) return IoError("no memory for a view's computed bytes");
       auto read = [&](uint32_t s, uint64_t off, uint64_t len,
                       const std::function<void(const uint8_t*, size_t)>& sink) {
-        return ReadSource(store_, *body->sources, s, off, len, sink);
+        return ReadSource(*body->sources, s, off, len, sink);
       };
       RETURN_IF_ERROR(reshard::MeanBytes(pc, read, buf.get()));
       out->push_back(ReadSlice{buf, buf.get(), pc.len});
@@ -746,7 +745,7 @@ Status ViewTree::Read(uint64_t ino, uint64_t offset, size_t len, std::vector<Rea
     }
     WarmAhead(*body, pc.source, pc.offset + pc.len);
     const size_t before = out->size();
-    Status st = store_->ReadCommitted(*body->sources->manifests[pc.source], pc.offset, pc.len, out);
+    Status st = body->sources->files[pc.source]->Read(pc.offset, pc.len, out);
     if (st.code() == Code::kNotFound) {
       return IoError("a source file of the view changed since it was planned");
     }

@@ -26,6 +26,7 @@
 #include "formats/dcp.h"
 #include "reshard/megatron_hf.h"
 #include "reshard/view_file.h"
+#include "fs/checkpoint_source.h"
 #include "store/store.h"
 
 namespace ckptfs::fs {
@@ -41,7 +42,7 @@ class ViewTree {
   // rules_file: a user rules file (Config::view_rules), "" for the built-in rules only.
   // Errors: the rules file cannot be read or parsed.
   // hf: the hf view's options (its shard size).
-  static Result<std::shared_ptr<ViewTree>> Make(Store* store, Logger log,
+  static Result<std::shared_ptr<ViewTree>> Make(CheckpointSource* source, Logger log,
                                                 const std::string& rules_file,
                                                 const reshard::HfOptions& hf = {});
   ~ViewTree();
@@ -70,7 +71,7 @@ class ViewTree {
   struct Body;
 
  private:
-  ViewTree(Store* store, Logger log, std::shared_ptr<const reshard::Rules> rules,
+  ViewTree(CheckpointSource* source, Logger log, std::shared_ptr<const reshard::Rules> rules,
            const reshard::HfOptions& hf);
   Node* Get(uint64_t ino);  // REQUIRES: mu_ held
   Result<std::shared_ptr<Body>> BodyOf(uint64_t ino);  // a view file's; takes mu_
@@ -114,7 +115,7 @@ class ViewTree {
   Result<reshard::MegatronTensors> ReadTorchDist(uint64_t root, const std::string& iter_name,
                                                  Sources* sources);
 
-  Store* store_;
+  CheckpointSource* source_;  // outlives the tree
   Logger log_;
   std::shared_ptr<const reshard::Rules> rules_;
   reshard::HfOptions hf_options_;

@@ -14,6 +14,7 @@
 #include "formats/torch_file.h"
 #include "formats/zip.h"
 #include "fs/views.h"
+#include "fs/checkpoint_source.h"
 #include "store/store.h"
 
 namespace ckptfs::fs {
@@ -34,15 +35,15 @@ inline constexpr size_t kCrcThreads = 4;              // records whose CRCs one 
 enum Type { kViewsDir, kSpecDir, kIterDir, kRankDir, kFile, kTreeDir };
 enum class Kind { kMegatron, kMegatronHf, kDcp, kDeepSpeed };  // kMegatronHf: the hf spec
 
-// The stored files a plan reads: their inodes and the manifests it was planned against.
+// The source files a plan reads: their ids and the versions it was planned against.
 struct Sources {
   std::vector<uint64_t> inos;
-  std::vector<std::shared_ptr<const Manifest>> manifests;
+  std::vector<std::shared_ptr<const SourceFile>> files;
   // Per source: data offset -> (length, CRC-32) of each zip record, for KnownCrcFn.
   std::vector<std::map<uint64_t, std::pair<uint64_t, uint32_t>>> records;
-  uint32_t Add(uint64_t ino, std::shared_ptr<const Manifest> m) {
+  uint32_t Add(uint64_t ino, std::shared_ptr<const SourceFile> f) {
     inos.push_back(ino);
-    manifests.push_back(std::move(m));
+    files.push_back(std::move(f));
     records.emplace_back();
     return static_cast<uint32_t>(inos.size() - 1);
   }
@@ -77,15 +78,15 @@ struct ViewTree::Node {
   std::shared_ptr<Sources> sources;  // a DeepSpeed spec's: what its files read
 };
 
-// Random access to a committed file through the store.
-zip::ReadAtFn ReadAtOf(Store* store, std::shared_ptr<const Manifest> m);
+// Random access to one version of a source file.
+zip::ReadAtFn ReadAtOf(std::shared_ptr<const SourceFile> f);
 // The iteration directory a tracker file's bytes name ("iter_0000100" or "release").
 Result<std::string> TrackedIteration(std::string tracker);
 // Reads stored torch file `index` of `sources` (`where` names it in errors): its parse, the CRCs
 // of its records (for KnownCrcFn), and its records other than data.pkl and data/*, which view
 // files copy.
 Result<std::shared_ptr<const TorchFile>> ReadSourceTorch(
-    Store* store, Sources* sources, uint32_t index, const std::string& where,
+    Sources* sources, uint32_t index, const std::string& where,
     std::vector<std::pair<std::string, std::string>>* extra_records);
 // "iter_NNNNNNN" (seven digits) or "release".
 bool IsIterationName(std::string_view n);

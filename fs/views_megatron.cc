@@ -44,16 +44,16 @@ Result<reshard::MegatronSource> ViewTree::ReadMegatronIter(uint64_t root,
                                                            const std::string& iter_name,
                                                            Sources* sources,
                                                            bool with_distrib) {
-  ASSIGN_OR_RETURN(InodeRecord dir, store_->Lookup(root, iter_name));
+  ASSIGN_OR_RETURN(InodeRecord dir, source_->Lookup(root, iter_name));
   // The rank files, as the directory names them.
   std::vector<std::pair<std::string, std::vector<uint32_t>>> ranks;
-  RETURN_IF_ERROR(store_->ReadDir(dir.ino, 0, [&](const DirItem& item) {
+  RETURN_IF_ERROR(source_->ReadDir(dir.ino, 0, [&](const DirItem& item) {
     std::vector<uint32_t> numbers;
     if (ParseRankDir(item.name, &numbers)) ranks.push_back({std::string(item.name), numbers});
     return true;
   }));
   if (ranks.empty()) {
-    if (store_->Lookup(dir.ino, kTorchDistConfig).ok()) {
+    if (source_->Lookup(dir.ino, kTorchDistConfig).ok()) {
       return Invalid(iter_name + " is a torch_dist checkpoint, which Megatron reshards itself "
                      "when it loads it: its views are hf and " + iter_name +
                      "/.views/consolidated");
@@ -63,20 +63,20 @@ Result<reshard::MegatronSource> ViewTree::ReadMegatronIter(uint64_t root,
   std::sort(ranks.begin(), ranks.end());
   reshard::MegatronSource src;
   for (const auto& [name, numbers] : ranks) {
-    ASSIGN_OR_RETURN(InodeRecord rd, store_->Lookup(dir.ino, name));
-    auto f = store_->Lookup(rd.ino, kRankFile);
+    ASSIGN_OR_RETURN(InodeRecord rd, source_->Lookup(dir.ino, name));
+    auto f = source_->Lookup(rd.ino, kRankFile);
     if (!f.ok()) return Invalid(iter_name + "/" + name + " has no " + std::string(kRankFile));
-    ASSIGN_OR_RETURN(auto m, store_->CommittedManifest(f->ino));
+    ASSIGN_OR_RETURN(auto m, source_->Open(f->ino));
     reshard::MegatronRankFile rf;
     rf.source = sources->Add(f->ino, m);
-    ASSIGN_OR_RETURN(rf.file, ReadSourceTorch(store_, sources, rf.source,
+    ASSIGN_OR_RETURN(rf.file, ReadSourceTorch(sources, rf.source,
                                               iter_name + "/" + name + "/" +
                                                   std::string(kRankFile),
                                               &rf.extra_records));
-    if (auto df = store_->Lookup(rd.ino, kDistribFile); with_distrib && df.ok()) {
-      ASSIGN_OR_RETURN(auto dm, store_->CommittedManifest(df->ino));
+    if (auto df = source_->Lookup(rd.ino, kDistribFile); with_distrib && df.ok()) {
+      ASSIGN_OR_RETURN(auto dm, source_->Open(df->ino));
       rf.distrib_source = sources->Add(df->ino, dm);
-      ASSIGN_OR_RETURN(rf.distrib, ReadSourceTorch(store_, sources, rf.distrib_source,
+      ASSIGN_OR_RETURN(rf.distrib, ReadSourceTorch(sources, rf.distrib_source,
                                                    iter_name + "/" + name + "/" +
                                                        std::string(kDistribFile),
                                                    &rf.distrib_extra_records));
@@ -133,7 +133,7 @@ Status ViewTree::PlanMegatronIter(Node* iter) {
     iter->plan.push_back(std::move(b));
   }
   iter->planned = true;
-  store_->metrics().view_plans.Add(1);
+  source_->CountPlan();
   return Status::Ok();
 }
 
@@ -142,9 +142,9 @@ Status ViewTree::PlanMegatronHf(Node* spec) {
   ASSIGN_OR_RETURN(spec->tracker, ReadTracker(spec->root));
   ASSIGN_OR_RETURN(std::string iter_name, TrackedIteration(spec->tracker));
   auto sources = std::make_shared<Sources>();
-  ASSIGN_OR_RETURN(InodeRecord iter, store_->Lookup(spec->root, iter_name));
+  ASSIGN_OR_RETURN(InodeRecord iter, source_->Lookup(spec->root, iter_name));
   std::vector<reshard::ViewEntry> entries;
-  if (store_->Lookup(iter.ino, kTorchDistConfig).ok()) {  // torch_dist: DCP, no rank files
+  if (source_->Lookup(iter.ino, kTorchDistConfig).ok()) {  // torch_dist: DCP, no rank files
     ASSIGN_OR_RETURN(reshard::MegatronTensors tensors,
                      ReadTorchDist(spec->root, iter_name, sources.get()));
     ASSIGN_OR_RETURN(entries, reshard::PlanMegatronHf(std::move(tensors), hf_options_));
@@ -160,22 +160,22 @@ Status ViewTree::PlanMegatronHf(Node* spec) {
 Result<reshard::MegatronModel> ViewTree::ReadModel(uint64_t root) {
   ASSIGN_OR_RETURN(std::string tracker, ReadTracker(root));
   ASSIGN_OR_RETURN(std::string iter_name, TrackedIteration(tracker));
-  ASSIGN_OR_RETURN(InodeRecord iter, store_->Lookup(root, iter_name));
-  if (store_->Lookup(iter.ino, kTorchDistConfig).ok()) {
+  ASSIGN_OR_RETURN(InodeRecord iter, source_->Lookup(root, iter_name));
+  if (source_->Lookup(iter.ino, kTorchDistConfig).ok()) {
     ASSIGN_OR_RETURN(TorchFile common, ReadTorchDistCommon(iter.ino, iter_name, nullptr));
     return reshard::ReadMegatronModel(common, /*torch_dist=*/true);
   }
   std::string first;
-  RETURN_IF_ERROR(store_->ReadDir(iter.ino, 2, [&](const DirItem& item) {
+  RETURN_IF_ERROR(source_->ReadDir(iter.ino, 2, [&](const DirItem& item) {
     std::vector<uint32_t> numbers;
     if (ParseRankDir(item.name, &numbers)) first = item.name;
     return first.empty();
   }));
   if (first.empty()) return NotFound("no rank directory");
-  ASSIGN_OR_RETURN(InodeRecord rd, store_->Lookup(iter.ino, first));
-  ASSIGN_OR_RETURN(InodeRecord f, store_->Lookup(rd.ino, kRankFile));
-  ASSIGN_OR_RETURN(auto m, store_->CommittedManifest(f.ino));
-  ASSIGN_OR_RETURN(TorchFile tf, ReadTorchFile(m->size(), ReadAtOf(store_, m)));
+  ASSIGN_OR_RETURN(InodeRecord rd, source_->Lookup(iter.ino, first));
+  ASSIGN_OR_RETURN(InodeRecord f, source_->Lookup(rd.ino, kRankFile));
+  ASSIGN_OR_RETURN(auto m, source_->Open(f.ino));
+  ASSIGN_OR_RETURN(TorchFile tf, ReadTorchFile(m->size(), ReadAtOf(m)));
   return reshard::ReadMegatronModel(tf);
 }
 
@@ -184,12 +184,12 @@ Result<TorchFile> ViewTree::ReadTorchDistCommon(uint64_t iter, const std::string
   // Megatron before 2026-07 wrote the common state (args, iteration, ...) to common.pt; since,
   // it is the DCP item common_state/shard_0_1, torch.save([state]).
   std::string bytes;
-  if (auto c = store_->Lookup(iter, kTorchDistCommon); c.ok()) {
+  if (auto c = source_->Lookup(iter, kTorchDistCommon); c.ok()) {
     ASSIGN_OR_RETURN(bytes, ReadReal(c->ino, kMaxSmallFile));
   } else {
     dcp::Metadata parsed;
     if (!md) {
-      ASSIGN_OR_RETURN(InodeRecord rec, store_->Lookup(iter, kDcpMetadata));
+      ASSIGN_OR_RETURN(InodeRecord rec, source_->Lookup(iter, kDcpMetadata));
       ASSIGN_OR_RETURN(std::string meta, ReadReal(rec.ino, kMaxSmallFile));
       ASSIGN_OR_RETURN(parsed, dcp::ParseMetadata(meta));
       md = &parsed;
@@ -201,9 +201,9 @@ Result<TorchFile> ViewTree::ReadTorchDistCommon(uint64_t iter, const std::string
                      item->storage.transforms[0] + ")");
     }
     if (item->storage.length > kMaxSmallFile) return Invalid("the common state is too large");
-    ASSIGN_OR_RETURN(InodeRecord f, store_->Lookup(iter, item->storage.relative_path));
-    ASSIGN_OR_RETURN(auto m, store_->CommittedManifest(f.ino));
-    ASSIGN_OR_RETURN(bytes, ReadAtOf(store_, m)(item->storage.offset, item->storage.length));
+    ASSIGN_OR_RETURN(InodeRecord f, source_->Lookup(iter, item->storage.relative_path));
+    ASSIGN_OR_RETURN(auto m, source_->Open(f.ino));
+    ASSIGN_OR_RETURN(bytes, ReadAtOf(m)(item->storage.offset, item->storage.length));
   }
   auto tf = reshard::ParseTorchDistCommon(bytes);
   if (!tf.ok()) return Invalid(iter_name + ": " + tf.status().message());
@@ -212,18 +212,18 @@ Result<TorchFile> ViewTree::ReadTorchDistCommon(uint64_t iter, const std::string
 
 Result<reshard::MegatronTensors> ViewTree::ReadTorchDist(uint64_t root, const std::string& iter_name,
                                                          Sources* sources) {
-  ASSIGN_OR_RETURN(InodeRecord iter, store_->Lookup(root, iter_name));
-  ASSIGN_OR_RETURN(InodeRecord meta_rec, store_->Lookup(iter.ino, kDcpMetadata));
+  ASSIGN_OR_RETURN(InodeRecord iter, source_->Lookup(root, iter_name));
+  ASSIGN_OR_RETURN(InodeRecord meta_rec, source_->Lookup(iter.ino, kDcpMetadata));
   ASSIGN_OR_RETURN(std::string meta_bytes, ReadReal(meta_rec.ino, kMaxSmallFile));
   ASSIGN_OR_RETURN(dcp::Metadata md, dcp::ParseMetadata(meta_bytes));
   std::vector<reshard::DcpDataFile> files;
   for (const std::string& rel : md.Files()) {
-    auto rec = store_->Lookup(iter.ino, rel);
+    auto rec = source_->Lookup(iter.ino, rel);
     if (!rec.ok()) return Invalid(iter_name + ": data file " + rel + " named by .metadata is missing");
-    ASSIGN_OR_RETURN(auto m, store_->CommittedManifest(rec->ino));
+    ASSIGN_OR_RETURN(auto m, source_->Open(rec->ino));
     const uint32_t index = sources->Add(rec->ino, m);
     ASSIGN_OR_RETURN(FileDescription desc,
-                     dcp::DescribeDataFile(md, rel, m->size(), ReadAtOf(store_, m)));
+                     dcp::DescribeDataFile(md, rel, m->size(), ReadAtOf(m)));
     files.push_back(reshard::DcpDataFile{rel, index, std::move(desc)});
   }
   ASSIGN_OR_RETURN(TorchFile common, ReadTorchDistCommon(iter.ino, iter_name, &md));
