@@ -757,6 +757,20 @@ Status ViewTree::Read(uint64_t ino, uint64_t offset, size_t len, std::vector<Rea
   });
 }
 
+Result<std::vector<uint64_t>> ViewTree::SourceIds(uint64_t ino) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Body> body, BodyOf(ino));
+  std::vector<uint64_t> ids;
+  if (!body->sources) return ids;
+  std::vector<bool> used(body->sources->inos.size(), false);
+  for (const reshard::Segment& s : body->file.recipe.segments()) {
+    for (const reshard::Part& p : s.parts) used[p.source] = true;
+  }
+  for (size_t i = 0; i < used.size(); ++i) {
+    if (used[i]) ids.push_back(body->sources->inos[i]);
+  }
+  return ids;
+}
+
 Result<std::string> ViewTree::ViewErrors(uint64_t ino) {
   std::lock_guard lock(mu_);
   Node* n = Get(ino);

@@ -63,6 +63,8 @@ class ViewTree {
   // literal bytes and the source chunks' buffers, kept alive by the slices. REQUIRES: Open
   // succeeded.
   Status Read(uint64_t ino, uint64_t offset, size_t len, std::vector<ReadSlice>* out);
+  // The ids (in the tree's CheckpointSource) of the source files view file `ino` reads.
+  Result<std::vector<uint64_t>> SourceIds(uint64_t ino);
   // The reasons the specs looked up under `.views` directory `ino` failed, one "SPEC: reason"
   // line each (user.ckptfs.view_errors); kNoData when none failed.
   Result<std::string> ViewErrors(uint64_t ino);

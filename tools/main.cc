@@ -46,6 +46,7 @@ constexpr const char* kUsage = R"(usage:
   ckptfs stats [MOUNTPOINT|PATH|CACHE_DIR]
   ckptfs inspect [--json] FILE|DIR
   ckptfs inspect ROOT --view SPEC
+  ckptfs convert SRC DST --view SPEC [--rules FILE]
   ckptfs prefetch PATH [--wait]
   ckptfs fsck [PATH] [--deep] [--repair] [--json]
   ckptfs retain ROOT --keep-last N [--keep-every K] [--dry-run]
@@ -354,8 +355,17 @@ std::string CommandHelp(const std::string& cmd) {
        "usage: ckptfs inspect [--json] FILE|DIR\n"
        "       ckptfs inspect ROOT --view SPEC\n"
        "Describes a checkpoint file or directory: its format, tensors (names, dtypes, shapes,\n"
-       "byte ranges) and parallel layout; with --view, the view SPEC of ROOT would serve.\n"
+       "byte ranges) and parallel layout; with --view, the files the view SPEC of ROOT serves\n"
+       "(off a mount: planned here, with the source files each reads).\n"
        "Exit status: 0, or 1 when the file cannot be read or recognized.\n"},
+      {"convert",
+       "usage: ckptfs convert SRC DST --view SPEC [--rules FILE]\n"
+       "Writes view SPEC (docs/views.md: tpT-ppP, tpT-ppP-epE, hf, dpD, tpT-dpD, universal,\n"
+       "consolidated) of the checkpoint in directory SRC into the new directory DST, without a\n"
+       "mount: the files the mount's SRC/.views/SPEC serves, bit for bit. SRC is a plain\n"
+       "directory or a path in a mount. DST appears whole once every file is synced, or not at\n"
+       "all. --rules: a view rules file, as the mount option view_rules=.\n"
+       "Exit status: 0, 1 when the view is refused (with the reason) or cannot be written.\n"},
       {"prefetch",
        "usage: ckptfs prefetch PATH [--wait]\n"
        "Pulls PATH (a file or a directory tree) from the remote tiers onto the local tier in\n"
@@ -436,6 +446,7 @@ int main(int argc, char** argv) {
   if (cmd == "stats") return ckptfs::Stats(args);
   if (cmd == "status") return ckptfs::ShowStatus(args);
   if (cmd == "inspect") return ckptfs::Inspect(args);
+  if (cmd == "convert") return ckptfs::Convert(args);
   if (cmd == "prefetch") return ckptfs::Prefetch(args);
   if (cmd == "fsck") return ckptfs::Fsck(args);
   if (cmd == "retain") return ckptfs::Retain(args);
