@@ -2,18 +2,14 @@
 
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <fstream>
 #include <map>
 #include <sstream>
 
-#include "formats/dcp.h"
 #include "formats/torch_file.h"
-#include "reshard/dcp_view.h"
 #include "reshard/deepspeed.h"
 #include "reshard/megatron.h"
-#include "reshard/view_pages.h"
 #include "fs/views_internal.h"
 
 namespace ckptfs::fs {
@@ -132,24 +128,6 @@ bool ViewTree::HasViews(uint64_t dir) {
          DeepSpeedTag(dir, nullptr).ok();
 }
 
-Result<std::string> ViewTree::DeepSpeedTag(uint64_t root, std::string* latest) {
-  ASSIGN_OR_RETURN(InodeRecord rec, source_->Lookup(root, kDsLatest));
-  if (!S_ISREG(rec.mode)) return NotFound("latest is not a file");
-  ASSIGN_OR_RETURN(std::string bytes, ReadReal(rec.ino, 4096));
-  std::string tag = bytes;
-  while (!tag.empty() && std::isspace(static_cast<unsigned char>(tag.back()))) tag.pop_back();
-  if (tag.empty() || tag.find('/') != std::string::npos || tag == "." || tag == "..") {
-    return NotFound("latest names no tag");
-  }
-  ASSIGN_OR_RETURN(InodeRecord dir, source_->Lookup(root, tag));
-  if (!S_ISDIR(dir.mode)) return NotFound("the tag is not a directory");
-  if (!source_->Lookup(dir.ino, kDsModelStates).ok()) {  // ZeRO stages 1/2, else stage 3
-    RETURN_IF_ERROR(source_->Lookup(dir.ino, kDsZero3ModelStates).status());
-  }
-  if (latest) *latest = std::move(bytes);
-  return tag;
-}
-
 Result<InodeRecord> ViewTree::LookupViews(uint64_t root) {
   Kind kind;
   if (source_->Lookup(root, kTracker).ok()) {
@@ -220,108 +198,6 @@ bool IsIterationName(std::string_view n) {
   if (n == "release") return true;
   if (n.size() != 12 || !n.starts_with("iter_")) return false;
   return n.substr(5).find_first_not_of("0123456789") == std::string_view::npos;
-}
-
-Status ViewTree::PlanDcp(Node* spec) {
-  if (spec->planned) return Status::Ok();
-  ASSIGN_OR_RETURN(InodeRecord meta_rec, source_->Lookup(spec->root, kDcpMetadata));
-  ASSIGN_OR_RETURN(std::string meta_bytes, ReadReal(meta_rec.ino, kMaxSmallFile));
-  ASSIGN_OR_RETURN(dcp::Metadata md, dcp::ParseMetadata(meta_bytes));
-  auto sources = std::make_shared<Sources>();
-  std::vector<reshard::DcpDataFile> files;
-  std::map<std::string, uint32_t> index_of;
-  for (const std::string& rel : md.Files()) {
-    // Data files sit beside .metadata (FileSystemWriter writes no subdirectories).
-    auto rec = source_->Lookup(spec->root, rel);
-    if (!rec.ok()) return Invalid("data file " + rel + " named by .metadata is missing");
-    ASSIGN_OR_RETURN(auto m, source_->Open(rec->ino));
-    const uint32_t index = sources->Add(rec->ino, m);
-    index_of[rel] = index;
-    const zip::ReadAtFn read_at = ReadAtOf(m);
-    ASSIGN_OR_RETURN(FileDescription desc, dcp::DescribeDataFile(md, rel, m->size(), read_at));
-    files.push_back(reshard::DcpDataFile{rel, index, std::move(desc)});
-  }
-  std::map<std::string, std::string> items;
-  for (const dcp::BytesEntry& b : md.bytes) {
-    if (b.storage.length > kMaxSmallFile) return Invalid("item " + b.fqn + " is too large");
-    const uint32_t index = index_of.at(b.storage.relative_path);
-    std::vector<ReadSlice> slices;
-    RETURN_IF_ERROR(sources->files[index]->Read(b.storage.offset, b.storage.length, &slices));
-    std::string bytes;
-    for (const ReadSlice& s : slices) bytes.append(reinterpret_cast<const char*>(s.data), s.len);
-    items[b.fqn] = std::move(bytes);
-  }
-  ASSIGN_OR_RETURN(reshard::DcpView v, reshard::PlanDcpConsolidated(md, files, items));
-  for (auto [name, file] : {std::pair{"model.pt", &v.model_pt},
-                            std::pair{"model.safetensors", &v.model_safetensors}}) {
-    Node* f = AddChild(spec, name, kFile);
-    f->body = std::make_shared<Body>();
-    f->body->file = std::move(*file);
-    f->body->sources = sources;
-  }
-  spec->planned = true;
-  source_->CountPlan();
-  return Status::Ok();
-}
-
-Result<reshard::DeepSpeedSource> ViewTree::ReadDeepSpeed(uint64_t root, Sources* sources,
-                                                         std::string* latest, bool parse_layers) {
-  reshard::DeepSpeedSource src;
-  ASSIGN_OR_RETURN(src.tag, DeepSpeedTag(root, latest));
-  ASSIGN_OR_RETURN(InodeRecord dir, source_->Lookup(root, src.tag));
-  std::vector<std::string> names, layers, moe_files;
-  RETURN_IF_ERROR(source_->ReadDir(dir.ino, 0, [&](const DirItem& item) {
-    if (reshard::IsDeepSpeedSourceName(item.name)) names.emplace_back(item.name);
-    if (reshard::IsDeepSpeedLayerName(item.name)) layers.emplace_back(item.name);
-    if (reshard::IsDeepSpeedMoeName(item.name)) moe_files.emplace_back(item.name);
-    return true;
-  }));
-  for (const std::string& name : moe_files) {  // carried as they are: not parsed
-    ASSIGN_OR_RETURN(InodeRecord f, source_->Lookup(dir.ino, name));
-    ASSIGN_OR_RETURN(auto m, source_->Open(f.ino));
-    src.moe_files.push_back({name, sources->Add(f.ino, m), m->size(), nullptr, {}});
-  }
-  for (const std::string& name : layers) {
-    ASSIGN_OR_RETURN(InodeRecord f, source_->Lookup(dir.ino, name));
-    ASSIGN_OR_RETURN(auto m, source_->Open(f.ino));
-    reshard::DsLayerFile lf{name, sources->Add(f.ino, m), m->size(), nullptr, {}};
-    if (parse_layers) {
-      ASSIGN_OR_RETURN(lf.file, ReadSourceTorch(sources, lf.source, src.tag + "/" + name,
-                                                &lf.extra_records));
-    }
-    src.layers.push_back(std::move(lf));
-  }
-  for (std::string_view name : reshard::kDsRootFiles) {
-    auto f = source_->Lookup(root, name);
-    if (!f.ok() || !S_ISREG(f->mode)) continue;
-    ASSIGN_OR_RETURN(auto m, source_->Open(f->ino));
-    src.root_files.push_back({std::string(name), sources->Add(f->ino, m), m->size()});
-  }
-  for (const std::string& name : names) {
-    ASSIGN_OR_RETURN(InodeRecord f, source_->Lookup(dir.ino, name));
-    ASSIGN_OR_RETURN(auto m, source_->Open(f.ino));
-    reshard::DsSourceFile sf;
-    sf.name = name;
-    sf.source = sources->Add(f.ino, m);
-    sf.size = m->size();
-    ASSIGN_OR_RETURN(sf.file, ReadSourceTorch(sources, sf.source, src.tag + "/" + name,
-                                              &sf.extra_records));
-    src.files.push_back(std::move(sf));
-  }
-  return src;
-}
-
-Status ViewTree::PlanDeepSpeed(Node* spec) {
-  if (spec->planned) return Status::Ok();
-  reshard::DsSpec ds;
-  if (!reshard::ParseDsSpec(spec->spec, &ds)) return NotFound(spec->spec);
-  auto sources = std::make_shared<Sources>();
-  ASSIGN_OR_RETURN(reshard::DeepSpeedSource src,
-                   ReadDeepSpeed(spec->root, sources.get(), &spec->tracker,
-                                 ds.kind == reshard::DsSpec::kTpDp));
-  ASSIGN_OR_RETURN(std::vector<reshard::ViewEntry> entries, reshard::PlanDeepSpeed(src, ds));
-  PlanTree(spec, std::move(entries), std::move(sources));
-  return Status::Ok();
 }
 
 void ViewTree::PlanTree(Node* spec, std::vector<reshard::ViewEntry> entries,
@@ -643,132 +519,6 @@ Result<std::shared_ptr<ViewTree::Body>> ViewTree::BodyOf(uint64_t ino) {
   if (!n) return NotFound("no such view inode");
   if (n->type != kFile) return Status(Code::kIsDir, "a view directory");
   return n->body;
-}
-
-namespace {
-
-// Streams source bytes [off, off + len) of source s to sink, a few MiB at a time.
-Status ReadSource(const Sources& src, uint32_t s, uint64_t off, uint64_t len,
-                  const std::function<void(const uint8_t*, size_t)>& sink) {
-  constexpr uint64_t kStep = 8 << 20;
-  for (uint64_t at = 0; at < len; at += kStep) {
-    std::vector<ReadSlice> slices;
-    const uint64_t n = std::min(kStep, len - at);
-    Status st = src.files[s]->Read(off + at, n, &slices);
-    if (st.code() == Code::kNotFound) {
-      return IoError("a source file of the view changed since it was planned");
-    }
-    RETURN_IF_ERROR(st);
-    uint64_t got = 0;
-    for (const ReadSlice& sl : slices) {
-      sink(sl.data, sl.len);
-      got += sl.len;
-    }
-    if (got != n) return Corrupt("a source file of the view is shorter than planned");
-  }
-  return Status::Ok();
-}
-
-}  // namespace
-
-Status ViewTree::Open(uint64_t ino, const reshard::ViewBytesFn& seen) {
-  ASSIGN_OR_RETURN(std::shared_ptr<Body> body, BodyOf(ino));
-  std::lock_guard lock(body->mu);
-  if (body->ready) return Status::Ok();
-  if (!body->file.crc_tasks.empty()) {
-    const Sources& src = *body->sources;
-    auto read = [&](uint32_t s, uint64_t off, uint64_t len,
-                    const std::function<void(const uint8_t*, size_t)>& sink) {
-      WarmAhead(*body, s, off + len);
-      return ReadSource(src, s, off, len, sink);
-    };
-    auto known = [&](uint32_t s, uint64_t off, uint64_t len) -> std::optional<uint32_t> {
-      const auto& recs = src.records[s];
-      auto it = recs.find(off);
-      if (it != recs.end() && it->second.first == len) return it->second.second;
-      return std::nullopt;
-    };
-    // Several records at once: the pass is bound by reading the sources. What it reads goes to
-    // the page cache in whole pages, the pages around record boundaries once the headers hold
-    // their CRCs, so that a reader of the whole file makes no FUSE read.
-    std::optional<reshard::ViewPages> pages;
-    const auto page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-    if (seen) pages.emplace(body->file.recipe.size(), page, seen);
-    RETURN_IF_ERROR(reshard::ComputeCrcs(&body->file, read, known, kCrcThreads,
-                                         pages ? pages->Sink() : nullptr));
-    if (pages) pages->Finish(body->file.recipe);
-  }
-  body->ready = true;
-  return Status::Ok();
-}
-
-void ViewTree::WarmAhead(Body& body, uint32_t source, uint64_t reached) {
-  // A view reads each source front to back (rows in order), so the next bytes of a source are
-  // the ones to load while this read is served.
-  constexpr uint64_t kWindow = 64 << 20;
-  uint64_t from, to;
-  {
-    std::lock_guard lock(body.warm_mu);
-    if (body.warmed.size() != body.sources->files.size()) {
-      body.warmed.assign(body.sources->files.size(), 0);
-    }
-    uint64_t& w = body.warmed[source];
-    if (w >= reached + kWindow / 2) return;
-    from = std::max(w, reached);
-    to = reached + kWindow;
-    w = to;
-  }
-  body.sources->files[source]->Warm(from, to - from);
-}
-
-Status ViewTree::Read(uint64_t ino, uint64_t offset, size_t len, std::vector<ReadSlice>* out) {
-  ASSIGN_OR_RETURN(std::shared_ptr<Body> body, BodyOf(ino));
-  {
-    std::lock_guard lock(body->mu);
-    if (!body->ready) return Internal("view file read before open");
-  }
-  return body->file.recipe.Walk(offset, len, [&](const reshard::Piece& pc) -> Status {
-    if (pc.literal) {
-      out->push_back(ReadSlice{body, pc.literal, pc.len});  // the body keeps the bytes alive
-      return Status::Ok();
-    }
-    if (pc.mean) {  // computed: read the ranges it averages, into a buffer of its own
-      std::shared_ptr<uint8_t[]> buf(new (std::nothrow) uint8_t[pc.len]);
-      if (!buf) return IoError("no memory for a view's computed bytes");
-      auto read = [&](uint32_t s, uint64_t off, uint64_t len,
-                      const std::function<void(const uint8_t*, size_t)>& sink) {
-        return ReadSource(*body->sources, s, off, len, sink);
-      };
-      RETURN_IF_ERROR(reshard::MeanBytes(pc, read, buf.get()));
-      out->push_back(ReadSlice{buf, buf.get(), pc.len});
-      return Status::Ok();
-    }
-    WarmAhead(*body, pc.source, pc.offset + pc.len);
-    const size_t before = out->size();
-    Status st = body->sources->files[pc.source]->Read(pc.offset, pc.len, out);
-    if (st.code() == Code::kNotFound) {
-      return IoError("a source file of the view changed since it was planned");
-    }
-    RETURN_IF_ERROR(st);
-    uint64_t got = 0;
-    for (size_t i = before; i < out->size(); ++i) got += (*out)[i].len;
-    if (got != pc.len) return Corrupt("a source file of the view is shorter than planned");
-    return Status::Ok();
-  });
-}
-
-Result<std::vector<uint64_t>> ViewTree::SourceIds(uint64_t ino) {
-  ASSIGN_OR_RETURN(std::shared_ptr<Body> body, BodyOf(ino));
-  std::vector<uint64_t> ids;
-  if (!body->sources) return ids;
-  std::vector<bool> used(body->sources->inos.size(), false);
-  for (const reshard::Segment& s : body->file.recipe.segments()) {
-    for (const reshard::Part& p : s.parts) used[p.source] = true;
-  }
-  for (size_t i = 0; i < used.size(); ++i) {
-    if (used[i]) ids.push_back(body->sources->inos[i]);
-  }
-  return ids;
 }
 
 Result<std::string> ViewTree::ViewErrors(uint64_t ino) {
