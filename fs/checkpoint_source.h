@@ -1,7 +1,7 @@
 // Where the views read their checkpoints from: one interface, so that a view is planned and read
 // the same way in a mounted daemon (StoreSource: the store's committed files) and without a mount
-// (DirSource: a plain directory of checkpoint files, `ckptfs convert` and `ckptfs inspect
-// --view`).
+// (DirSource: a plain directory of checkpoint files; OpenCacheDirSource: an unmounted cache
+// directory; for `ckptfs convert` and `ckptfs inspect --view`).
 //
 // A source names its files and directories by 64-bit ids (the store's inode numbers; DirSource
 // hands out its own). Open gives one immutable version of a file: its reads return that
@@ -57,8 +57,22 @@ class CheckpointSource {
   virtual void CountPlan() {}
 };
 
+// Bytes [offset, offset + len) of open file `fd` (`path` names it in errors) read into a buffer
+// of their own and appended to *out; fewer where the file ends.
+Status PreadSlice(int fd, uint64_t offset, uint64_t len, const std::string& path,
+                  std::vector<ReadSlice>* out);
+
 // The mounted store's committed files. `store` outlives it.
 std::unique_ptr<CheckpointSource> NewStoreSource(Store* store);
+
+// The unmounted cache directory `cache_dir` (its metadata read-only, the local tier's chunks
+// verified on read, staged files from their staging files), checkpoint directory `path` of its
+// namespace ("" or "/" for the root) the tree's root: its id goes to *root. A chunk evicted to a
+// remote tier fails the read (kNotFound, saying so). Errors: no such cache directory or
+// directory in it.
+Result<std::unique_ptr<CheckpointSource>> OpenCacheDirSource(const std::string& cache_dir,
+                                                             const std::string& path,
+                                                             uint64_t* root);
 
 // The plain directory `root` (and everything below it) of a local filesystem, read with pread;
 // its id is RootId. A file's version is its (device, inode, size, mtime, ctime): a file changed

@@ -33,19 +33,7 @@ class DirFile final : public SourceFile {
 
   Status Read(uint64_t offset, uint64_t len, std::vector<ReadSlice>* out) const override {
     if (offset >= size()) return Status::Ok();
-    len = std::min(len, size() - offset);
-    std::shared_ptr<uint8_t[]> buf(new (std::nothrow) uint8_t[len]);
-    if (!buf) return IoError("no memory to read " + path_);
-    uint64_t got = 0;
-    while (got < len) {
-      const ssize_t n = ::pread(fd_, buf.get() + got, len - got, static_cast<off_t>(offset + got));
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) return IoError("read " + path_ + ": " + std::strerror(errno));
-      if (n == 0) break;  // the file shrank: the caller finds the bytes short
-      got += static_cast<uint64_t>(n);
-    }
-    if (got) out->push_back(ReadSlice{buf, buf.get(), got});
-    return Status::Ok();
+    return PreadSlice(fd_, offset, std::min(len, size() - offset), path_, out);
   }
 
   void Warm(uint64_t offset, uint64_t len) const override {
@@ -67,6 +55,22 @@ class DirFile final : public SourceFile {
 };
 
 }  // namespace
+
+Status PreadSlice(int fd, uint64_t offset, uint64_t len, const std::string& path,
+                  std::vector<ReadSlice>* out) {
+  std::shared_ptr<uint8_t[]> buf(new (std::nothrow) uint8_t[len]);
+  if (!buf) return IoError("no memory to read " + path);
+  uint64_t got = 0;
+  while (got < len) {
+    const ssize_t n = ::pread(fd, buf.get() + got, len - got, static_cast<off_t>(offset + got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return IoError("read " + path + ": " + std::strerror(errno));
+    if (n == 0) break;  // the file shrank: the caller finds the bytes short
+    got += static_cast<uint64_t>(n);
+  }
+  if (got) out->push_back(ReadSlice{buf, buf.get(), got});
+  return Status::Ok();
+}
 
 // Ids are handed out per path on first sight and kept for the life of the source.
 struct DirSource::Ids {

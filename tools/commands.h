@@ -34,13 +34,14 @@ int Gc(const std::vector<std::string>& args);
 // their health, local tier use, what waits for upload, recent errors.
 int ShowStatus(const std::vector<std::string>& args);
 
-// ckptfs convert SRC DST --view SPEC [--rules FILE]: writes view SPEC of the checkpoint in
-// directory SRC (plain, or a mount's path) into the new directory DST without a mount
-// (tools/convert.cc).
+// ckptfs convert SRC DST --view SPEC [--cache-dir DIR] [--rules FILE]: writes view SPEC of the
+// checkpoint in directory SRC (plain, a mount's path, or with --cache-dir a directory of that
+// unmounted cache directory) into the new directory DST without a mount (tools/convert.cc).
 int Convert(const std::vector<std::string>& args);
-// ckptfs inspect ROOT --view SPEC off a mount: the view's files, sizes and the source files each
-// reads, planned without a daemon.
-int InspectViewOffline(const std::string& root, const std::string& spec);
+// ckptfs inspect ROOT --view SPEC [--cache-dir DIR] off a mount: the view's files, sizes and the
+// source files each reads, planned without a daemon.
+int InspectViewOffline(const std::string& root, const std::string& spec,
+                       const std::string& cache_dir = "");
 
 int Fail(const std::string& msg);
 // The torch_dist iterations in directory `path` (itself, or its iter_* directories), described

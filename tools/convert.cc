@@ -30,7 +30,8 @@ namespace ckptfs {
 namespace {
 
 struct OfflineView {
-  std::unique_ptr<fs::DirSource> source;
+  std::unique_ptr<fs::CheckpointSource> source;
+  uint64_t root = 0;  // the checkpoint directory's id in source
   std::shared_ptr<fs::ViewTree> tree;
   uint64_t spec = 0;  // the spec directory's inode in the tree
 };
@@ -40,17 +41,23 @@ struct ViewFileEntry {
   uint64_t ino = 0, size = 0;
 };
 
-// Plans view `spec` of checkpoint directory `root`. Errors carry the reason the mount would log
-// and keep in user.ckptfs.view_errors.
-Result<OfflineView> PlanOffline(const std::string& root, const std::string& spec,
-                                const std::string& rules) {
+// Plans view `spec` of checkpoint directory `root`: a plain directory, or with `cache_dir`, a
+// directory of that unmounted cache directory's namespace. Errors carry the reason the mount
+// would log and keep in user.ckptfs.view_errors.
+Result<OfflineView> PlanOffline(const std::string& root, const std::string& cache_dir,
+                                const std::string& spec, const std::string& rules) {
   OfflineView v;
-  ASSIGN_OR_RETURN(v.source, fs::DirSource::Make(root));
+  if (cache_dir.empty()) {
+    ASSIGN_OR_RETURN(v.source, fs::DirSource::Make(root));
+    v.root = fs::DirSource::kRootId;
+  } else {
+    ASSIGN_OR_RETURN(v.source, fs::OpenCacheDirSource(cache_dir, root, &v.root));
+  }
   // Refusals come back as errors with their reasons; the tree's own log lines would repeat them.
   auto log = std::make_shared<spdlog::logger>("views",
                                               std::make_shared<spdlog::sinks::null_sink_mt>());
   ASSIGN_OR_RETURN(v.tree, fs::ViewTree::Make(v.source.get(), log, rules));
-  auto views = v.tree->LookupViews(fs::DirSource::kRootId);
+  auto views = v.tree->LookupViews(v.root);
   if (!views.ok()) {
     if (views.status().code() != Code::kNotFound) return views.status();
     return NotFound(root + " holds no checkpoint ckptfs has views of (Megatron-LM, DeepSpeed, "
@@ -167,9 +174,10 @@ Status Sync(const std::string& dir, bool whole_fs) {
 }
 
 // The source files (paths relative to the checkpoint root) view file `ino` reads.
-std::string SourcesOf(OfflineView& v, const std::string& root, uint64_t ino) {
+std::string SourcesOf(OfflineView& v, uint64_t ino) {
   auto ids = v.tree->SourceIds(ino);
   if (!ids.ok() || ids->empty()) return "-";
+  const std::string root = v.source->Describe(v.root);
   std::set<std::string> paths;
   for (uint64_t id : *ids) {
     const std::string p = v.source->Describe(id);
@@ -187,16 +195,17 @@ std::string Trimmed(std::string path) {
 
 }  // namespace
 
-int InspectViewOffline(const std::string& root_arg, const std::string& spec) {
+int InspectViewOffline(const std::string& root_arg, const std::string& spec,
+                       const std::string& cache_dir) {
   const std::string root = Trimmed(root_arg);
-  auto v = PlanOffline(root, spec, "");
+  auto v = PlanOffline(root, cache_dir, spec, "");
   if (!v.ok()) return Fail(v.status().message());
   std::vector<ViewFileEntry> files;
   if (Status st = ListFiles(*v->tree, v->spec, "", &files); !st.ok()) return Fail(st.message());
   uint64_t bytes = 0;
   for (const ViewFileEntry& f : files) {
     std::printf("%12llu  %s  <- %s\n", static_cast<unsigned long long>(f.size), f.path.c_str(),
-                SourcesOf(*v, root, f.ino).c_str());
+                SourcesOf(*v, f.ino).c_str());
     bytes += f.size;
   }
   std::printf("view %s: %llu files, %llu bytes (planned without a mount)\n", spec.c_str(),
@@ -206,13 +215,15 @@ int InspectViewOffline(const std::string& root_arg, const std::string& spec) {
 }
 
 int Convert(const std::vector<std::string>& args) {
-  std::string src, dst, spec, rules;
+  std::string src, dst, spec, rules, cache_dir;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--view" && i + 1 < args.size()) {
       spec = args[++i];
     } else if (a == "--rules" && i + 1 < args.size()) {
       rules = args[++i];
+    } else if (a == "--cache-dir" && i + 1 < args.size()) {
+      cache_dir = Trimmed(args[++i]);
     } else if (src.empty()) {
       src = Trimmed(a);
     } else if (dst.empty()) {
@@ -222,11 +233,11 @@ int Convert(const std::vector<std::string>& args) {
     }
   }
   if (src.empty() || dst.empty() || spec.empty()) {
-    return Fail("usage: ckptfs convert SRC DST --view SPEC [--rules FILE]");
+    return Fail("usage: ckptfs convert SRC DST --view SPEC [--cache-dir DIR] [--rules FILE]");
   }
   struct stat st {};
   if (::lstat(dst.c_str(), &st) == 0) return Fail(dst + " exists: convert writes a new directory");
-  auto v = PlanOffline(src, spec, rules);
+  auto v = PlanOffline(src, cache_dir, spec, rules);
   if (!v.ok()) return Fail(v.status().message());
   std::vector<ViewFileEntry> files;
   if (Status s = ListFiles(*v->tree, v->spec, "", &files); !s.ok()) return Fail(s.message());

@@ -149,3 +149,40 @@ def test_a_failed_write_leaves_nothing(mnt, tmp_path):
         assert os.listdir(small) == []
     finally:
         run(["umount", small])
+
+
+def test_from_an_unmounted_cache_directory(mnt, tmp_path):
+    # Checkpoints saved into a mount whose daemon is then killed (kill -9: the last files written
+    # may still be staged, their bytes in staging files, not yet cut into chunks) are converted
+    # from the cache directory alone: its metadata read-only, chunks from the local tier. The
+    # result is the view the mount served, bit for bit; the next mount serves it again.
+    mf.save_checkpoint(mnt / "gpt", mf.ModelConfig(**LLAMA), 2, 2)
+    df.generate(mnt / "ds", dp=4)
+    specs = [("gpt", "tp1-pp1"), ("gpt", "hf"), ("ds", "dp2"), ("ds", "universal")]
+    want = {(root, spec): tree(mnt / root / ".views" / spec) for root, spec in specs}
+    # A large last file, to be likely still staged at the kill.
+    big = mnt / "gpt" / "iter_0000100" / "mp_rank_00_000" / "model_optim_rng.pt"
+    data = big.read_bytes()
+    os.unlink(big)
+    with open(big, "wb") as f:
+        f.write(data)
+    mnt.kill_daemon()
+    mnt.umount()
+    for root, spec in specs:
+        dst = tmp_path / f"{root}-{spec}"
+        r = run([CKPTFS_BIN, "convert", f"/{root}", dst, "--view", spec, "--cache-dir",
+                 mnt.cache], check=False, timeout=600)
+        assert r.returncode == 0, (root, spec, r.stderr)
+        got = tree(dst)
+        assert sorted(got) == sorted(want[(root, spec)]), (root, spec)
+        for path, b in want[(root, spec)].items():
+            assert got[path] == b, f"{root}/{spec}: {path} differs from the mount's view"
+    listing = run([CKPTFS_BIN, "inspect", "gpt", "--view", "tp1-pp1", "--cache-dir",
+                   mnt.cache]).stdout
+    assert "iter_0000100/mp_rank_00/model_optim_rng.pt  <- " in listing, listing
+    r = run([CKPTFS_BIN, "convert", "/nothing", tmp_path / "x", "--view", "tp1-pp1",
+             "--cache-dir", mnt.cache], check=False)
+    assert r.returncode == 1 and "/nothing in " in r.stderr, r.stderr
+    mnt.mount()
+    for (root, spec), files in want.items():
+        assert tree(mnt / root / ".views" / spec) == files
