@@ -4,10 +4,13 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <iterator>
 #include <memory>
 #include <new>
 #include <optional>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "reshard/half.h"
 #include "reshard/view_file.h"
@@ -199,19 +202,110 @@ ViewFile TorchZipWriter::Finish() {
 
 namespace {
 
-// A piece of a record's CRC: a known CRC, or bytes [offset, offset + len) of the view file.
+// A piece of a record's CRC: a known CRC, or bytes [offset, offset + len) of the view file. A
+// known record read for `seen` is cut like the rest; its CRC counts once, on its first unit, for
+// `crc_len` bytes (0 on the others).
 struct CrcUnit {
   size_t task = 0;
   std::optional<uint32_t> known;
   uint64_t offset = 0, len = 0;
+  uint64_t crc_len = 0;
 };
 
 constexpr uint64_t kCrcUnit = 16 << 20;  // bytes one thread checksums at a time
+
+// The source bytes of a unit's small pieces, read ahead of its walk in a few large reads: a
+// gather of rows (a row-parallel shard joined or split) is otherwise one read per row, a system
+// call each from a plain directory. Pieces close in one source share a span; a gap joins a span
+// only when it is no longer than the piece after it, so a span holds at most twice the bytes its
+// pieces need.
+class SpanCache {
+ public:
+  Status Load(const Recipe& r, uint64_t offset, uint64_t len, const SourceReadFn& read) {
+    constexpr uint64_t kSmall = 64 << 10, kGap = 4096, kMaxSpan = 32 << 20;
+    constexpr size_t kFew = 8;  // fewer small pieces than this are read as they come
+    struct Range {
+      uint32_t source;
+      uint64_t off, len;
+    };
+    std::vector<Range> small;
+    RETURN_IF_ERROR(r.Walk(offset, len, [&](const Piece& pc) -> Status {
+      if (!pc.literal && !pc.mean && pc.len < kSmall) small.push_back({pc.source, pc.offset, pc.len});
+      return Status::Ok();
+    }));
+    if (small.size() < kFew) return Status::Ok();
+    std::sort(small.begin(), small.end(), [](const Range& a, const Range& b) {
+      return a.source != b.source ? a.source < b.source : a.off < b.off;
+    });
+    size_t pieces = 0;
+    auto close = [&]() -> Status {
+      Span& s = spans_.back();
+      if (pieces < 2) {  // nothing to join: read as it comes
+        spans_.pop_back();
+        return Status::Ok();
+      }
+      const uint64_t n = s.hi - s.lo;
+      s.bytes.reset(new (std::nothrow) uint8_t[n]);
+      if (!s.bytes) return IoError("no memory to read a view's source rows");
+      uint64_t got = 0;
+      RETURN_IF_ERROR(read(s.source, s.lo, n, [&](const uint8_t* b, size_t k) {
+        if (got + k <= n) std::memcpy(s.bytes.get() + got, b, k);
+        got += k;
+      }));
+      if (got != n) return Internal("a source read gave a view's rows the wrong byte count");
+      return Status::Ok();
+    };
+    for (const Range& p : small) {
+      if (!spans_.empty()) {
+        const Span& s = spans_.back();
+        if (p.source == s.source && p.off >= s.lo && p.off <= s.hi + std::min(kGap, p.len) &&
+            p.off + p.len - s.lo <= kMaxSpan) {
+          spans_.back().hi = std::max(s.hi, p.off + p.len);
+          ++pieces;
+          continue;
+        }
+        RETURN_IF_ERROR(close());
+      }
+      spans_.push_back(Span{p.source, p.off, p.off + p.len, nullptr});
+      pieces = 1;
+    }
+    if (!spans_.empty()) RETURN_IF_ERROR(close());
+    return Status::Ok();
+  }
+
+  // Source bytes [off, off + len) of `source` to sink, from a span when one holds them.
+  Status Read(uint32_t source, uint64_t off, uint64_t len,
+              const std::function<void(const uint8_t*, size_t)>& sink,
+              const SourceReadFn& read) const {
+    auto it = std::upper_bound(spans_.begin(), spans_.end(), std::pair{source, off},
+                               [](const std::pair<uint32_t, uint64_t>& k, const Span& s) {
+                                 return k.first != s.source ? k.first < s.source : k.second < s.lo;
+                               });
+    if (it != spans_.begin()) {
+      const Span& s = *std::prev(it);
+      if (s.source == source && off >= s.lo && off + len <= s.hi) {
+        sink(s.bytes.get() + (off - s.lo), len);
+        return Status::Ok();
+      }
+    }
+    return read(source, off, len, sink);
+  }
+
+ private:
+  struct Span {
+    uint32_t source;
+    uint64_t lo, hi;
+    std::unique_ptr<uint8_t[]> bytes;
+  };
+  std::vector<Span> spans_;  // sorted by source, then offset; disjoint
+};
 
 // The CRC of unit `u`; with `keep`, its bytes are also gathered there (u.len bytes).
 Result<uint32_t> UnitCrc(const ViewFile& f, const CrcUnit& u, const SourceReadFn& read,
                          uint8_t* keep) {
   if (u.known && !keep) return *u.known;
+  SpanCache spans;
+  if (!u.known) RETURN_IF_ERROR(spans.Load(f.recipe, u.offset, u.len, read));
   uint32_t crc = 0;
   size_t kept = 0;
   auto take = [&](const uint8_t* b, size_t n) {
@@ -231,7 +325,7 @@ Result<uint32_t> UnitCrc(const ViewFile& f, const CrcUnit& u, const SourceReadFn
       take(mean.data(), pc.len);
       return Status::Ok();
     }
-    return read(pc.source, pc.offset, pc.len, take);
+    return spans.Read(pc.source, pc.offset, pc.len, take, read);
   }));
   if (kept != u.len) return Internal("a source read gave a view record the wrong byte count");
   return u.known ? *u.known : crc;
@@ -273,7 +367,7 @@ Status MeanBytes(const Piece& pc, const SourceReadFn& read, uint8_t* out) {
 
 Status ComputeCrcs(ViewFile* f, const SourceReadFn& read, const KnownCrcFn& known,
                    size_t threads, const ViewBytesFn& seen) {
-  // Each record's bytes in order, as units: whole source records whose CRC is known, and runs of
+  // Each record's bytes in order, as units: source records whose CRC is known, and runs of
   // other bytes cut at multiples of kCrcUnit of the file, so that one large record spreads over
   // the threads too and the units `seen` gets start on page boundaries.
   std::vector<CrcUnit> units;
@@ -281,13 +375,16 @@ Status ComputeCrcs(ViewFile* f, const SourceReadFn& read, const KnownCrcFn& know
   for (size_t i = 0; i < f->crc_tasks.size(); ++i) {
     const CrcTask& t = f->crc_tasks[i];
     uint64_t run = 0, run_len = 0;  // a run of bytes not yet cut into units
-    auto flush = [&] {
-      const uint64_t end = run + run_len;
-      for (uint64_t at = run; at < end;) {
-        const uint64_t cut = std::min(end, (at / kCrcUnit + 1) * kCrcUnit);
-        units.push_back(CrcUnit{i, std::nullopt, at, cut - at});
-        at = cut;
+    auto cut = [&](uint64_t start, uint64_t len, std::optional<uint32_t> c) {
+      const uint64_t end = start + len;
+      for (uint64_t at = start; at < end;) {
+        const uint64_t to = std::min(end, (at / kCrcUnit + 1) * kCrcUnit);
+        units.push_back(CrcUnit{i, c, at, to - at, c ? 0 : to - at});
+        at = to;
       }
+    };
+    auto flush = [&] {
+      cut(run, run_len, std::nullopt);
       run_len = 0;
     };
     for (size_t k = t.first_segment; k < t.last_segment; ++k) {
@@ -295,7 +392,13 @@ Status ComputeCrcs(ViewFile* f, const SourceReadFn& read, const KnownCrcFn& know
       if (known && !s.mean && s.rows == 1 && s.parts.size() == 1) {
         if (auto c = known(s.parts[0].source, s.parts[0].offset, s.parts[0].len)) {
           flush();
-          units.push_back(CrcUnit{i, c, s.start, s.size()});
+          if (seen && s.size() > 0) {  // read in units: a thread's copy stays one unit at most
+            const size_t first = units.size();
+            cut(s.start, s.size(), c);
+            units[first].crc_len = s.size();
+          } else {
+            units.push_back(CrcUnit{i, c, s.start, s.size(), s.size()});
+          }
           continue;
         }
       }
@@ -337,8 +440,9 @@ Status ComputeCrcs(ViewFile* f, const SourceReadFn& read, const KnownCrcFn& know
   for (const Status& st : errors) RETURN_IF_ERROR(st);
   std::vector<uLong> task_crc(f->crc_tasks.size(), crc32(0L, Z_NULL, 0));
   for (size_t i = 0; i < n; ++i) {
+    if (units[i].crc_len == 0) continue;  // the rest of a known record
     uLong& c = task_crc[units[i].task];
-    c = crc32_combine(c, crcs[i], static_cast<z_off_t>(units[i].len));
+    c = crc32_combine(c, crcs[i], static_cast<z_off_t>(units[i].crc_len));
   }
   for (size_t i = 0; i < f->crc_tasks.size(); ++i) {
     for (auto [lit, pos] : f->crc_tasks[i].slots) {
