@@ -14,6 +14,12 @@ mount. For each target shape:
 Prints `view/offline` time ratios (goal <= 0.25), the temporary bytes each route writes, the time
 to the first byte of a view file (fresh mount: plan + CRCs) and the daemon's peak RSS.
 
+  convert  `ckptfs convert` of a plain copy of the source (no mount) into a new directory, from a
+           cold page cache, its files checked equal to the mounted view's, bit for bit; against
+           the offline route's conversion alone (its torch.save included, not the loads after):
+           `convert/offline` (goal <= 0.3) and its peak RSS. It syncs what it wrote (syncfs)
+           before the directory appears; the offline route's torch.save does not.
+
 A second checkpoint of the same model saved with the distributed optimizer (distrib_optim.pt
 beside every rank file, buckets from overlap_grad_reduce) goes to tp2-pp2 the same two ways. Its
 offline route is a conversion written here for a TP change at the same PP: torch.load of every
@@ -56,6 +62,7 @@ import megatron_fixture as mf  # noqa: E402
 import megatron_moe_fixture as mm  # noqa: E402
 import benchjson  # noqa: E402  (bench/, the script's own folder)
 import moe_offline as mo  # noqa: E402
+import convert_route as cr  # noqa: E402
 
 
 def sh(*args):
@@ -288,6 +295,7 @@ def dense_cases(mnt, gib, work, pid):
     mf.save_checkpoint(root, cfg, 4, 2)
     os.sync()
     src_bytes = du(root)
+    plain = cr.plain_copy(root, work / "plain-dense")
     print(f"source: {layers} layers, TP 4 x PP 2, {src_bytes / 2**30:.2f} GiB, "
           f"saved in {time.perf_counter() - t0:.1f} s", flush=True)
     for T, P in ((2, 2), (4, 1), (2, 1)):
@@ -302,6 +310,7 @@ def dense_cases(mnt, gib, work, pid):
         t0 = time.perf_counter()
         ref = mf.reference_shard(root, T, P)
         mf.write_reference(ref, off, "iter_0000100")
+        conv_s = time.perf_counter() - t0
         del ref
         for p in range(P):
             for t in range(T):
@@ -311,6 +320,7 @@ def dense_cases(mnt, gib, work, pid):
         shutil.rmtree(off)
         results.append((spec, view_s, offline_s, ttfb, view_written, cache_grew,
                         offline_written))
+        converted(f"tp4-pp2->{spec}", plain, root / ".views" / spec, conv_s, work)
         print(f"tp4-pp2 -> {spec}: view {view_s:.1f} s, offline {offline_s:.1f} s, "
               f"first byte {ttfb:.2f} s", flush=True)
     # The hf view read whole vs the offline route to the same directory.
@@ -321,6 +331,8 @@ def dense_cases(mnt, gib, work, pid):
     offline_hf(root, cfg, 4, 2, off)
     hf_offline_s = time.perf_counter() - t0
     hf_offline_bytes = du(off)
+    converted("tp4-pp2->hf", plain, root / ".views" / "hf", hf_offline_s, work)
+    shutil.rmtree(plain)
     # Both routes made the same tensors.
     view_index = json.loads((root / ".views" / "hf" / "model.safetensors.index.json").read_text())
     off_index = json.loads((off / "model.safetensors.index.json").read_text())
@@ -334,6 +346,24 @@ def dense_cases(mnt, gib, work, pid):
     shutil.rmtree(root)
     dist = distopt_case(mnt / "ckpt-distopt", dcfg, work, pid, 2, 2)
     return results, (hf_view_s, hf_offline_s, hf_written, hf_cache, hf_offline_bytes), dist
+
+
+CONVERTS = []  # (figure, convert s, offline conversion s, peak RSS KiB, bytes written)
+ARGS = None  # the command line (main)
+
+
+def converted(figure, plain, view, offline_s, work):
+    """The convert route of `view`'s spec from `plain` against the offline conversion's
+    `offline_s` (its torch.save included, not the loads after); the result is checked equal to
+    the mounted view, bit for bit."""
+    dst = work / "converted"
+    s, rss = cr.convert(ARGS.bin, plain, dst, view.name, drop_caches)
+    written = du(dst)
+    files = cr.same_files(dst, view)
+    shutil.rmtree(dst)
+    CONVERTS.append((figure, s, offline_s, rss, written))
+    print(f"{figure}: convert {s:.1f} s ({files} files equal to the view's, peak RSS "
+          f"{rss / 1024:.0f} MiB), offline conversion {offline_s:.1f} s", flush=True)
 
 
 def moe_config(gib):
@@ -369,6 +399,7 @@ def moe_case(root, cfg, work, pid):
     off = work / "offline-moe"
     t0 = time.perf_counter()
     mo.convert_ep(root, off, 2, 2, 4, 1, 2)
+    conv_s = time.perf_counter() - t0
     for r in ranks:
         torch.load(off / mo.ITER / r / mm.FILE)
     offline_s = time.perf_counter() - t0
@@ -376,6 +407,9 @@ def moe_case(root, cfg, work, pid):
     mo.compare_ep(view, off / mo.ITER, 2, 2)
     shutil.rmtree(off)
     out["tp1-pp2-ep2"] = (view_s, offline_s, ttfb, vw, cg, ow)
+    plain = cr.plain_copy(root, work / "plain-moe")
+    converted("moe tp2-pp2-ep4->tp1-pp2-ep2", plain, root / ".views" / "tp1-pp2-ep2", conv_s,
+              work)
     print(f"tp2-pp2-ep4 -> tp1-pp2-ep2: view {view_s:.1f} s, offline {offline_s:.1f} s, first "
           f"byte {ttfb:.2f} s (every tensor equal)", flush=True)
     view_s, n, vw, cg = cold_read_whole(pid, work, root / ".views" / "hf")
@@ -388,6 +422,8 @@ def moe_case(root, cfg, work, pid):
     count = mo.compare_hf(root / ".views" / "hf", off)
     shutil.rmtree(off)
     out["hf"] = (view_s, offline_s, None, vw, cg, ow)
+    converted("moe tp2-pp2-ep4->hf", plain, root / ".views" / "hf", offline_s, work)
+    shutil.rmtree(plain)
     print(f"tp2-pp2-ep4 -> hf: view {view_s:.1f} s ({n / 2**30:.2f} GiB), offline "
           f"{offline_s:.1f} s ({count} tensors equal)", flush=True)
     return out
@@ -404,6 +440,8 @@ def main():
     ap.add_argument("--bin", default=str(REPO / "build" / "tools" / "ckptfs"))
     benchjson.add_argument(ap)
     args = ap.parse_args()
+    global ARGS
+    ARGS = args
     results_json = benchjson.Results("reshard", args.json)
 
     work = Path(args.dir)
@@ -456,6 +494,13 @@ def main():
         results_json.add(f"moe tp2-pp2-ep4->{spec}", v / o, subject="view", baseline="offline",
                          better="lower", goal=0.25, subject_s=v, baseline_s=o,
                          view_written=vw, offline_written=ow, **extra)
+    for figure, s, o, peak, written in CONVERTS:
+        print(f"{figure:30s} convert/offline = {s / o:.2f}   (ckptfs convert {s:.1f} s, peak RSS "
+              f"{peak / 1024:.0f} MiB, {written / 2**30:.2f} GiB written; offline conversion "
+              f"{o:.1f} s)")
+        results_json.add(f"convert {figure}", s / o, subject="convert", baseline="offline",
+                         better="lower", goal=0.3, subject_s=s, baseline_s=o,
+                         peak_rss_mib=round(peak / 1024))
     print(f"daemon peak RSS = {rss / 1024:.0f} MiB (includes the source's save)")
     results_json.note("daemon_peak_rss_mib", round(rss / 1024))
     results_json.write()
