@@ -18,6 +18,7 @@
 #include <string_view>
 #include <vector>
 
+#include "backends/backend.h"
 #include "common/status.h"
 #include "store/store.h"
 
@@ -67,12 +68,13 @@ std::unique_ptr<CheckpointSource> NewStoreSource(Store* store);
 
 // The unmounted cache directory `cache_dir` (its metadata read-only, the local tier's chunks
 // verified on read, staged files from their staging files), checkpoint directory `path` of its
-// namespace ("" or "/" for the root) the tree's root: its id goes to *root. A chunk evicted to a
-// remote tier fails the read (kNotFound, saying so). Errors: no such cache directory or
-// directory in it.
-Result<std::unique_ptr<CheckpointSource>> OpenCacheDirSource(const std::string& cache_dir,
-                                                             const std::string& path,
-                                                             uint64_t* root);
+// namespace ("" or "/" for the root) the tree's root: its id goes to *root. A chunk not on the
+// local tier (evicted to a remote tier) is fetched from `tiers`, nearest first, and verified
+// against its name; kept in memory only for the read. Without tiers, or where none holds it,
+// the read fails (kNotFound, saying so). Errors: no such cache directory or directory in it.
+Result<std::unique_ptr<CheckpointSource>> OpenCacheDirSource(
+    const std::string& cache_dir, const std::string& path, uint64_t* root,
+    std::vector<std::unique_ptr<Backend>> tiers);
 
 // The plain directory `root` (and everything below it) of a local filesystem, read with pread;
 // its id is RootId. A file's version is its (device, inode, size, mtime, ctime): a file changed

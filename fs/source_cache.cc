@@ -1,7 +1,8 @@
 // CacheDirSource: the views' sources in an unmounted cache directory (ckptfs convert
 // --cache-dir): its LMDB metadata opened read-only, as `ckptfs stats` opens it, and its files'
 // bytes from the local tier's chunk files, each verified against its name; a file still staged
-// (written through passthrough, not yet cut into chunks) from its staging file.
+// (written through passthrough, not yet cut into chunks) from its staging file; a chunk evicted
+// to a remote tier from the tiers given (--backend).
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -40,10 +41,17 @@ Result<std::shared_ptr<ChunkData>> ReadWhole(const std::string& path, size_t len
   return data;
 }
 
+// The remote tiers a chunk missing from the local tier is fetched from, nearest first.
+using Tiers = std::vector<std::unique_ptr<Backend>>;
+
 class CachedFile final : public SourceFile {
  public:
-  CachedFile(std::string chunks, Manifest m, uint64_t generation)
-      : chunks_(std::move(chunks)), m_(std::move(m)), generation_(generation) {}
+  CachedFile(std::string chunks, std::shared_ptr<const Tiers> tiers, Manifest m,
+             uint64_t generation)
+      : chunks_(std::move(chunks)),
+        tiers_(std::move(tiers)),
+        m_(std::move(m)),
+        generation_(generation) {}
   uint64_t size() const override { return m_.size(); }
   Status Read(uint64_t offset, uint64_t len, std::vector<ReadSlice>* out) const override {
     return ReadManifest(m_, offset, len, [this](const ChunkId& id, size_t n) {
@@ -56,15 +64,13 @@ class CachedFile final : public SourceFile {
   }
 
  private:
-  // A chunk from the local tier, verified against its name (no RAM tier: each byte is read once).
+  // A chunk from the local tier, else from the remote tiers, verified against its name (no RAM
+  // tier: each byte is read once).
   Result<ChunkRef> Chunk(const ChunkId& id, size_t len) const {
     const std::string hex = id.Hex();
     const std::string path = chunks_ + "/" + hex.substr(0, 2) + "/" + hex;
     auto data = ReadWhole(path, len);
-    if (!data.ok() && data.status().code() == Code::kNotFound) {
-      return NotFound("chunk " + hex + " is not on the local tier (evicted to a remote tier: "
-                      "convert from a mount of this cache directory instead)");
-    }
+    if (!data.ok() && data.status().code() == Code::kNotFound) return Fetch(id, len);
     RETURN_IF_ERROR(data.status());
     if (!(ChunkId::Of((*data)->bytes.get(), len) == id)) {
       return Corrupt("chunk " + hex + " does not hash to its name (ckptfs fsck --deep --repair "
@@ -73,7 +79,32 @@ class CachedFile final : public SourceFile {
     return ChunkRef(std::move(*data));
   }
 
+  Result<ChunkRef> Fetch(const ChunkId& id, size_t len) const {
+    const std::string hex = id.Hex();
+    if (tiers_->empty()) {
+      return NotFound("chunk " + hex + " is not on the local tier (evicted to a remote tier: "
+                      "give that tier with --backend, or convert from a mount of this cache "
+                      "directory)");
+    }
+    for (const auto& tier : *tiers_) {
+      auto data = ChunkData::Allocate(len);
+      auto got = tier->GetExact(ChunkCache::ObjectKey(id), data->bytes.get(), len);
+      if (!got.ok() && got.status().code() == Code::kNotFound) continue;
+      if (!got.ok()) {
+        return IoError("chunk " + hex + " from " + tier->Describe() + ": " +
+                       got.status().message());
+      }
+      if (*got != len || !(ChunkId::Of(data->bytes.get(), len) == id)) {
+        return Corrupt("chunk " + hex + " in " + tier->Describe() + " does not hash to its "
+                       "name (ckptfs fsck --repair on a mount)");
+      }
+      return ChunkRef(std::move(data));
+    }
+    return NotFound("chunk " + hex + " is neither on the local tier nor in the tiers given");
+  }
+
   const std::string chunks_;
+  const std::shared_ptr<const Tiers> tiers_;
   const Manifest m_;
   const uint64_t generation_;
 };
@@ -102,8 +133,10 @@ class StagedFile final : public SourceFile {
 
 class CacheDirSource final : public CheckpointSource {
  public:
-  CacheDirSource(std::string dir, std::unique_ptr<MetaStore> meta)
-      : dir_(std::move(dir)), meta_(std::move(meta)) {}
+  CacheDirSource(std::string dir, std::unique_ptr<MetaStore> meta, Tiers tiers)
+      : dir_(std::move(dir)),
+        meta_(std::move(meta)),
+        tiers_(std::make_shared<const Tiers>(std::move(tiers))) {}
 
   Result<InodeRecord> Lookup(uint64_t dir, std::string_view name) override {
     ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
@@ -148,7 +181,7 @@ class CacheDirSource final : public CheckpointSource {
     }
     ASSIGN_OR_RETURN(auto m, txn.GetManifest(file));
     return std::shared_ptr<const SourceFile>(std::make_shared<CachedFile>(
-        dir_ + "/chunks", m ? std::move(*m) : Manifest(), rec.generation));
+        dir_ + "/chunks", tiers_, m ? std::move(*m) : Manifest(), rec.generation));
   }
   std::string Describe(uint64_t dir) override {
     auto txn = meta_->Begin(false);
@@ -170,13 +203,14 @@ class CacheDirSource final : public CheckpointSource {
 
   const std::string dir_;
   const std::unique_ptr<MetaStore> meta_;
+  const std::shared_ptr<const Tiers> tiers_;  // shared with the files opened
 };
 
 }  // namespace
 
-Result<std::unique_ptr<CheckpointSource>> OpenCacheDirSource(const std::string& cache_dir,
-                                                             const std::string& path,
-                                                             uint64_t* root) {
+Result<std::unique_ptr<CheckpointSource>> OpenCacheDirSource(
+    const std::string& cache_dir, const std::string& path, uint64_t* root,
+    std::vector<std::unique_ptr<Backend>> tiers) {
   struct stat st;
   if (::stat((cache_dir + "/meta").c_str(), &st) != 0) {
     return NotFound(cache_dir + " is no ckptfs cache directory (no meta/)");
@@ -201,7 +235,7 @@ Result<std::unique_ptr<CheckpointSource>> OpenCacheDirSource(const std::string& 
   }
   *root = ino;
   return std::unique_ptr<CheckpointSource>(
-      std::make_unique<CacheDirSource>(cache_dir, std::move(meta)));
+      std::make_unique<CacheDirSource>(cache_dir, std::move(meta), std::move(tiers)));
 }
 
 }  // namespace ckptfs::fs

@@ -34,14 +34,27 @@ int Gc(const std::vector<std::string>& args);
 // their health, local tier use, what waits for upload, recent errors.
 int ShowStatus(const std::vector<std::string>& args);
 
-// ckptfs convert SRC DST --view SPEC [--cache-dir DIR] [--rules FILE]: writes view SPEC of the
-// checkpoint in directory SRC (plain, a mount's path, or with --cache-dir a directory of that
-// unmounted cache directory) into the new directory DST without a mount (tools/convert.cc).
+// Where a view is read from without a mount: a plain directory, or an unmounted cache directory
+// (--cache-dir) with the remote tiers that hold its evicted chunks (--backend URL, repeated
+// nearest first; --s3-endpoint URL for the s3:// ones).
+struct OfflineFrom {
+  std::string cache_dir;
+  std::vector<std::string> backends;
+  std::string s3_endpoint;
+  // Takes the option at args[*i] (and its value) when it is one of these three: true, *i on its
+  // value. False for any other argument.
+  bool Parse(const std::vector<std::string>& args, size_t* i);
+};
+
+// ckptfs convert SRC DST --view SPEC [--cache-dir DIR [--backend URL]...] [--rules FILE]: writes
+// view SPEC of the checkpoint in directory SRC (plain, a mount's path, or with --cache-dir a
+// directory of that unmounted cache directory) into the new directory DST without a mount
+// (tools/convert.cc).
 int Convert(const std::vector<std::string>& args);
-// ckptfs inspect ROOT --view SPEC [--cache-dir DIR] off a mount: the view's files, sizes and the
-// source files each reads, planned without a daemon.
+// ckptfs inspect ROOT --view SPEC [--cache-dir DIR [--backend URL]...] off a mount: the view's
+// files, sizes and the source files each reads, planned without a daemon.
 int InspectViewOffline(const std::string& root, const std::string& spec,
-                       const std::string& cache_dir = "");
+                       const OfflineFrom& from = {});
 
 int Fail(const std::string& msg);
 // The torch_dist iterations in directory `path` (itself, or its iter_* directories), described

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/open.h"
 #include "fs/checkpoint_source.h"
 #include "fs/views.h"
 #include "tools/commands.h"
@@ -41,17 +42,27 @@ struct ViewFileEntry {
   uint64_t ino = 0, size = 0;
 };
 
-// Plans view `spec` of checkpoint directory `root`: a plain directory, or with `cache_dir`, a
-// directory of that unmounted cache directory's namespace. Errors carry the reason the mount
-// would log and keep in user.ckptfs.view_errors.
-Result<OfflineView> PlanOffline(const std::string& root, const std::string& cache_dir,
+// Plans view `spec` of checkpoint directory `root`: a plain directory, or with `from.cache_dir`,
+// a directory of that unmounted cache directory's namespace, its evicted chunks read from
+// `from.tiers`. Errors carry the reason the mount would log and keep in
+// user.ckptfs.view_errors.
+Result<OfflineView> PlanOffline(const std::string& root, const OfflineFrom& from,
                                 const std::string& spec, const std::string& rules) {
   OfflineView v;
-  if (cache_dir.empty()) {
+  if (from.cache_dir.empty()) {
+    if (!from.backends.empty()) return Invalid("--backend reads a cache directory's evicted chunks: "
+                                            "give --cache-dir too");
     ASSIGN_OR_RETURN(v.source, fs::DirSource::Make(root));
     v.root = fs::DirSource::kRootId;
   } else {
-    ASSIGN_OR_RETURN(v.source, fs::OpenCacheDirSource(cache_dir, root, &v.root));
+    std::vector<std::unique_ptr<Backend>> tiers;
+    for (const std::string& url : from.backends) {
+      auto b = OpenBackend({url, from.s3_endpoint, ""});
+      if (!b.ok()) return Status(b.status().code(), url + ": " + b.status().message());
+      tiers.push_back(std::move(*b));
+    }
+    ASSIGN_OR_RETURN(v.source,
+                     fs::OpenCacheDirSource(from.cache_dir, root, &v.root, std::move(tiers)));
   }
   // Refusals come back as errors with their reasons; the tree's own log lines would repeat them.
   auto log = std::make_shared<spdlog::logger>("views",
@@ -195,10 +206,25 @@ std::string Trimmed(std::string path) {
 
 }  // namespace
 
+bool OfflineFrom::Parse(const std::vector<std::string>& args, size_t* i) {
+  const std::string& a = args[*i];
+  if (*i + 1 >= args.size()) return false;
+  if (a == "--cache-dir") {
+    cache_dir = Trimmed(args[++*i]);
+  } else if (a == "--backend") {
+    backends.push_back(args[++*i]);
+  } else if (a == "--s3-endpoint") {
+    s3_endpoint = args[++*i];
+  } else {
+    return false;
+  }
+  return true;
+}
+
 int InspectViewOffline(const std::string& root_arg, const std::string& spec,
-                       const std::string& cache_dir) {
+                       const OfflineFrom& from) {
   const std::string root = Trimmed(root_arg);
-  auto v = PlanOffline(root, cache_dir, spec, "");
+  auto v = PlanOffline(root, from, spec, "");
   if (!v.ok()) return Fail(v.status().message());
   std::vector<ViewFileEntry> files;
   if (Status st = ListFiles(*v->tree, v->spec, "", &files); !st.ok()) return Fail(st.message());
@@ -215,15 +241,15 @@ int InspectViewOffline(const std::string& root_arg, const std::string& spec,
 }
 
 int Convert(const std::vector<std::string>& args) {
-  std::string src, dst, spec, rules, cache_dir;
+  std::string src, dst, spec, rules;
+  OfflineFrom from;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--view" && i + 1 < args.size()) {
       spec = args[++i];
     } else if (a == "--rules" && i + 1 < args.size()) {
       rules = args[++i];
-    } else if (a == "--cache-dir" && i + 1 < args.size()) {
-      cache_dir = Trimmed(args[++i]);
+    } else if (from.Parse(args, &i)) {
     } else if (src.empty()) {
       src = Trimmed(a);
     } else if (dst.empty()) {
@@ -233,11 +259,12 @@ int Convert(const std::vector<std::string>& args) {
     }
   }
   if (src.empty() || dst.empty() || spec.empty()) {
-    return Fail("usage: ckptfs convert SRC DST --view SPEC [--cache-dir DIR] [--rules FILE]");
+    return Fail("usage: ckptfs convert SRC DST --view SPEC [--cache-dir DIR [--backend URL]... "
+                "[--s3-endpoint URL]] [--rules FILE]");
   }
   struct stat st {};
   if (::lstat(dst.c_str(), &st) == 0) return Fail(dst + " exists: convert writes a new directory");
-  auto v = PlanOffline(src, cache_dir, spec, rules);
+  auto v = PlanOffline(src, from, spec, rules);
   if (!v.ok()) return Fail(v.status().message());
   std::vector<ViewFileEntry> files;
   if (Status s = ListFiles(*v->tree, v->spec, "", &files); !s.ok()) return Fail(s.message());

@@ -239,15 +239,15 @@ int InspectView(const std::string& root, const std::string& spec) {
 
 int Inspect(const std::vector<std::string>& args) {
   bool as_json = false;
-  std::string path, view, cache_dir;
+  std::string path, view;
+  OfflineFrom from;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--json") {
       as_json = true;
     } else if (a == "--view" && i + 1 < args.size()) {
       view = args[++i];
-    } else if (a == "--cache-dir" && i + 1 < args.size()) {
-      cache_dir = args[++i];
+    } else if (from.Parse(args, &i)) {
     } else if (path.empty()) {
       path = a;
     } else {
@@ -255,7 +255,10 @@ int Inspect(const std::vector<std::string>& args) {
     }
   }
   if (path.empty()) return Fail("inspect takes one path: ckptfs inspect [--json] FILE|DIR");
-  if (!view.empty() && !cache_dir.empty()) return InspectViewOffline(path, view, cache_dir);
+  if (!view.empty() && !from.cache_dir.empty()) return InspectViewOffline(path, view, from);
+  if (!from.cache_dir.empty() || !from.backends.empty()) {
+    return Fail("--cache-dir and --backend go with --view");
+  }
   if (!view.empty()) return InspectView(path, view);
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return Fail(path + ": " + std::strerror(errno));

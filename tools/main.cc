@@ -45,8 +45,8 @@ constexpr const char* kUsage = R"(usage:
   ckptfs status [MOUNTPOINT|PATH] [--json]
   ckptfs stats [MOUNTPOINT|PATH|CACHE_DIR]
   ckptfs inspect [--json] FILE|DIR
-  ckptfs inspect ROOT --view SPEC [--cache-dir DIR]
-  ckptfs convert SRC DST --view SPEC [--cache-dir DIR] [--rules FILE]
+  ckptfs inspect ROOT --view SPEC [--cache-dir DIR [--backend URL]...]
+  ckptfs convert SRC DST --view SPEC [--cache-dir DIR [--backend URL]...] [--rules FILE]
   ckptfs prefetch PATH [--wait]
   ckptfs fsck [PATH] [--deep] [--repair] [--json]
   ckptfs retain ROOT --keep-last N [--keep-every K] [--dry-run]
@@ -353,20 +353,23 @@ std::string CommandHelp(const std::string& cmd) {
        "Exit status: 0, or 1 when PATH is in no ckptfs mount or cache directory.\n"},
       {"inspect",
        "usage: ckptfs inspect [--json] FILE|DIR\n"
-       "       ckptfs inspect ROOT --view SPEC [--cache-dir DIR]\n"
+       "       ckptfs inspect ROOT --view SPEC [--cache-dir DIR [--backend URL]...]\n"
        "Describes a checkpoint file or directory: its format, tensors (names, dtypes, shapes,\n"
        "byte ranges) and parallel layout; with --view, the files the view SPEC of ROOT serves\n"
        "(off a mount: planned here, with the source files each reads; with --cache-dir, ROOT is\n"
-       "a directory of that unmounted cache directory's namespace).\n"
+       "a directory of that unmounted cache directory's namespace; --backend as for convert).\n"
        "Exit status: 0, or 1 when the file cannot be read or recognized.\n"},
       {"convert",
-       "usage: ckptfs convert SRC DST --view SPEC [--cache-dir DIR] [--rules FILE]\n"
+       "usage: ckptfs convert SRC DST --view SPEC [--cache-dir DIR [--backend URL]...\n"
+       "                      [--s3-endpoint URL]] [--rules FILE]\n"
        "Writes view SPEC (docs/views.md: tpT-ppP, tpT-ppP-epE, hf, dpD, tpT-dpD, universal,\n"
        "consolidated) of the checkpoint in directory SRC into the new directory DST, without a\n"
        "mount: the files the mount's SRC/.views/SPEC serves, bit for bit. SRC is a plain\n"
        "directory or a path in a mount. DST appears whole once every file is synced, or not at\n"
        "all. --cache-dir: SRC is a directory of that unmounted cache directory's namespace\n"
-       "(its metadata read-only, its chunks from the local tier, verified). --rules: a view\n"
+       "(its metadata read-only, its chunks from the local tier, verified); --backend: the\n"
+       "remote tiers its evicted chunks are read from (as the mount's, nearest first; verified,\n"
+       "not kept). --rules: a view\n"
        "rules file, as the mount option view_rules=.\n"
        "Exit status: 0, 1 when the view is refused (with the reason) or cannot be written.\n"},
       {"prefetch",

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import CKPTFS_BIN, REPO_ROOT, run
+from conftest import CKPTFS_BIN, REPO_ROOT, run, wait_for
 
 sys.path.insert(0, str(REPO_ROOT / "tests" / "reshard"))
 import deepspeed_fixture as df  # noqa: E402
@@ -186,3 +186,57 @@ def test_from_an_unmounted_cache_directory(mnt, tmp_path):
     mnt.mount()
     for (root, spec), files in want.items():
         assert tree(mnt / root / ".views" / spec) == files
+
+
+def test_evicted_chunks_come_from_the_backend(make_mount, workdir, tmp_path):
+    # A cache directory whose chunks are in a remote tier and no longer on the local one (every
+    # chunk file removed after the upload, as eviction removes them): convert --cache-dir reads
+    # them from --backend, verified against their names. Without the backend, or with an object
+    # damaged in it, the conversion fails with the reason and leaves nothing.
+    backend = workdir / "backend"
+    backend.mkdir()
+    m = make_mount(args=["--backend", f"file://{backend}"])
+    mf.save_checkpoint(m / "gpt", mf.ModelConfig(**LLAMA), 2, 2)
+    files = [p for p in (m / "gpt").rglob("*") if p.is_file()]
+    for p in files:
+        got = wait_for(lambda: os.getxattr(p, "user.ckptfs.state").decode(),
+                       lambda s: s == "remote", 120)
+        assert got == "remote", (p, got)
+    want = tree(m / "gpt" / ".views" / "tp1-pp1")
+    m.umount()
+    evicted = [p for p in m.chunks_dir.rglob("*") if p.is_file()]
+    assert evicted, "no chunk files to evict"
+    for p in evicted:
+        p.unlink()
+
+    def convert_from_cache(dst, *more):
+        return run([CKPTFS_BIN, "convert", "/gpt", dst, "--view", "tp1-pp1", "--cache-dir",
+                    m.cache, *more], check=False, timeout=600)
+
+    r = convert_from_cache(tmp_path / "none")
+    assert r.returncode == 1 and "--backend" in r.stderr, r.stderr
+    assert not (tmp_path / "none").exists()
+    assert not [p for p in os.listdir(tmp_path) if ".convert-" in p], "a temporary was left"
+
+    r = convert_from_cache(tmp_path / "ok", "--backend", f"file://{backend}")
+    assert r.returncode == 0, r.stderr
+    got = tree(tmp_path / "ok")
+    assert sorted(got) == sorted(want)
+    for path, b in want.items():
+        assert got[path] == b, f"{path} differs from the mount's view"
+    listing = run([CKPTFS_BIN, "inspect", "/gpt", "--view", "tp1-pp1", "--cache-dir", m.cache,
+                   "--backend", f"file://{backend}"]).stdout
+    assert "iter_0000100/mp_rank_00/model_optim_rng.pt  <- " in listing, listing
+    assert not [p for p in m.chunks_dir.rglob("*") if p.is_file()], "fetched chunks were kept"
+
+    # A flipped byte in every chunk object: caught by the names, whichever the view reads first.
+    for obj in (backend / "chunks.d").rglob("*"):
+        if obj.is_file() and obj.stat().st_size > 100:
+            with open(obj, "r+b") as f:
+                f.seek(100)
+                b = f.read(1)
+                f.seek(100)
+                f.write(bytes([b[0] ^ 0xFF]))
+    r = convert_from_cache(tmp_path / "bad", "--backend", f"file://{backend}")
+    assert r.returncode == 1 and "does not hash to its name" in r.stderr, r.stderr
+    assert not (tmp_path / "bad").exists()
