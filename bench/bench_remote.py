@@ -18,10 +18,22 @@ scripts/rgw.sh), every figure a ratio measured in this run:
   upload ckptfs/boto3         the mount's background upload of a saved checkpoint (from close
                               to user.ckptfs.state == remote) against boto3's upload_file of the
                               same bytes. Higher is better (throughput ratio).
+  cold-load mount/max(download, load)
+                              the cold load against the longer of its two parts done apart:
+                              1.0 when the fetch runs at the download's speed and the load
+                              overlaps it. Goal <= 1.1 with --link.
+  next-step mount/download    a node that loaded step N of a fine-tune with a frozen base (half
+                              the bytes the same in both steps) loads step N+1 through its mount,
+                              against boto3's download of step N+1: only the changed chunks
+                              cross. Goal <= 0.6 with --link.
+
+--link RATE (e.g. 1600mbit) puts the S3 port behind a link of that rate each way (bench/link.py:
+tc htb on lo, only that port): on this 2-core machine radosgw shares the CPU with the client, so
+without it the figures measure the server's CPU; with it, the network, as on a cluster.
 
 Usage: /usr/bin/python3 bench/bench_remote.py [--gib 2] [--dir /var/tmp/ckptfs-remote]
                                              [--cold-options OPT,OPT] [--options OPT,OPT]
-                                             [--ranks 4]
+                                             [--ranks 4] [--link 1600mbit]
 radosgw stores on bluestore in a sparse file under --dir (RGW_STORE=memstore keeps it in RAM).
 """
 import argparse
@@ -43,6 +55,7 @@ from boto3.s3.transfer import TransferConfig
 
 import benchjson  # noqa: E402  (bench/, the script's own folder)
 from bench_fs import daemon_pid  # noqa: E402
+from link import Link  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -227,6 +240,49 @@ def teardown(ckptfs, mounts, rgw):
                    stdout=subprocess.DEVNULL)
 
 
+def next_step(a, mount, s3, xfer, work, gib):
+    """Steps N and N+1 of a fine-tune with a frozen base saved on node a (a directory each); a
+    fresh node loads N, then N+1 (timed) against boto3's download of N+1: (mount s, download s,
+    N+1 bytes, the CPU and server line of the timed load: the bytes the server sent)."""
+    base = state_dict(gib / 2, 3)
+    steps = []
+    for n, seed in ((1, 4), (2, 5)):
+        sd = {**base, **{f"head.{k}": v for k, v in state_dict(gib / 2, seed).items()}}
+        path = os.path.join(a, f"finetune/step{n}/model.pt")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        torch.save(sd, path)
+        steps.append((path, sd))
+    for path, _ in steps:
+        wait_state(path, "remote")
+    plain = os.path.join(work, "step2.pt")
+    shutil.copyfile(steps[1][0], plain)
+    s3.upload_file(plain, "bench", "plain/step2.pt", Config=xfer)
+    size = os.path.getsize(plain)
+    g = mount("g")
+    mine = [os.path.join(g, "finetune", f"step{n}", "model.pt") for n in (1, 2)]
+    t_wait = time.perf_counter()
+    while not all(os.path.exists(p) for p in mine):
+        if time.perf_counter() - t_wait > 60:
+            raise TimeoutError("the fine-tune node never saw both steps")
+        time.sleep(0.05)
+    torch.load(mine[0])  # step N: this node holds it now
+    time.sleep(2)  # any fetch that load started (readahead) has ended
+    drop_caches()
+    t0 = time.perf_counter()
+    with CpuMeter([daemon_pid(os.path.join(work, "g", "cache"))]) as cpu:
+        loaded = torch.load(mine[1])
+    mount_s = time.perf_counter() - t0
+    assert all(torch.equal(loaded[k], steps[1][1][k]) for k in steps[1][1])
+    del loaded
+    os.unlink(plain)
+    drop_caches()
+    t0 = time.perf_counter()
+    s3.download_file("bench", "plain/step2.pt", plain, Config=xfer)
+    download_s = time.perf_counter() - t0
+    os.unlink(plain)
+    return mount_s, download_s, size, cpu.line
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--gib", type=float, default=2.0)
@@ -237,6 +293,8 @@ def main():
                     help="-o options of every mount, the saving one included (e.g. tensor_piece=16M)")
     ap.add_argument("--ranks", type=int, default=4,
                     help="processes of the restore storm, one rank file each (0: skip it)")
+    ap.add_argument("--link", default="",
+                    help="the S3 port behind a link of this rate each way (tc rate: 1600mbit)")
     ap.add_argument("--bin", default=os.environ.get("CKPTFS_BIN",
                                                     os.path.join(ROOT, "build/tools/ckptfs")))
     benchjson.add_argument(ap)
@@ -247,7 +305,10 @@ def main():
     os.makedirs(work)
     rgw, env = start_rgw(work)
     mounts = []
+    link = Link(args.link, Link.port_of(env["AWS_ENDPOINT_URL"])) if args.link else None
     try:
+        if link:
+            link.__enter__()
         s3 = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name="us-east-1")
         s3.create_bucket(Bucket="bench")
         xfer = TransferConfig(multipart_threshold=16 << 20, multipart_chunksize=16 << 20,
@@ -391,13 +452,21 @@ def main():
         remote_save = time.perf_counter() - t0
         assert os.getxattr(os.path.join(c, "model.pt"), "user.ckptfs.state") == b"remote"
 
+        step_mount, step_download, step_size, step_line = next_step(a, mount, s3, xfer, work,
+                                                                    args.gib)
+
         mib = size / 2**20
-        print(f"checkpoint {mib:.0f} MiB, radosgw on 127.0.0.1")
+        print(f"checkpoint {mib:.0f} MiB, radosgw on 127.0.0.1"
+              + (f", {link.describe()}" if link else ""))
         print(f"cold-load  mount/download = {mount_load / download_load:.2f}   "
               f"(mount {mount_load:.1f} s, download+load {download_load:.1f} s)   goal <= 0.6")
         print(f"  of which fetch   prefetch/download = {fetch_only / download_only:.2f}   "
               f"(ckptfs prefetch --wait {fetch_only:.1f} s, boto3 download {download_only:.1f} s); "
               f"torch.load from the local tier {local_load:.1f} s")
+        apart = max(download_only, download_load - download_only)
+        print(f"cold-load  mount/max(download, load) = {mount_load / apart:.2f}   (download "
+              f"{download_only:.1f} s, torch.load of the download {download_load - download_only:.1f}"
+              f" s)" + ("   goal <= 1.1" if link else ""))
         print(f"  CPU, mount:         {cpu_mount.line}")
         print(f"  CPU, download+load: {cpu_download.line}")
         # The goal's time on all cores, against what the server alone used in the mount's run.
@@ -417,6 +486,11 @@ def main():
                   f"(each process reads its file through a fresh mount: {storm_read:.1f} s, "
                   f"boto3 downloads {storm_download:.1f} s)")
             print(f"  CPU, mount reads:   {cpu_storm_read.line}")
+        print(f"next-step  mount/download = {step_mount / step_download:.2f}   (torch.load of "
+              f"step N+1 ({step_size / 2**20:.0f} MiB, half shared with step N) on the node "
+              f"holding N {step_mount:.1f} s, boto3 download {step_download:.1f} s)"
+              + ("   goal <= 0.6" if link else ""))
+        print(f"  CPU, mount:         {step_line}")
         print(f"save       remote/local   = {remote_save / local_save:.2f}   "
               f"(durability=local {local_save:.1f} s, remote {remote_save:.1f} s)")
         print(f"upload     ckptfs/boto3   = {(mib / upload) / (mib / boto_up):.2f}   "
@@ -425,6 +499,14 @@ def main():
                 better="lower", goal=0.6, subject_s=mount_load, baseline_s=download_load)
         out.add("fetch", fetch_only / download_only, subject="prefetch", baseline="download",
                 better="lower", subject_s=fetch_only, baseline_s=download_only)
+        out.add("cold-load-apart", mount_load / apart, subject="mount",
+                baseline="max(download, load)", better="lower", goal=1.1 if link else None,
+                subject_s=mount_load, baseline_s=apart)
+        out.add("next-step", step_mount / step_download, subject="mount", baseline="download",
+                better="lower", goal=0.6 if link else None, subject_s=step_mount,
+                baseline_s=step_download)
+        if link:
+            out.note("link", link.describe())
         if args.ranks:
             out.add(f"restore-{args.ranks}", storm_download / storm_mount, subject="mount",
                     baseline="boto3", goal=1.0, subject_s=storm_mount, baseline_s=storm_download)
@@ -437,6 +519,8 @@ def main():
                 baseline_s=boto_up)
         out.write()
     finally:
+        if link:
+            link.__exit__(None, None, None)
         teardown(args.bin, mounts, rgw)
     return 0
 
