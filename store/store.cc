@@ -20,6 +20,7 @@
 #include "backends/timed_backend.h"
 #include "cache/fault_io_engine.h"
 #include "store/remote_tier.h"
+#include "store/tree_walk.h"
 
 namespace ckptfs {
 namespace {

@@ -449,12 +449,6 @@ class Store final : private ChunkSink {
   Result<std::string> ReadSmallFile(uint64_t ino);  // a tracker file's bytes (at most 4 KiB)
   Result<bool> Pinned(uint64_t ino);                // kPinXattr on ino or anything under it
   Status RemoveTree(uint64_t parent, const std::string& name);
-  // The subdirectories of `dir` as retention sees them (store_policy.cc).
-  static Result<std::vector<CheckpointDir>> CheckpointDirsOf(MetaStore::Txn& txn, uint64_t dir);
-  // Adds to *out the checkpoint directories under `dir` (a run, or runs below it, up to a
-  // depth) that `policy` does not keep; *found_run: some run was found.
-  static Status FindDropped(MetaStore::Txn& txn, uint64_t dir, const RetentionPolicy& policy,
-                            int depth, bool* found_run, std::vector<uint64_t>* out);
   // Drops from nearer tier `tier` the files of checkpoints past its keep= policy
   // (store_policy.cc). Runs on that tier's worker when its queue is empty.
   Status ApplyTierPolicy(int tier);
@@ -640,8 +634,6 @@ class Store final : private ChunkSink {
   // `path` its path now) or the publishing under its new ones (publish=true).
   Status QueueTree(MetaStore::Txn& txn, uint64_t ino, const std::string& path, bool publish);
   void KickRemote();
-  // The path of parent/name, "" when the parent is not reachable from the root.
-  std::string ChildPath(MetaStore::Txn& txn, uint64_t parent, std::string_view name);
   // At open: queue every file whose committed version the backend does not hold.
   Status QueueUnpublished();
   // The chunks of a file committed here stay unevictable until its generation is in the
@@ -776,10 +768,6 @@ class Store final : private ChunkSink {
   // Prefetch work and pins (store_prefetch.cc), made on first use by prefetcher(). Declared last:
   // its threads stop before the cache, the metadata and the backend they use go.
   class Prefetcher;
-  // Calls fn(ino, manifest) for file `ino`, or for every regular file under directory `ino` (all
-  // levels when `recursive`, else its own files), each inode once (store_prefetch.cc).
-  static Status ForEachFile(MetaStore::Txn& txn, uint64_t ino, bool recursive,
-                            const std::function<void(uint64_t, const Manifest&)>& fn);
   Prefetcher& prefetcher();
   std::once_flag prefetch_once_;
   std::shared_ptr<Prefetcher> prefetch_;  // shared_ptr: deleted where Prefetcher is complete

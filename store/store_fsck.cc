@@ -15,6 +15,7 @@
 #include "common/utf8.h"
 #include "store/remote_tier.h"
 #include "store/store.h"
+#include "store/tree_walk.h"
 
 namespace ckptfs {
 namespace {

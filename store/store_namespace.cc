@@ -7,6 +7,7 @@
 #include <sys/xattr.h>
 
 #include "store/store.h"
+#include "store/tree_walk.h"
 
 namespace ckptfs {
 namespace {

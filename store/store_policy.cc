@@ -18,47 +18,9 @@
 #include "store/remote_tier.h"
 #include "store/retention.h"
 #include "store/store.h"
+#include "store/tree_walk.h"
 
 namespace ckptfs {
-namespace {
-
-constexpr int kMaxRunDepth = 16;
-
-}  // namespace
-
-Result<std::vector<CheckpointDir>> Store::CheckpointDirsOf(MetaStore::Txn& txn, uint64_t dir) {
-  std::vector<CheckpointDir> out;
-  RETURN_IF_ERROR(txn.ListDir(dir, 0, [&](std::string_view name, const DirEntry& e) {
-    if (S_ISDIR(e.mode)) out.push_back(CheckpointDir{std::string(name), false, 0, e.ino});
-    return true;
-  }));
-  for (CheckpointDir& d : out) {
-    ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(d.ino));
-    d.mtime_ns = rec.mtime_ns;
-    d.dcp_metadata = txn.GetEntry(d.ino, ".metadata").ok();
-  }
-  return out;
-}
-
-// Adds to *out the checkpoint directories under `dir` that `policy` does not keep.
-Status Store::FindDropped(MetaStore::Txn& txn, uint64_t dir, const RetentionPolicy& policy, int depth,
-                   bool* found_run, std::vector<uint64_t>* out) {
-  ASSIGN_OR_RETURN(std::vector<CheckpointDir> dirs, CheckpointDirsOf(txn, dir));
-  bool run = false;
-  for (const CheckpointDir& d : dirs) run = run || IsRecognizedCheckpoint(d);
-  if (run) {
-    *found_run = true;
-    for (const RetentionDecision& d : DecideRetention(dirs, Trackers{}, policy)) {
-      if (d.keep.empty()) out->push_back(d.ino);
-    }
-  }
-  if (depth >= kMaxRunDepth) return Status::Ok();
-  for (size_t i = 0; i < dirs.size(); ++i) {
-    if (run && IsRecognizedCheckpoint(dirs[i])) continue;  // a checkpoint holds no runs
-    RETURN_IF_ERROR(FindDropped(txn, dirs[i].ino, policy, depth + 1, found_run, out));
-  }
-  return Status::Ok();
-}
 
 Status Store::ApplyTierPolicy(int tier) {
   const size_t t = static_cast<size_t>(tier);

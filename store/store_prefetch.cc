@@ -15,6 +15,7 @@
 
 #include "store/remote_tier.h"
 #include "store/store.h"
+#include "store/tree_walk.h"
 
 namespace ckptfs {
 namespace {
@@ -24,25 +25,6 @@ constexpr auto kPinPassInterval = std::chrono::seconds(10);
 constexpr size_t kMaxWarmedDirs = 1024;
 
 }  // namespace
-
-// Other kinds of inode than files and directories hold no chunks and are skipped.
-Status Store::ForEachFile(MetaStore::Txn& txn, uint64_t ino, bool recursive,
-                          const std::function<void(uint64_t, const Manifest&)>& fn) {
-  ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(ino));
-  if (S_ISREG(rec.mode)) {
-    ASSIGN_OR_RETURN(auto m, txn.GetManifest(ino));
-    fn(ino, m ? *m : Manifest());
-    return Status::Ok();
-  }
-  if (!S_ISDIR(rec.mode)) return Status::Ok();
-  std::unordered_set<uint64_t> seen;  // hard links
-  return txn.WalkTree(ino, recursive, [&](const DirEntry& e) -> Status {
-    if (!S_ISREG(e.mode) || !seen.insert(e.ino).second) return Status::Ok();
-    ASSIGN_OR_RETURN(auto m, txn.GetManifest(e.ino));
-    fn(e.ino, m ? *m : Manifest());
-    return Status::Ok();
-  });
-}
 
 // The prefetch queue and the pins. Jobs run in the order they came; each is first expanded (its
 // files' chunks not on disk, listed once from one LMDB snapshot) and then fetched, one chunk per

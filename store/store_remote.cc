@@ -267,12 +267,6 @@ Status Store::QueueRemote(MetaStore::Txn& txn, const std::string& op) {
   return txn.QueueRemoteOp(op).status();
 }
 
-std::string Store::ChildPath(MetaStore::Txn& txn, uint64_t parent, std::string_view name) {
-  auto p = txn.PathOf(parent);
-  if (!p.ok()) return {};
-  return p->empty() ? std::string(name) : *p + "/" + std::string(name);
-}
-
 Status Store::QueueTree(MetaStore::Txn& txn, uint64_t ino, const std::string& path, bool publish) {
   if (remotes_.empty() || path.empty()) return Status::Ok();
   ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(ino));

@@ -15,6 +15,7 @@
 
 #include "store/retention.h"
 #include "store/store.h"
+#include "store/tree_walk.h"
 
 namespace ckptfs {
 namespace {
