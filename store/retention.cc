@@ -75,4 +75,36 @@ std::vector<RetentionDecision> DecideRetention(const std::vector<CheckpointDir>&
   return out;
 }
 
+Result<RetentionPolicy> ParseRetainXattr(std::string_view value) {
+  RetentionPolicy p;
+  bool have_last = false;
+  size_t start = 0;
+  const std::string v(value);
+  while (start < v.size()) {
+    size_t end = v.find_first_of(", ", start);
+    if (end == std::string::npos) end = v.size();
+    const std::string item = v.substr(start, end - start);
+    start = end + 1;
+    if (item.empty()) continue;
+    const size_t eq = item.find('=');
+    const std::string key = item.substr(0, eq);
+    const std::string num = eq == std::string::npos ? "" : item.substr(eq + 1);
+    if (num.empty() || num.size() > 18 || num.find_first_not_of("0123456789") != std::string::npos) {
+      return Invalid("user.ckptfs.retain: '" + item + "' is not KEY=COUNT");
+    }
+    if (key == "keep_last") {
+      p.keep_last = std::stoull(num);
+      have_last = true;
+    } else if (key == "keep_every") {
+      p.keep_every = std::stoull(num);
+    } else {
+      return Invalid("user.ckptfs.retain: unknown key '" + key + "' (keep_last, keep_every)");
+    }
+  }
+  if (!have_last || p.keep_last == 0) {
+    return Invalid("user.ckptfs.retain needs keep_last=N with N >= 1");
+  }
+  return p;
+}
+
 }  // namespace ckptfs

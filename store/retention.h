@@ -1,5 +1,6 @@
 // Retention: which checkpoints of a run directory stay. Shared by `ckptfs retain` (deletes
-// through the mount) and the remote tiers' keep= policies (drop files from a nearer tier).
+// through the mount), the daemon's passes of user.ckptfs.retain and the remote tiers' keep=
+// policies (drop files from a nearer tier).
 //
 // The checkpoints of a directory ROOT are its subdirectories of the layouts ckptfs recognizes:
 // Megatron-LM's iter_NNNNNNN, DeepSpeed's global_stepN, and directories holding a DCP .metadata
@@ -10,7 +11,10 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include "common/status.h"
 
 namespace ckptfs {
 
@@ -43,6 +47,10 @@ struct Trackers {
   std::string deepspeed;  // latest: a tag
   std::string universal;  // latest_universal: a tag
 };
+
+// The policy a run directory's user.ckptfs.retain attribute names: "keep_last=N[,keep_every=K]"
+// (items separated by commas or spaces, N >= 1). kInvalid, saying what is wrong, otherwise.
+Result<RetentionPolicy> ParseRetainXattr(std::string_view value);
 
 // The checkpoints among `dirs`, oldest first, each with the reason it stays (the newest
 // keep_last, every keep_every-th step, the one a tracker names) or none.

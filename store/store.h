@@ -61,7 +61,6 @@
 #include "store/journal.h"
 #include "store/meta_store.h"
 #include "store/put_flights.h"
-#include "store/retention.h"
 
 namespace ckptfs {
 
@@ -261,7 +260,6 @@ class Store final : private ChunkSink {
   static constexpr std::string_view kPinXattr = "user.ckptfs.pin";
   // On a run directory: "keep_last=N[,keep_every=K]", applied after each checkpoint commits.
   static constexpr std::string_view kRetainXattr = "user.ckptfs.retain";
-  static Result<RetentionPolicy> ParseRetainXattr(std::string_view value);
   // Pulls every chunk of file `ino`, or of every file under directory `ino` (all levels when
   // `recursive`, else its own files), onto the local disk tier in the background. Returns at
   // once; a request for an `ino` already pending is not queued twice. Without a backend every

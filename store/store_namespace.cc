@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <sys/xattr.h>
 
+#include "store/retention.h"
 #include "store/store.h"
 #include "store/tree_walk.h"
 

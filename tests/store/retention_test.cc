@@ -55,5 +55,20 @@ TEST(RetentionTest, PlainDirectoriesGoByTimeWhereNoLayoutIsRecognized) {
   EXPECT_TRUE(Decide({}, {1, 0}).empty());
 }
 
+TEST(RetentionTest, RetainXattrNamesKeepLastAndOptionallyKeepEvery) {
+  auto p = ParseRetainXattr("keep_last=3,keep_every=100");
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(p->keep_last, 3u);
+  EXPECT_EQ(p->keep_every, 100u);
+  p = ParseRetainXattr("keep_every=2 keep_last=1");
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(p->keep_last, 1u);
+  EXPECT_EQ(p->keep_every, 2u);
+  for (const char* bad : {"", "keep_last=0", "keep_every=5", "keep_last", "keep_last=-1",
+                          "keep_last=2,keep_first=1"}) {
+    EXPECT_EQ(ParseRetainXattr(bad).status().code(), Code::kInvalid) << bad;
+  }
+}
+
 }  // namespace
 }  // namespace ckptfs
