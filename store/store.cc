@@ -1,4 +1,5 @@
-// Store: opening, recovery, shutdown, and the chunk bookkeeping shared by every operation.
+// Store: opening, recovery, shutdown, and the inode and chunk-reference bookkeeping shared by
+// every operation.
 #include "store/store.h"
 
 #include <dirent.h>
@@ -112,6 +113,8 @@ Result<std::unique_ptr<Store>> Store::Open(const Config& cfg, PayloadScannerFact
     return cache.status();
   }
   s->cache_ = std::move(*cache);
+  s->chunks_ = std::make_unique<LocalChunks>(s->cfg_.cache_dir, s->cache_.get(), s->meta_.get(),
+                                             &s->metrics_, s->log_, s->cfg_.write_threads);
   s->scanners_ = std::move(scanners);
   Status st = s->Recover(clean);
   if (!st.ok()) {
@@ -159,9 +162,7 @@ Store::Store(Config cfg, std::unique_ptr<IoEngine> engine, std::unique_ptr<Chunk
       fallback_touch_(static_cast<uint64_t>(NowNs())),
       queue_budget_(cfg_.write_memory_bytes / 2),
       reorder_budget_(cfg_.write_memory_bytes / 2),
-      put_copies_(kPutCopyLimit),
       cut_pool_(cfg_.cut_threads ? std::make_unique<ThreadPool>(cfg_.cut_threads) : nullptr),
-      put_pool_(std::make_unique<ThreadPool>(cfg_.write_threads)),
       read_pool_(std::make_unique<ThreadPool>(cfg_.read_threads)),
       write_pool_(std::make_unique<ThreadPool>(cfg_.write_threads)),
       boot_id_(CurrentBootId()),
@@ -173,10 +174,11 @@ Store::Gauges Store::gauges() {
   g.cache = cache_->usage();
   g.write_queue_bytes = queue_budget_.used();
   g.write_queue_limit = queue_budget_.limit();
-  g.put_copy_bytes = put_copies_.used();
-  g.put_copy_limit = put_copies_.limit();
-  g.put_copy_peak = put_copies_.peak();
-  g.put_flights = put_flights_.size();
+  const LocalChunks::Usage puts = chunks_->usage();
+  g.put_copy_bytes = puts.put_copy_bytes;
+  g.put_copy_limit = puts.put_copy_limit;
+  g.put_copy_peak = puts.put_copy_peak;
+  g.put_flights = puts.put_flights;
   {
     MutexLock lock(&files_mu_);
     g.open_files = files_.size();
@@ -337,161 +339,6 @@ Status Store::Close() {
   return first;
 }
 
-Status Store::PutChunk(const ChunkId& id, const uint8_t* data, size_t len) {
-  {
-    MutexLock lock(&holds_mu_);
-    ++holds_[id];
-  }
-  return Stored(id, len, cache_->Put(id, data, len));
-}
-
-// A put of PutChunkAsync that owns its chunk's flight: what it holds until it ends.
-struct Store::PutJob {
-  size_t len;
-  const std::atomic<bool>* cancelled;
-  std::function<void(Status)> done;
-  uint64_t cost = 0;  // taken from put_copies_
-  std::unique_ptr<ChunkCache::PreparedPut> prepared;
-};
-
-void Store::PutChunkAsync(const ChunkId& id, const uint8_t* data, size_t len,
-                          const std::atomic<bool>* cancelled, std::function<void(Status)> done) {
-  {
-    MutexLock lock(&holds_mu_);
-    ++holds_[id];
-  }
-  auto job = std::make_shared<PutJob>(PutJob{len, cancelled, std::move(done)});
-  // The same chunk already on its way to the disk: this put ends with that one.
-  if (put_flights_.Join(id, len, cancelled, job->done)) return;
-  // This put owns the flight of `id`, and ends it however it ends. A copy is made here, within
-  // put_copies_ (data is the caller's again on return; back-pressure on the cutting thread),
-  // and written on put_pool_. A chunk stored already, a small one, or one written buffered
-  // needs no copy: it is put now.
-  std::optional<Result<bool>> now;
-  try {
-    if (!cache_->PutCopies(id, len)) {
-      now = cache_->Put(id, data, len);
-    } else {
-      job->cost = ChunkCache::CopyFootprint(len);
-      put_copies_.Take(job->cost);
-      job->prepared = cache_->PreparePut(data, len);
-      if (job->prepared) {
-        put_pool_->Submit([this, id, job] { RunPut(id, *job); });
-      } else {
-        now = cache_->Put(id, data, len);
-      }
-    }
-  } catch (const std::exception& e) {
-    now = Status(Code::kIo, "put of chunk " + id.Hex() + ": " + e.what());
-  }
-  if (now) FinishPut(id, *job, *now);
-}
-
-void Store::RunPut(const ChunkId& id, PutJob& job) {
-  auto stored = [&](size_t len, const Result<bool>& r) { return Stored(id, len, r); };
-  Result<bool> written = false;
-  try {
-    // A cut given up skips its puts not yet begun, unless another cut still wants the chunk.
-    if (job.cancelled && job.cancelled->load()) {
-      Status why(Code::kIo, "put of chunk " + id.Hex() + " cancelled");
-      if (put_flights_.EndIfUnwanted(id, why, stored)) return EndJob(id, job, why);
-    }
-    written = cache_->PutPrepared(id, *job.prepared);
-  } catch (const std::exception& e) {
-    written = Status(Code::kIo, "put of chunk " + id.Hex() + ": " + e.what());
-  }
-  FinishPut(id, job, written);
-}
-
-void Store::FinishPut(const ChunkId& id, PutJob& job, const Result<bool>& written) {
-  put_flights_.End(id, written, [&](size_t len, const Result<bool>& r) { return Stored(id, len, r); });
-  EndJob(id, job, written);
-}
-
-void Store::EndJob(const ChunkId& id, PutJob& job, const Result<bool>& written) {
-  job.prepared.reset();
-  put_copies_.Release(std::exchange(job.cost, 0));
-  job.done(Stored(id, job.len, written));
-}
-
-Status Store::Stored(const ChunkId& id, size_t len, const Result<bool>& written) {
-  if (!written.ok()) {
-    ReleaseHolds({id});
-    if (written.status().code() == Code::kNoSpace) {
-      log_->error("the local tier is full: {}", written.status().ToString());
-    }
-    return written.status();
-  }
-  if (!*written) {
-    metrics_.chunk_dedup_hits.Add(1);
-    metrics_.chunk_dedup_bytes.Add(len);
-  }
-  return Status::Ok();
-}
-
-Result<ChunkRef> Store::GetChunk(const ChunkId& id, size_t len) { return cache_->Get(id, len); }
-
-std::string Store::NewStagingPath() {
-  return cfg_.cache_dir + "/staging/" + std::to_string(::getpid()) + "." +
-         std::to_string(++staging_seq_);
-}
-
-void Store::ReleaseHolds(const std::vector<ChunkId>& ids) {
-  std::vector<ChunkId> unheld;
-  {
-    MutexLock lock(&holds_mu_);
-    for (const ChunkId& id : ids) {
-      auto it = holds_.find(id);
-      if (it == holds_.end()) continue;
-      if (--it->second == 0) {
-        holds_.erase(it);
-        unheld.push_back(id);
-      }
-    }
-  }
-  Reclaim(unheld);
-}
-
-void Store::Reclaim(const std::vector<ChunkId>& ids) {
-  if (ids.empty()) return;
-  // Find the candidates, make the commits that dropped their last references durable, then
-  // delete those still unreferenced and unheld. The final check runs under holds_mu_, so that no
-  // writer can start holding a chunk between the check and the unlink.
-  auto unreferenced = [&](const std::vector<ChunkId>& in) REQUIRES(holds_mu_) {
-    std::vector<ChunkId> out;
-    auto txn = meta_->Begin(false);
-    if (!txn.ok()) {
-      log_->error("reclaiming chunks: {}", txn.status().ToString());
-      return out;
-    }
-    for (const ChunkId& id : in) {
-      if (holds_.count(id)) continue;
-      auto rec = txn->GetChunk(id);
-      if (rec.ok() && rec->refs == 0) out.push_back(id);
-    }
-    return out;
-  };
-  std::vector<ChunkId> dead;
-  {
-    MutexLock lock(&holds_mu_);
-    dead = unreferenced(ids);
-  }
-  if (dead.empty()) return;
-  if (Status st = meta_->Sync(); !st.ok()) {
-    log_->error("not reclaiming {} chunks: {}", dead.size(), st.ToString());
-    return;
-  }
-  MutexLock lock(&holds_mu_);
-  for (const ChunkId& id : unreferenced(dead)) {
-    Status st = cache_->Remove(id);
-    if (st.ok()) {
-      metrics_.chunks_reclaimed.Add(1);
-    } else {
-      log_->error("reclaiming chunk {}: {}", id.Hex(), st.ToString());
-    }
-  }
-}
-
 Status Store::AddManifestRefs(MetaStore::Txn& txn, const Manifest& m, int sign,
                               std::vector<ChunkId>* freed) {
   std::map<ChunkId, std::pair<uint64_t, int64_t>> counts;  // id -> (len, references)
@@ -568,7 +415,7 @@ Status Store::ReapIfOrphan(uint64_t ino) {
     RETURN_IF_ERROR(txn.DelOrphan(ino));
     RETURN_IF_ERROR(txn.Commit());
   }
-  Reclaim(freed);
+  chunks_->Reclaim(freed);
   return Status::Ok();
 }
 

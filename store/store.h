@@ -5,7 +5,8 @@
 // Thread-safe. Lock order, outermost first:
 //   OpenFile::mu (one file's bytes)  ->  OpenFile::qmu (its write queue)
 //   OpenFile::mu  ->  ns_mu_ (namespace changes and commits)
-//     ->  files_mu_ (the open-file table)  ->  holds_mu_ (chunk holds and reclamation)
+//     ->  files_mu_ (the open-file table)  ->  LocalChunks' holds_mu_ (chunk holds and
+//     reclamation, a leaf: store/local_chunks.h)
 // qmu is never held while taking mu or ns_mu_. listener_mu_ and the settle thread's settle_mu_
 // are leaves.
 // Reads of metadata use LMDB read transactions and take no store lock.
@@ -59,8 +60,8 @@
 #include "common/thread_pool.h"
 #include "store/file_writer.h"
 #include "store/journal.h"
+#include "store/local_chunks.h"
 #include "store/meta_store.h"
-#include "store/put_flights.h"
 
 namespace ckptfs {
 
@@ -89,7 +90,7 @@ struct DirItem {
 class RemoteTier;
 struct FileRecord;
 
-class Store final : private ChunkSink {
+class Store final {
  public:
   // Opens the cache directory named in cfg (creating it), takes its lock (one daemon per cache
   // directory), and recovers from an unclean stop. cfg must be validated. `scanners` (optional)
@@ -103,7 +104,7 @@ class Store final : private ChunkSink {
   static Result<std::unique_ptr<Store>> Open(const Config& cfg, PayloadScannerFactory scanners = {},
                                              std::unique_ptr<Backend> backend = nullptr);
   // Commits files still dirty and syncs everything (see Close).
-  ~Store() override;
+  ~Store();
   // Commits every dirty file, makes everything durable and marks the stop clean. Idempotent.
   Status Close();
 
@@ -333,7 +334,7 @@ class Store final : private ChunkSink {
 
   // The memory the aligned copies of chunks cut from staging files may hold at once, all cuts
   // together (Gauges::put_copy_*).
-  static constexpr uint64_t kPutCopyLimit = 64 << 20;
+  static constexpr uint64_t kPutCopyLimit = LocalChunks::kPutCopyLimit;
 
   // What the metrics exporter shows as gauges, read now.
   struct Gauges {
@@ -457,22 +458,6 @@ class Store final : private ChunkSink {
   // The tier other nodes' files are synced from: the farthest. REQUIRES: remote tiers.
   RemoteTier& sync_tier() { return *remotes_.back(); }
   Backend& sync_backend() { return *backends_.back(); }
-
-  // ChunkSink
-  Status PutChunk(const ChunkId& id, const uint8_t* data, size_t len) override;
-  void PutChunkAsync(const ChunkId& id, const uint8_t* data, size_t len,
-                     const std::atomic<bool>* cancelled, std::function<void(Status)> done) override;
-  // PutChunk's end, once the local tier answered: the chunk's hold goes when it failed.
-  Status Stored(const ChunkId& id, size_t len, const Result<bool>& written);
-  // PutChunkAsync's parts: a put that owns its chunk's flight (PutJob, store.cc), its disk write
-  // on put_pool_, its end with the flight's (FinishPut), and its own end (EndJob: its copy and
-  // memory go, its callback runs).
-  struct PutJob;
-  void RunPut(const ChunkId& id, PutJob& job);
-  void FinishPut(const ChunkId& id, PutJob& job, const Result<bool>& written);
-  void EndJob(const ChunkId& id, PutJob& job, const Result<bool>& written);
-  Result<ChunkRef> GetChunk(const ChunkId& id, size_t len) override;
-  std::string NewStagingPath() override;
 
   std::shared_ptr<OpenFile> FindFile(uint64_t ino);
   // The open-file entry of ino, created if absent, with one more open counted.
@@ -618,11 +603,6 @@ class Store final : private ChunkSink {
   Status DeleteInode(MetaStore::Txn& txn, const InodeRecord& rec, std::vector<ChunkId>* freed);
   Status AddManifestRefs(MetaStore::Txn& txn, const Manifest& m, int sign,
                          std::vector<ChunkId>* freed);
-  // Deletes the chunks among ids that no manifest references and no writer holds, after making
-  // the commits that dropped their references durable (a machine crash must not bring back a
-  // manifest whose chunks are gone).
-  void Reclaim(const std::vector<ChunkId>& ids);
-  void ReleaseHolds(const std::vector<ChunkId>& ids);
   // Deletes an orphan whose last open went away.
   Status ReapIfOrphan(uint64_t ino);
   // REQUIRES: inside a write txn (ns_mu_ held). Queues what the backend must learn of a change
@@ -670,22 +650,14 @@ class Store final : private ChunkSink {
   std::condition_variable settle_cv_;
   bool settle_stop_ = false;  // guarded by settle_mu_
 
-  Mutex ns_mu_ ACQUIRED_BEFORE(files_mu_, holds_mu_, unpublished_mu_);
-  Mutex files_mu_ ACQUIRED_BEFORE(holds_mu_);
+  Mutex ns_mu_ ACQUIRED_BEFORE(files_mu_, unpublished_mu_);
+  Mutex files_mu_;
   // write_memory: half for every file's queued writes (Write waits for room), half for every
   // reorder window (FileWriter spills to staging when it finds none). Declared before the open
   // files and the pools, so they outlive every writer and task that uses them.
   MemoryBudget queue_budget_;
   MemoryBudget reorder_budget_;
-  // The aligned copies of chunks on their way to the local disk (PutChunkAsync), every cut's
-  // together (each cut also keeps to its own FileWriter::kPutWindow); and the puts in flight,
-  // which a put of the same chunk joins.
-  MemoryBudget put_copies_;
-  PutFlights put_flights_;
   std::unordered_map<uint64_t, std::shared_ptr<OpenFile>> files_ GUARDED_BY(files_mu_);
-  Mutex holds_mu_;
-  std::unordered_map<ChunkId, uint32_t, ChunkIdHash> holds_ GUARDED_BY(holds_mu_);
-  std::atomic<uint64_t> staging_seq_{0};
   std::atomic<uint64_t> stage_epoch_{0};  // Stage::epoch values, unique across stages
   std::atomic<uint64_t> unstored_bytes_{0};  // acknowledged writes still in queues
   std::atomic<uint64_t> next_fh_{1};
@@ -728,12 +700,14 @@ class Store final : private ChunkSink {
   // Applies the bucket's current state of one key (files/<path> or dirs/<path>).
   Status SyncKey(const std::string& key);
   // Last members: destroyed first, so their threads are joined before anything they use goes.
-  // put_pool_: the disk writes of chunks cut from staging files (PutChunkAsync), which seals
-  // and commits of staged writers submit; joined after the other pools.
+  // chunks_: the local tier's chunks as every FileWriter of the store sees them (its ChunkSink),
+  // and the writers' holds (store/local_chunks.h); made in Open once the cache is open. Its put
+  // threads write the chunks cut from staging files, which seals and commits of staged writers
+  // submit; they are joined after the other pools.
   // cut_pool_: the threads that find a seal's cut candidates (FileWriter::CutAhead); joined last
   // (a seal waits for its parts before it ends).
   std::unique_ptr<ThreadPool> cut_pool_;
-  std::unique_ptr<ThreadPool> put_pool_;
+  std::unique_ptr<LocalChunks> chunks_;
   std::unique_ptr<ThreadPool> read_pool_;
   std::unique_ptr<ThreadPool> write_pool_;
   // Seals of staged files (store_staged.cc); stopped first at Close (what is left resumes at the

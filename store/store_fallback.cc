@@ -205,7 +205,7 @@ Status Store::DropSettled(const std::vector<std::pair<uint64_t, uint64_t>>& cove
     }
     RETURN_IF_ERROR(txn.Commit());
   }
-  Reclaim(freed);
+  chunks_->Reclaim(freed);
   return Status::Ok();
 }
 

@@ -207,9 +207,9 @@ Status Store::EnsureWriter(uint64_t ino, OpenFile& f) {
     ASSIGN_OR_RETURN(auto m, txn.GetManifest(ino));
     if (m) base = std::move(*m);
   }
-  f.writer = std::make_unique<FileWriter>(std::move(base), static_cast<ChunkSink*>(this),
-                                          cfg_.chunking, cfg_.reorder_bytes, &metrics_,
-                                          scanners_, &reorder_budget_);
+  f.writer = std::make_unique<FileWriter>(std::move(base), chunks_.get(), cfg_.chunking,
+                                          cfg_.reorder_bytes, &metrics_, scanners_,
+                                          &reorder_budget_);
   f.writer->CutAhead(cut_pool_.get(), cfg_.cut_threads + 1);
   return Status::Ok();
 }
@@ -524,7 +524,7 @@ Status Store::CommitOrDrop(uint64_t ino, OpenFile& f, bool durable) {
       f.dirty = f.queued_bytes > 0;
       if (!f.dirty) f.size = f.committed_size;
     }
-    ReleaseHolds(writer->held());
+    chunks_->ReleaseHolds(writer->held());
     MutexLock lock(&files_mu_);
     stale_pages_.insert(ino);  // the kernel may cache the dropped bytes
   }
@@ -576,7 +576,7 @@ Status Store::Commit(uint64_t ino, OpenFile& f, bool durable) {
     MutexLock lock(&files_mu_);
     stale_pages_.insert(ino);
   }
-  ReleaseHolds(writer->held());
+  chunks_->ReleaseHolds(writer->held());
   // Reclaim (which syncs LMDB), the uploaders and retention run once the caller has released
   // f.mu (RunAfterCommit): a stat or open of this file must not wait for them.
   f.after_freed.insert(f.after_freed.end(), freed.begin(), freed.end());
@@ -592,7 +592,7 @@ void Store::RunAfterCommit(uint64_t ino, OpenFile& f) {
     freed.swap(f.after_freed);
     committed = std::exchange(f.after_committed, false);
   }
-  Reclaim(freed);
+  chunks_->Reclaim(freed);
   if (committed) {
     KickRemote();
     NoteCommitted(ino);

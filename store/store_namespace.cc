@@ -216,7 +216,7 @@ Status Store::UndoCreate(uint64_t parent, std::string_view name, uint64_t ino) {
     RETURN_IF_ERROR(txn.DelOrphan(ino));
     RETURN_IF_ERROR(txn.Commit());
   }
-  Reclaim(freed);
+  chunks_->Reclaim(freed);
   return Status::Ok();
 }
 
@@ -326,7 +326,7 @@ Status Store::Unlink(uint64_t parent, std::string_view name) {
     RETURN_IF_ERROR(txn.Commit());
   }
   KickRemote();
-  Reclaim(freed);
+  chunks_->Reclaim(freed);
   return Status::Ok();
 }
 
@@ -427,7 +427,7 @@ Status Store::Rename(uint64_t parent, std::string_view name, uint64_t new_parent
     RETURN_IF_ERROR(txn.Commit());
   }
   KickRemote();
-  Reclaim(freed);
+  chunks_->Reclaim(freed);
   return Status::Ok();
 }
 

@@ -84,7 +84,7 @@ Result<std::string> Store::ReadSmallFile(uint64_t ino) {
       out.append(e.len, '\0');
       continue;
     }
-    ASSIGN_OR_RETURN(ChunkRef c, GetChunk(e.id, e.len));
+    ASSIGN_OR_RETURN(ChunkRef c, chunks_->GetChunk(e.id, e.len));
     out.append(reinterpret_cast<const char*>(c->bytes.get()), c->size);
   }
   return out;

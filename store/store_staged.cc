@@ -342,8 +342,8 @@ Status Store::Seal(uint64_t ino, OpenFile& f, bool wait_release) {
   struct stat st;
   if (::fstat(fd, &st) != 0) return Status::FromErrno(errno, "fstat of a staging file");
   const uint64_t size = static_cast<uint64_t>(st.st_size);
-  FileWriter writer(Manifest(), static_cast<ChunkSink*>(this), cfg_.chunking, cfg_.reorder_bytes,
-                    &metrics_, scanners_, &reorder_budget_);
+  FileWriter writer(Manifest(), chunks_.get(), cfg_.chunking, cfg_.reorder_bytes, &metrics_,
+                    scanners_, &reorder_budget_);
   writer.CutAhead(cut_pool_.get(), cfg_.cut_threads + 1);
   // The writer reads the file with pread, data regions only (holes stay holes). A writer may
   // truncate it under the seal: a short read then fails the cut, and the epoch check below
@@ -406,9 +406,9 @@ Status Store::Seal(uint64_t ino, OpenFile& f, bool wait_release) {
     }
     return Status::Ok();
   }();
-  ReleaseHolds(writer.held());
+  chunks_->ReleaseHolds(writer.held());
   if (!done.ok()) return done;
-  Reclaim(freed);
+  chunks_->Reclaim(freed);
   KickRemote();
   NoteCommitted(ino);
   return Status::Ok();

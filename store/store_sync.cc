@@ -457,7 +457,7 @@ Status Store::ApplyRemoteFile(const std::string& path, const FileRecord& r,
   for (const Extent& x : r.manifest.extents()) {
     if (marked && !x.hole()) cache_->MarkRemote(x.id, sync);
   }
-  Reclaim(freed);
+  chunks_->Reclaim(freed);
   for (const auto& [p, n] : created) TellChange(p, n, 0);
   TellChange(parent, name, ino);
   return Status::Ok();
@@ -497,7 +497,7 @@ Status Store::ApplyRemoteDelete(const std::string& path) {
     ino = rec.ino;
   }
   if (sync > 0) KickRemote();
-  Reclaim(freed);
+  chunks_->Reclaim(freed);
   TellChange(parent, parts.back(), 0);
   (void)ino;
   return Status::Ok();
