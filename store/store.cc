@@ -179,10 +179,7 @@ Store::Gauges Store::gauges() {
   g.put_copy_limit = puts.put_copy_limit;
   g.put_copy_peak = puts.put_copy_peak;
   g.put_flights = puts.put_flights;
-  {
-    MutexLock lock(&files_mu_);
-    g.open_files = files_.size();
-  }
+  g.open_files = files_.size();
   if (auto txn = meta_->Begin(false); txn.ok()) {
     (void)txn->ForEachFallback([&](uint64_t, const FallbackRecord&) { ++g.fallback_files; });
     for (const auto& r : remotes_) {
@@ -312,11 +309,7 @@ Status Store::Close() {
   StopSync();
   for (auto& r : remotes_) r->Stop();
   Status first;
-  std::vector<std::pair<uint64_t, std::shared_ptr<OpenFile>>> open;
-  {
-    MutexLock lock(&files_mu_);
-    open.assign(files_.begin(), files_.end());
-  }
+  const std::vector<std::pair<uint64_t, std::shared_ptr<OpenFile>>> open = files_.All();
   for (auto& [ino, f] : open) {
     WaitDrained(*f);
     std::lock_guard lock(f->mu);
@@ -395,7 +388,7 @@ Status Store::DropLink(MetaStore::Txn& txn, InodeRecord& rec, std::vector<ChunkI
   rec.nlink = dir ? 0 : rec.nlink - 1;
   rec.ctime_ns = NowNs();
   if (rec.nlink > 0) return txn.PutInode(rec);
-  if (!dir && IsOpen(rec.ino)) {
+  if (!dir && files_.IsOpen(rec.ino)) {
     RETURN_IF_ERROR(txn.AddOrphan(rec.ino));
     return txn.PutInode(rec);
   }
@@ -406,7 +399,7 @@ Status Store::ReapIfOrphan(uint64_t ino) {
   std::vector<ChunkId> freed;
   {
     MutexLock lock(&ns_mu_);
-    if (IsOpen(ino)) return Status::Ok();
+    if (files_.IsOpen(ino)) return Status::Ok();
     ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
     auto rec = txn.GetInode(ino);
     if (!rec.ok()) return rec.status().code() == Code::kNotFound ? Status::Ok() : rec.status();

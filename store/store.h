@@ -4,17 +4,17 @@
 //
 // Thread-safe. Lock order, outermost first:
 //   OpenFile::mu (one file's bytes)  ->  OpenFile::qmu (its write queue)
-//   OpenFile::mu  ->  ns_mu_ (namespace changes and commits)
-//     ->  files_mu_ (the open-file table)  ->  LocalChunks' holds_mu_ (chunk holds and
-//     reclamation, a leaf: store/local_chunks.h)
-// qmu is never held while taking mu or ns_mu_. listener_mu_ and the settle thread's settle_mu_
-// are leaves.
+//   OpenFile::mu  ->  ns_mu_ (namespace changes and commits)  ->  the leaves
+// qmu is never held while taking mu or ns_mu_. The leaves, under which no other store lock is
+// taken: the open-file table's lock (store/open_table.h), LocalChunks' holds_mu_ (chunk holds
+// and reclamation, store/local_chunks.h), listener_mu_ and the settle thread's settle_mu_.
 // Reads of metadata use LMDB read transactions and take no store lock.
 //
-// Waits: no lock that another file's operation could need (ns_mu_, files_mu_, holds_mu_, a
-// file's qmu, which stat takes) is held across a wait for room, a backend request or an fsync.
-// A writer waits for room with no lock (Write); a commit's after-effects (Reclaim, which syncs
-// LMDB; waking the uploaders; retention) run after the file's mu is released (RunAfterCommit).
+// Waits: no lock that another file's operation could need (ns_mu_, the open-file table's,
+// holds_mu_, a file's qmu, which stat takes) is held across a wait for room, a backend request or
+// an fsync. A writer waits for room with no lock (Write); a commit's after-effects (Reclaim,
+// which syncs LMDB; waking the uploaders; retention) run after the file's mu is released
+// (RunAfterCommit).
 // The exception is LMDB's own commit, which syncs inside ns_mu_: LMDB has one writer anyway. A
 // file's own mu and seal_mu may be held across its own chunk syncs (fsync, a durable seal).
 //
@@ -62,6 +62,8 @@
 #include "store/journal.h"
 #include "store/local_chunks.h"
 #include "store/meta_store.h"
+#include "store/open_file.h"
+#include "store/open_table.h"
 
 namespace ckptfs {
 
@@ -362,80 +364,6 @@ class Store final {
   const Config& config() const { return cfg_; }
 
  private:
-  // A write acknowledged to the kernel and not yet applied to the file's writer.
-  struct QueuedWrite {
-    uint64_t offset;
-    std::unique_ptr<uint8_t[]> data;
-    size_t len;
-  };
-
-  struct OpenFile {
-    std::mutex mu;  // guards writer and manifest; held while a write is applied
-    int opens = 0;  // guarded by files_mu_
-    std::unique_ptr<FileWriter> writer;
-    std::shared_ptr<const Manifest> manifest;  // committed bytes, loaded on first read
-
-    // The write queue. Write() appends and returns; one pool task at a time drains it into the
-    // writer. Never held together with mu.
-    std::mutex qmu;
-    std::condition_variable qcv;                   // signalled when the queue shrinks
-    std::condition_variable released;  // with mu: a staging file's writer count went down
-    std::deque<QueuedWrite> queue;                 // guarded by qmu
-    uint64_t queued_bytes = 0;                     // guarded by qmu
-    bool draining = false;                         // guarded by qmu: a drain task is scheduled
-    Status async_error;                            // guarded by qmu: sticky until reported
-    std::unordered_set<uint64_t> session;          // guarded by qmu: handles that wrote
-    bool unborn = false;  // guarded by mu: made by CreateFile, not yet committed or closed
-    uint64_t creator_fh = 0;  // guarded by mu: the handle CreateFile opened
-    uint64_t committed_size = 0;                   // guarded by qmu: the size in LMDB
-
-    // What GetAttr shows while the file has uncommitted bytes; read without locks.
-    std::atomic<bool> dirty{false};
-    std::atomic<uint64_t> size{0};
-    std::atomic<int64_t> mtime_ns{0};
-
-    // Passthrough (store_staged.cc), guarded by mu: the staging file that holds the newest bytes
-    // while the kernel reads and writes it directly, and the handles served from it.
-    struct Stage {
-      ~Stage() {
-        if (fd >= 0) ::close(fd);
-      }
-      int fd = -1;
-      std::string name;  // under <cache_dir>/passthrough/
-      std::unordered_map<uint64_t, bool> handles;  // fh -> may write
-      int writers = 0;
-      // Writer handles whose close (FLUSH) committed the bytes; the kernel sends their RELEASE
-      // after close(2) has returned, so a reader may come first (see Seal's wait_release).
-      std::unordered_set<uint64_t> closed;
-      bool dirty = false;     // its bytes are not (yet) the committed manifest's
-      bool recorded = false;  // a staged record names it (the file's committed bytes)
-      bool durable = false;   // fsync recorded it: its later records are made durable too
-      std::string replaces;   // the staging file of the version it replaces, removed at its commit
-      StagedRecord::Stamp stamp;  // the file as last recorded
-      // A close refused this session's bytes (no room, or their commit failed): later commits
-      // fail too, and no reader is served them.
-      Status failed;
-      uint64_t epoch = 0;     // bumped by every writable open and truncate: a seal started
-                              // before it is stale
-    };
-    std::unique_ptr<Stage> stage;
-    // A descriptor of the staging file while a writer has it (GetAttr's size and time come from
-    // it), guarded by qmu: read without taking mu.
-    std::shared_ptr<const int> writing_fd;
-    int cached_opens = 0;  // guarded by mu: handles served through the daemon (page cache)
-    std::mutex seal_mu;    // one seal of this file at a time; taken before mu
-    // What commits left to do once mu is released (RunAfterCommit), guarded by mu.
-    std::vector<ChunkId> after_freed;
-    bool after_committed = false;
-
-    // Readahead of committed bytes (guarded by mu): the extent index the last read ended in,
-    // and the highest index already prefetched for this manifest.
-    size_t last_extent = SIZE_MAX;
-    size_t prefetched_upto = 0;
-    const Manifest* prefetched_for = nullptr;
-  };
-
-
   Store(Config cfg, std::unique_ptr<IoEngine> engine, std::unique_ptr<ChunkCache> cache,
         std::unique_ptr<MetaStore> meta, int lock_fd);
   Status Recover(bool clean);
@@ -459,12 +387,6 @@ class Store final {
   RemoteTier& sync_tier() { return *remotes_.back(); }
   Backend& sync_backend() { return *backends_.back(); }
 
-  std::shared_ptr<OpenFile> FindFile(uint64_t ino);
-  // The open-file entry of ino, created if absent, with one more open counted.
-  std::shared_ptr<OpenFile> PinFile(uint64_t ino);
-  // Drops one open; returns true when it was the last.
-  bool UnpinFile(uint64_t ino);
-  bool IsOpen(uint64_t ino);
   // What GetAttr shows for a file with uncommitted bytes, taken before reading LMDB (a commit
   // lands in LMDB before it clears the mark), then applied to the record read.
   struct OverlayState {
@@ -650,20 +572,17 @@ class Store final {
   std::condition_variable settle_cv_;
   bool settle_stop_ = false;  // guarded by settle_mu_
 
-  Mutex ns_mu_ ACQUIRED_BEFORE(files_mu_, unpublished_mu_);
-  Mutex files_mu_;
+  Mutex ns_mu_ ACQUIRED_BEFORE(unpublished_mu_);
   // write_memory: half for every file's queued writes (Write waits for room), half for every
   // reorder window (FileWriter spills to staging when it finds none). Declared before the open
   // files and the pools, so they outlive every writer and task that uses them.
   MemoryBudget queue_budget_;
   MemoryBudget reorder_budget_;
-  std::unordered_map<uint64_t, std::shared_ptr<OpenFile>> files_ GUARDED_BY(files_mu_);
+  // The files in use (store/open_table.h), with the handle numbers and the files whose pages
+  // the kernel may cache stale.
+  OpenTable files_;
   std::atomic<uint64_t> stage_epoch_{0};  // Stage::epoch values, unique across stages
   std::atomic<uint64_t> unstored_bytes_{0};  // acknowledged writes still in queues
-  std::atomic<uint64_t> next_fh_{1};
-  // Files whose uncommitted bytes were dropped while the kernel may hold them in its page cache:
-  // their next open drops the kernel's cached pages. Guarded by files_mu_.
-  std::unordered_set<uint64_t> stale_pages_ GUARDED_BY(files_mu_);
   std::atomic<bool> full_logged_{false};
   std::vector<std::unique_ptr<Backend>> backends_;  // the remote tiers' backends, nearest first
   std::string node_id_;  // this node's name in published records

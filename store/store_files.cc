@@ -13,51 +13,23 @@
 
 namespace ckptfs {
 
-std::shared_ptr<Store::OpenFile> Store::FindFile(uint64_t ino) {
-  MutexLock lock(&files_mu_);
-  auto it = files_.find(ino);
-  return it == files_.end() ? nullptr : it->second;
-}
-
 Result<bool> Store::Busy(uint64_t ino) {
-  if (FindFile(ino)) return true;
+  if (files_.Find(ino)) return true;
   ASSIGN_OR_RETURN(InodeRecord rec, GetAttr(ino));
   if (!S_ISDIR(rec.mode)) return false;
   bool busy = false;
   ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
   RETURN_IF_ERROR(txn.WalkTree(ino, true, [&](const DirEntry& e) -> Status {
-    if (!busy && FindFile(e.ino)) busy = true;
+    if (!busy && files_.Find(e.ino)) busy = true;
     return Status::Ok();
   }));
   return busy;
 }
 
-std::shared_ptr<Store::OpenFile> Store::PinFile(uint64_t ino) {
-  MutexLock lock(&files_mu_);
-  auto& f = files_[ino];
-  if (!f) f = std::make_shared<OpenFile>();
-  ++f->opens;
-  return f;
-}
-
-bool Store::UnpinFile(uint64_t ino) {
-  MutexLock lock(&files_mu_);
-  auto it = files_.find(ino);
-  if (it == files_.end()) return true;
-  if (--it->second->opens > 0) return false;
-  files_.erase(it);
-  return true;
-}
-
-bool Store::IsOpen(uint64_t ino) {
-  MutexLock lock(&files_mu_);
-  return files_.count(ino) > 0;
-}
-
 Store::OverlayState Store::TakeOverlay(uint64_t ino) {
   OverlayState o;
   std::shared_ptr<const int> staged;
-  if (auto f = FindFile(ino)) {
+  if (auto f = files_.Find(ino)) {
     std::lock_guard q(f->qmu);
     o.dirty = f->dirty;
     o.size = f->size;
@@ -97,8 +69,8 @@ Status Store::Open(uint64_t ino, bool truncate, uint64_t* fh, bool* keep_cache, 
     RETURN_IF_ERROR(EnsureSealed(ino));
   }
   // Pinned before the inode is read: an Unlink from now on keeps the file as an orphan.
-  auto f = PinFile(ino);
-  const uint64_t handle = next_fh_++;
+  auto f = files_.Pin(ino);
+  const uint64_t handle = files_.NewHandle();
   bool seal_first = false;
   Status st = [&]() -> Status {
     std::unique_lock lock(f->mu);  // no commit of this file runs meanwhile
@@ -133,7 +105,7 @@ Status Store::Open(uint64_t ino, bool truncate, uint64_t* fh, bool* keep_cache, 
     return Status::Ok();
   }();
   if (!st.ok() || seal_first) {
-    if (UnpinFile(ino)) (void)ReapIfOrphan(ino);
+    if (files_.Unpin(ino)) (void)ReapIfOrphan(ino);
     if (!st.ok()) return st;
     // A writer of staged bytes: they are sealed first, then it takes the daemon's path.
     RETURN_IF_ERROR(EnsureSealed(ino));
@@ -143,15 +115,14 @@ Status Store::Open(uint64_t ino, bool truncate, uint64_t* fh, bool* keep_cache, 
   if (keep_cache && passthrough_fd && *passthrough_fd >= 0) {
     *keep_cache = false;  // the kernel refuses it with passthrough (no page cache of its own)
   } else if (keep_cache) {
-    MutexLock lock(&files_mu_);
-    *keep_cache = stale_pages_.erase(ino) == 0;
+    *keep_cache = !files_.TakeStale(ino);
   }
   return Status::Ok();
 }
 
 Status Store::Release(uint64_t ino, uint64_t fh) {
   Status st;
-  const std::shared_ptr<OpenFile> f = FindFile(ino);
+  const std::shared_ptr<OpenFile> f = files_.Find(ino);
   if (f) {
     auto staged = ReleaseStaged(ino, *f, fh);
     if (!staged.ok()) st = staged.status();
@@ -168,7 +139,7 @@ Status Store::Release(uint64_t ino, uint64_t fh) {
     Status flushed = Flush(ino, last ? 0 : fh);
     if (st.ok()) st = flushed;
   }
-  if (UnpinFile(ino)) {
+  if (files_.Unpin(ino)) {
     // The last handle is gone (two releases at once may both have seen another open): a new
     // file that no commit kept is kept now.
     if (f) {
@@ -216,7 +187,7 @@ Status Store::EnsureWriter(uint64_t ino, OpenFile& f) {
 
 Status Store::Write(uint64_t ino, uint64_t offset, const uint8_t* data, size_t len,
                     uint64_t fh) {
-  auto f = FindFile(ino);
+  auto f = files_.Find(ino);
   if (!f) return Internal("write to inode " + std::to_string(ino) + " that is not open");
   // Daemon-wide back-pressure first (not under the file's lock: its queue must keep draining).
   queue_budget_.Take(len);
@@ -355,7 +326,7 @@ void Store::WaitDrained(OpenFile& f) {
 }
 
 Status Store::Read(uint64_t ino, uint64_t offset, size_t len, std::vector<ReadSlice>* out) {
-  auto f = FindFile(ino);
+  auto f = files_.Find(ino);
   if (!f) return Internal("read of inode " + std::to_string(ino) + " that is not open");
   for (int attempt = 0;; ++attempt) {
     std::shared_ptr<const Manifest> m;
@@ -431,7 +402,7 @@ void Store::ReadAhead(OpenFile& f, const std::shared_ptr<const Manifest>& m, siz
 }
 
 Status Store::Flush(uint64_t ino, uint64_t fh) {
-  auto f = FindFile(ino);
+  auto f = files_.Find(ino);
   if (!f) return Status::Ok();
   {
     // A passthrough writer's close commits its staging file as the file's new bytes.
@@ -457,14 +428,14 @@ Status Store::Flush(uint64_t ino, uint64_t fh) {
 }
 
 Status Store::Fsync(uint64_t ino, uint64_t fh) {
-  if (auto f = FindFile(ino)) {
+  if (auto f = files_.Find(ino)) {
     // Staged bytes: the staging file is synced, then its record (StageCommit).
     std::lock_guard lock(f->mu);
     if (f->stage && (f->stage->writers > 0 || f->stage->dirty)) {
       RETURN_IF_ERROR(StageCommit(ino, *f, true));
     }
   }
-  if (auto f = FindFile(ino); f && InSession(*f, fh)) {
+  if (auto f = files_.Find(ino); f && InSession(*f, fh)) {
     WaitDrained(*f);
     Status st;
     {
@@ -475,7 +446,7 @@ Status Store::Fsync(uint64_t ino, uint64_t fh) {
     RETURN_IF_ERROR(st);
   }
   // A new file fsync'd with nothing written is kept too.
-  if (auto f = FindFile(ino)) RETURN_IF_ERROR(KeepCreated(ino, *f));
+  if (auto f = files_.Find(ino)) RETURN_IF_ERROR(KeepCreated(ino, *f));
   // A file committed earlier by close(2) is made durable here too, and needs no fallback.
   std::optional<FallbackRecord> fb;
   {
@@ -525,8 +496,7 @@ Status Store::CommitOrDrop(uint64_t ino, OpenFile& f, bool durable) {
       if (!f.dirty) f.size = f.committed_size;
     }
     chunks_->ReleaseHolds(writer->held());
-    MutexLock lock(&files_mu_);
-    stale_pages_.insert(ino);  // the kernel may cache the dropped bytes
+    files_.MarkStale(ino);  // the kernel may cache the dropped bytes
   }
   log_->warn("inode {}: a write failed ({}); the file keeps its previously committed bytes", ino,
              failed.ToString());
@@ -572,10 +542,7 @@ Status Store::Commit(uint64_t ino, OpenFile& f, bool durable) {
     f.dirty = f.queued_bytes > 0;
     if (!f.dirty) f.size = f.committed_size;
   }
-  if (!st.ok()) {
-    MutexLock lock(&files_mu_);
-    stale_pages_.insert(ino);
-  }
+  if (!st.ok()) files_.MarkStale(ino);
   chunks_->ReleaseHolds(writer->held());
   // Reclaim (which syncs LMDB), the uploaders and retention run once the caller has released
   // f.mu (RunAfterCommit): a stat or open of this file must not wait for them.
@@ -623,7 +590,7 @@ Status Store::CommitManifestTxn(MetaStore::Txn& txn, uint64_t ino, const Manifes
 
 Result<std::shared_ptr<const Manifest>> Store::CommittedManifest(uint64_t ino) {
   RETURN_IF_ERROR(EnsureSealed(ino));
-  if (auto f = FindFile(ino)) {
+  if (auto f = files_.Find(ino)) {
     std::lock_guard lock(f->mu);
     if (f->manifest) return f->manifest;
   }

@@ -79,7 +79,7 @@ Result<InodeRecord> Store::SetAttr(uint64_t ino, const SetAttrRequest& req, uint
     if (!staged_live) RETURN_IF_ERROR(EnsureSealed(ino));
   }
   if (req.size && !staged_live) {
-    auto f = PinFile(ino);
+    auto f = files_.Pin(ino);
     WaitDrained(*f);
     Status st = [&]() -> Status {
       std::lock_guard lock(f->mu);
@@ -101,7 +101,7 @@ Result<InodeRecord> Store::SetAttr(uint64_t ino, const SetAttrRequest& req, uint
       return CommitOrDrop(ino, *f, false);
     }();
     RunAfterCommit(ino, *f);
-    if (UnpinFile(ino)) RETURN_IF_ERROR(ReapIfOrphan(ino));
+    if (files_.Unpin(ino)) RETURN_IF_ERROR(ReapIfOrphan(ino));
     RETURN_IF_ERROR(st);
   }
   if (req.mtime_ns) {
@@ -121,7 +121,7 @@ Result<InodeRecord> Store::SetAttr(uint64_t ino, const SetAttrRequest& req, uint
   if (req.atime_ns) rec.atime_ns = *req.atime_ns == SetAttrRequest::kNow ? now : *req.atime_ns;
   if (req.mtime_ns) {
     rec.mtime_ns = *req.mtime_ns == SetAttrRequest::kNow ? now : *req.mtime_ns;
-    if (auto f = FindFile(ino)) f->mtime_ns = rec.mtime_ns;
+    if (auto f = files_.Find(ino)) f->mtime_ns = rec.mtime_ns;
     // A staged file's time is its record's (what a seal commits).
     ASSIGN_OR_RETURN(auto staged, txn.GetStaged(ino));
     if (staged) {
@@ -158,7 +158,7 @@ Status Store::PunchHole(uint64_t ino, uint64_t offset, uint64_t len, uint64_t fh
     // The file moves to a staging file of its size on the cache disk: room for it first.
     RETURN_IF_ERROR(AdmitWrite(rec.size));
   }
-  auto f = PinFile(ino);
+  auto f = files_.Pin(ino);
   WaitDrained(*f);  // after the writes queued before it
   Status st = [&]() -> Status {
     std::lock_guard lock(f->mu);
@@ -170,7 +170,7 @@ Status Store::PunchHole(uint64_t ino, uint64_t offset, uint64_t len, uint64_t fh
     if (fh) f->session.insert(fh);
     return Status::Ok();
   }();
-  if (UnpinFile(ino)) RETURN_IF_ERROR(ReapIfOrphan(ino));
+  if (files_.Unpin(ino)) RETURN_IF_ERROR(ReapIfOrphan(ino));
   return st;
 }
 
@@ -188,7 +188,7 @@ Result<InodeRecord> Store::CreateFile(uint64_t parent, std::string_view name, ui
     }
     return st;
   }
-  if (auto f = FindFile(rec.ino)) {
+  if (auto f = files_.Find(rec.ino)) {
     std::lock_guard lock(f->mu);
     f->unborn = true;
     f->creator_fh = fh ? *fh : 0;
@@ -201,7 +201,7 @@ Status Store::UndoCreate(uint64_t parent, std::string_view name, uint64_t ino) {
   {
     MutexLock lock(&ns_mu_);
     // Only the entry this create made, of a file nobody has opened since.
-    if (IsOpen(ino)) return Status::Ok();
+    if (files_.IsOpen(ino)) return Status::Ok();
     ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
     auto e = txn.GetEntry(parent, name);
     if (!e.ok() || e->ino != ino) return Status::Ok();

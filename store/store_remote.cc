@@ -318,7 +318,7 @@ Result<std::string> Store::TierStates(uint64_t ino) {
 
 Result<std::vector<std::string>> Store::StatesOf(uint64_t ino) {
   const bool dirty = [&] {
-    auto f = FindFile(ino);
+    auto f = files_.Find(ino);
     return f && f->dirty;
   }();
   ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));

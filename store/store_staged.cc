@@ -110,8 +110,7 @@ Result<Store::StagedOpen> Store::OpenStaged(uint64_t ino, OpenFile& f, bool writ
       fresh = true;
     }
     // Pages the kernel cached before the staging file are stale once it changes the bytes.
-    MutexLock lock(&files_mu_);
-    stale_pages_.insert(ino);
+    files_.MarkStale(ino);
   }
   OpenFile::Stage& s = *f.stage;
   // (Not a fresh file: truncating it to 0 would also make ext4 write all of it back at its close,
@@ -264,20 +263,19 @@ Result<bool> Store::ReleaseStaged(uint64_t ino, OpenFile& f, uint64_t fh) {
 void Store::DropStage(uint64_t ino, OpenFile& f) {
   ::unlink(StagePath(f.stage->name).c_str());
   f.stage.reset();  // closes it
-  MutexLock lock(&files_mu_);
-  stale_pages_.insert(ino);
+  files_.MarkStale(ino);
 }
 
 void Store::ScheduleSeal(uint64_t ino) {
   if (seals_stopped_) return;
-  PinFile(ino);  // the staging file's state lives in the open-file entry
+  files_.Pin(ino);  // the staging file's state lives in the open-file entry
   seal_pool_->Submit([this, ino] {
     if (!seals_stopped_) {
-      auto f = FindFile(ino);
+      auto f = files_.Find(ino);
       Status st = f ? Seal(ino, *f) : Status::Ok();
       if (!st.ok()) log_->error("inode {}: sealing its staged bytes: {}", ino, st.ToString());
     }
-    if (UnpinFile(ino)) (void)ReapIfOrphan(ino);
+    if (files_.Unpin(ino)) (void)ReapIfOrphan(ino);
   });
 }
 
@@ -416,7 +414,7 @@ Status Store::Seal(uint64_t ino, OpenFile& f, bool wait_release) {
 
 Result<bool> Store::ChangeStaged(uint64_t ino, const std::function<int(int fd)>& fn,
                                  bool bytes) {
-  auto f = FindFile(ino);
+  auto f = files_.Find(ino);
   if (!f) return false;
   std::lock_guard lock(f->mu);
   if (!f->stage || f->stage->handles.empty()) return false;
@@ -450,9 +448,9 @@ Status Store::EnsureSealed(uint64_t ino) {
     ASSIGN_OR_RETURN(auto rec, txn.GetStaged(ino));
     if (!rec) return Status::Ok();
   }
-  auto f = PinFile(ino);
+  auto f = files_.Pin(ino);
   Status st = Seal(ino, *f, /*wait_release=*/true);
-  if (UnpinFile(ino)) (void)ReapIfOrphan(ino);
+  if (files_.Unpin(ino)) (void)ReapIfOrphan(ino);
   return st;
 }
 

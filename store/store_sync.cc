@@ -403,7 +403,7 @@ Status Store::ApplyRemoteFile(const std::string& path, const FileRecord& r,
       ASSIGN_OR_RETURN(rec, txn.GetInode(e->ino));
       if (!S_ISREG(rec.mode)) return Status(Code::kExists, path + " is not a file here");
       // Open here: applied at a later pass, once nobody here has it open.
-      if (IsOpen(rec.ino)) return Status(Code::kBusy, path + " is open");
+      if (files_.IsOpen(rec.ino)) return Status(Code::kBusy, path + " is open");
       ASSIGN_OR_RETURN(auto staged, txn.GetStaged(rec.ino));
       if (staged) return Status(Code::kBusy, path + " has staged bytes not yet sealed");
       ASSIGN_OR_RETURN(uint64_t published, txn.GetPublished(sync, rec.ino));
