@@ -16,6 +16,8 @@ pkgs=(
   # The set-id and systemd-unit mount tests: setcap, systemd-escape; the views' page-cache test
   # watches the daemon's writes to /dev/fuse with strace.
   libcap2-bin systemd strace
+  # tc, which bench/link.py uses to put the S3 port behind a link (bench_remote.py --link).
+  iproute2
   # HIP (AMD's runtime and headers) so that scripts/test.sh compiles gpu/ with CKPTFS_WITH_HIP=ON:
   # 66 MB to download, 350 MB installed. No GPU is needed to build.
   hipcc libamdhip64-dev

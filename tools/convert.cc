@@ -43,8 +43,8 @@ struct ViewFileEntry {
 };
 
 // Plans view `spec` of checkpoint directory `root`: a plain directory, or with `from.cache_dir`,
-// a directory of that unmounted cache directory's namespace, its evicted chunks read from
-// `from.tiers`. Errors carry the reason the mount would log and keep in
+// a directory of that unmounted cache directory's namespace, its evicted chunks read from the
+// tiers `from.backends` names. Errors carry the reason the mount would log and keep in
 // user.ckptfs.view_errors.
 Result<OfflineView> PlanOffline(const std::string& root, const OfflineFrom& from,
                                 const std::string& spec, const std::string& rules) {

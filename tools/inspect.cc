@@ -257,7 +257,7 @@ int Inspect(const std::vector<std::string>& args) {
   if (path.empty()) return Fail("inspect takes one path: ckptfs inspect [--json] FILE|DIR");
   if (!view.empty() && !from.cache_dir.empty()) return InspectViewOffline(path, view, from);
   if (!from.cache_dir.empty() || !from.backends.empty()) {
-    return Fail("--cache-dir and --backend go with --view");
+    return Fail("--cache-dir and --backend go with --view (and --backend with --cache-dir)");
   }
   if (!view.empty()) return InspectView(path, view);
   struct stat st {};
