@@ -115,6 +115,17 @@ Result<std::unique_ptr<Store>> Store::Open(const Config& cfg, PayloadScannerFact
   s->cache_ = std::move(*cache);
   s->chunks_ = std::make_unique<LocalChunks>(s->cfg_.cache_dir, s->cache_.get(), s->meta_.get(),
                                              &s->metrics_, s->log_, s->cfg_.write_threads);
+  Store* p = s.get();
+  s->retention_ = std::make_unique<RetentionPass>(
+      s->meta_.get(), s->chunks_.get(), s->log_,
+      RetentionPass::Ops{
+          .lookup = [p](uint64_t parent, std::string_view name) { return p->Lookup(parent, name); },
+          .unlink = [p](uint64_t parent, std::string_view name) { return p->Unlink(parent, name); },
+          .rmdir = [p](uint64_t parent, std::string_view name) { return p->Rmdir(parent, name); },
+          .busy = [p](uint64_t ino) { return p->Busy(ino); },
+          .ensure_sealed = [p](uint64_t ino) { return p->EnsureSealed(ino); },
+          .forget = [p](uint64_t parent, const std::string& name) { p->TellChange(parent, name, 0); },
+      });
   s->scanners_ = std::move(scanners);
   Status st = s->Recover(clean);
   if (!st.ok()) {
@@ -166,8 +177,7 @@ Store::Store(Config cfg, std::unique_ptr<IoEngine> engine, std::unique_ptr<Chunk
       read_pool_(std::make_unique<ThreadPool>(cfg_.read_threads)),
       write_pool_(std::make_unique<ThreadPool>(cfg_.write_threads)),
       boot_id_(CurrentBootId()),
-      seal_pool_(std::make_unique<ThreadPool>(cfg_.write_threads)),
-      retain_pool_(std::make_unique<ThreadPool>(1)) {}
+      seal_pool_(std::make_unique<ThreadPool>(cfg_.write_threads)) {}
 
 Store::Gauges Store::gauges() {
   Gauges g;
@@ -273,18 +283,10 @@ Status Store::Close() {
   closed_ = true;
   StopPrefetch();  // no chunk lands behind the final sync below
   // Seals not begun stay staged (resumed at the next mount); a running one finishes first.
-  {
-    // A retention pass deletes through the namespace: the one running ends first, the queued
-    // ones are dropped (stopping_), and commits from here on (the files still open) queue none.
-    // Reset outside the lock: a task takes it.
-    std::unique_ptr<ThreadPool> retains;
-    {
-      MutexLock lock(&retain_mu_);
-      stopping_ = true;
-      retains = std::move(retain_pool_);
-    }
-    retains.reset();
-  }
+  // A retention pass deletes through the namespace: the one running ends first, the queued ones
+  // are dropped, and commits from here on (the files still open) queue none.
+  stopping_ = true;
+  if (retention_) retention_->Stop();
   seals_stopped_ = true;
   seal_pool_.reset();
   if (settle_thread_.joinable()) {  // the final syncs below make every version durable

@@ -7,7 +7,8 @@
 //   OpenFile::mu  ->  ns_mu_ (namespace changes and commits)  ->  the leaves
 // qmu is never held while taking mu or ns_mu_. The leaves, under which no other store lock is
 // taken: the open-file table's lock (store/open_table.h), LocalChunks' holds_mu_ (chunk holds
-// and reclamation, store/local_chunks.h), listener_mu_ and the settle thread's settle_mu_.
+// and reclamation, store/local_chunks.h), the retention passes' queue lock
+// (store/retention_pass.h), listener_mu_ and the settle thread's settle_mu_.
 // Reads of metadata use LMDB read transactions and take no store lock.
 //
 // Waits: no lock that another file's operation could need (ns_mu_, the open-file table's,
@@ -64,6 +65,7 @@
 #include "store/meta_store.h"
 #include "store/open_file.h"
 #include "store/open_table.h"
+#include "store/retention_pass.h"
 
 namespace ckptfs {
 
@@ -260,9 +262,10 @@ class Store final {
   // --- prefetch hints and pins (store_prefetch.cc): user.ckptfs.prefetch, .cached and .pin ---
   // The work runs on a few threads of its own (made on first use); a chunk being fetched holds
   // one buffer, nothing is kept in the RAM tier. Thread-safe.
-  static constexpr std::string_view kPinXattr = "user.ckptfs.pin";
-  // On a run directory: "keep_last=N[,keep_every=K]", applied after each checkpoint commits.
-  static constexpr std::string_view kRetainXattr = "user.ckptfs.retain";
+  static constexpr std::string_view kPinXattr = RetentionPass::kPinXattr;
+  // On a run directory: "keep_last=N[,keep_every=K]", applied after each checkpoint commits
+  // (store/retention_pass.h).
+  static constexpr std::string_view kRetainXattr = RetentionPass::kRetainXattr;
   // Pulls every chunk of file `ino`, or of every file under directory `ino` (all levels when
   // `recursive`, else its own files), onto the local disk tier in the background. Returns at
   // once; a request for an `ino` already pending is not queued twice. Without a backend every
@@ -368,14 +371,6 @@ class Store final {
         std::unique_ptr<MetaStore> meta, int lock_fd);
   Status Recover(bool clean);
   Status AttachRemote(std::vector<std::unique_ptr<Backend>> tiers);
-  // user.ckptfs.retain (store_retain.cc): a committed file that completes a checkpoint (a
-  // tracker file, a DCP .metadata) queues the retention pass of its run directory when that
-  // directory carries the attribute.
-  void NoteCommitted(uint64_t ino);
-  Status ApplyRetainXattr(uint64_t root);
-  Result<std::string> ReadSmallFile(uint64_t ino);  // a tracker file's bytes (at most 4 KiB)
-  Result<bool> Pinned(uint64_t ino);                // kPinXattr on ino or anything under it
-  Status RemoveTree(uint64_t parent, const std::string& name);
   // Drops from nearer tier `tier` the files of checkpoints past its keep= policy
   // (store_policy.cc). Runs on that tier's worker when its queue is empty.
   Status ApplyTierPolicy(int tier);
@@ -635,13 +630,10 @@ class Store final {
   std::string boot_id_;
   std::vector<uint64_t> resume_seals_;  // staged at the last stop; sealed once open
   std::unique_ptr<ThreadPool> seal_pool_;
-  // Retention passes of user.ckptfs.retain (one thread, declared after what it uses); the run
-  // directories queued.
-  Mutex retain_mu_;
-  std::set<uint64_t> retain_pending_ GUARDED_BY(retain_mu_);
-  std::unique_ptr<ThreadPool> retain_pool_ GUARDED_BY(retain_mu_);  // reset at Close
-  // Set at Close: queued retention passes and restores end at once (a pool runs its queue
-  // before it joins), and no retention pass tells the kernel anything more.
+  // The passes of user.ckptfs.retain (store/retention_pass.h), which a commit that completes a
+  // checkpoint queues; made in Open once the local chunks are, stopped at Close.
+  std::unique_ptr<RetentionPass> retention_;
+  // Set at Close: queued restores end at once (a pool runs its queue before it joins).
   std::atomic<bool> stopping_{false};
   std::vector<std::unique_ptr<RemoteTier>> remotes_;  // one per backend, nearest first
   // Chunks a read found missing from a nearer tier that this node counted as holding them, put

@@ -562,7 +562,7 @@ void Store::RunAfterCommit(uint64_t ino, OpenFile& f) {
   chunks_->Reclaim(freed);
   if (committed) {
     KickRemote();
-    NoteCommitted(ino);
+    retention_->NoteCommitted(ino);
   }
 }
 

@@ -1,20 +1,14 @@
-// Store: user.ckptfs.retain on a run directory ("keep_last=N[,keep_every=K]"): the policy of
-// `ckptfs retain`, applied by the daemon each time a checkpoint under it completes here. A
-// checkpoint counts as complete when its tracker file (latest_checkpointed_iteration.txt,
-// latest, latest_universal) in the run directory is committed, or a DCP .metadata (written
-// last) in one of its step directories. Only directories of a recognized layout (iter_*,
-// global_step*, DCP steps) are ever deleted by it. The deletions go through the namespace like a user's
-// (published to every tier, seen by every node). Never deleted: what the policy keeps, the
-// checkpoint a tracker names, a pinned one (user.ckptfs.pin on it or in it), one with an open
-// file.
+// RetentionPass (store/retention_pass.h): the daemon's passes of user.ckptfs.retain.
+#include "store/retention_pass.h"
+
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "store/retention.h"
-#include "store/store.h"
 #include "store/tree_walk.h"
 
 namespace ckptfs {
@@ -40,7 +34,27 @@ std::string Trim(std::string s) {
 
 }  // namespace
 
-void Store::NoteCommitted(uint64_t ino) {
+RetentionPass::RetentionPass(MetaStore* meta, LocalChunks* chunks, Logger log, Ops ops)
+    : meta_(meta),
+      chunks_(chunks),
+      log_(std::move(log)),
+      ops_(std::move(ops)),
+      pool_(std::make_unique<ThreadPool>(1)) {}
+
+RetentionPass::~RetentionPass() { Stop(); }
+
+void RetentionPass::Stop() {
+  // Reset outside the lock: a task takes it as it begins.
+  std::unique_ptr<ThreadPool> pool;
+  {
+    MutexLock lock(&mu_);
+    stopped_ = true;
+    pool = std::move(pool_);
+  }
+  pool.reset();
+}
+
+void RetentionPass::NoteCommitted(uint64_t ino) {
   uint64_t root = 0;
   {
     auto txn = meta_->Begin(false);
@@ -58,22 +72,22 @@ void Store::NoteCommitted(uint64_t ino) {
     }
     if (!txn->GetXattr(root, kRetainXattr).ok()) return;
   }
-  MutexLock lock(&retain_mu_);
-  if (!retain_pool_) return;  // closing
-  if (!retain_pending_.insert(root).second) return;  // a pass for it is queued already
-  retain_pool_->Submit([this, root] {
+  MutexLock lock(&mu_);
+  if (!pool_) return;  // stopped
+  if (!pending_.insert(root).second) return;  // a pass for it is queued already
+  pool_->Submit([this, root] {
     {
-      MutexLock begun(&retain_mu_);
-      retain_pending_.erase(root);
+      MutexLock begun(&mu_);
+      pending_.erase(root);
     }
-    if (stopping_.load()) return;  // closing: queued passes are dropped
-    Status st = ApplyRetainXattr(root);
+    if (stopped_.load()) return;  // stopping: queued passes are dropped
+    Status st = Apply(root);
     if (!st.ok()) log_->warn("applying user.ckptfs.retain of inode {}: {}", root, st.ToString());
   });
 }
 
-Result<std::string> Store::ReadSmallFile(uint64_t ino) {
-  RETURN_IF_ERROR(EnsureSealed(ino));
+Result<std::string> RetentionPass::ReadSmallFile(uint64_t ino) {
+  RETURN_IF_ERROR(ops_.ensure_sealed(ino));
   ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
   ASSIGN_OR_RETURN(auto m, txn.GetManifest(ino));
   std::string out;
@@ -90,7 +104,7 @@ Result<std::string> Store::ReadSmallFile(uint64_t ino) {
   return out;
 }
 
-Result<bool> Store::Pinned(uint64_t ino) {
+Result<bool> RetentionPass::Pinned(uint64_t ino) {
   ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
   if (txn.GetXattr(ino, kPinXattr).ok()) return true;
   bool pinned = false;
@@ -101,8 +115,8 @@ Result<bool> Store::Pinned(uint64_t ino) {
   return pinned;
 }
 
-Status Store::RemoveTree(uint64_t parent, const std::string& name) {
-  ASSIGN_OR_RETURN(InodeRecord rec, Lookup(parent, name));
+Status RetentionPass::RemoveTree(uint64_t parent, const std::string& name) {
+  ASSIGN_OR_RETURN(InodeRecord rec, ops_.lookup(parent, name));
   if (S_ISDIR(rec.mode)) {
     std::vector<std::string> children;
     {
@@ -113,21 +127,16 @@ Status Store::RemoveTree(uint64_t parent, const std::string& name) {
       }));
     }
     for (const std::string& c : children) RETURN_IF_ERROR(RemoveTree(rec.ino, c));
-    RETURN_IF_ERROR(Rmdir(parent, name));
+    RETURN_IF_ERROR(ops_.rmdir(parent, name));
   } else {
-    RETURN_IF_ERROR(Unlink(parent, name));
+    RETURN_IF_ERROR(ops_.unlink(parent, name));
   }
-  // The kernel forgets the entry; not once closing (the FUSE session is gone).
-  bool tell;
-  {
-    MutexLock lock(&retain_mu_);
-    tell = !stopping_.load();
-  }
-  if (tell) TellChange(parent, name, 0);
+  // The kernel forgets the entry; not once stopping (the FUSE session is gone).
+  if (!stopped_.load()) ops_.forget(parent, name);
   return Status::Ok();
 }
 
-Status Store::ApplyRetainXattr(uint64_t root) {
+Status RetentionPass::Apply(uint64_t root) {
   std::string value;
   std::vector<CheckpointDir> dirs;
   uint64_t trackers[3] = {};
@@ -160,7 +169,7 @@ Status Store::ApplyRetainXattr(uint64_t root) {
   for (const RetentionDecision& d :
        DecideRetention(checkpoints, Trackers{named[0], named[1], named[2]}, policy)) {
     if (!d.keep.empty()) continue;
-    ASSIGN_OR_RETURN(bool busy, Busy(d.ino));
+    ASSIGN_OR_RETURN(bool busy, ops_.busy(d.ino));
     if (busy) continue;  // a file in it is open: the next pass
     ASSIGN_OR_RETURN(bool pinned, Pinned(d.ino));
     if (pinned) continue;
