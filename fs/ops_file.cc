@@ -2,7 +2,9 @@
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <sys/uio.h>
+#include <unistd.h>
 
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -184,6 +186,27 @@ void Release(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   fuse_reply_err(req, 0);
 }
 
+// SEEK_DATA and SEEK_HOLE (the kernel answers the other whences itself): the manifest's holes,
+// so that cp --sparse and tar -S skip them. A view file holds no holes.
+void Lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence, fuse_file_info*) {
+  if ((whence != SEEK_DATA && whence != SEEK_HOLE) || off < 0) {
+    return static_cast<void>(fuse_reply_err(req, EINVAL));
+  }
+  const bool data = whence == SEEK_DATA;
+  const uint64_t offset = static_cast<uint64_t>(off);
+  Result<std::optional<uint64_t>> at = std::optional<uint64_t>();
+  if (IsViewIno(ino)) {
+    auto rec = Ctx(req).views->GetAttr(ino);
+    if (!rec.ok()) return ReplyError(req, rec.status(), "lseek", ino);
+    if (offset < rec->size) at = std::optional<uint64_t>(data ? offset : rec->size);
+  } else {
+    at = Ctx(req).store->Seek(ino, offset, data);
+  }
+  if (!at.ok()) return ReplyError(req, at.status(), "lseek", ino);
+  if (!*at) return static_cast<void>(fuse_reply_err(req, ENXIO));
+  fuse_reply_lseek(req, static_cast<off_t>(**at));
+}
+
 void Fsync(fuse_req_t req, fuse_ino_t ino, int, fuse_file_info* fi) {
   if (IsViewIno(ino)) return static_cast<void>(fuse_reply_err(req, 0));
   Status st = Ctx(req).store->Fsync(ino, fi->fh);
@@ -243,6 +266,7 @@ void AddFileOps(fuse_lowlevel_ops* ops) {
   ops->release = Timed<FuseOp::kRelease, Release>;
   ops->fsync = Timed<FuseOp::kFsync, Fsync>;
   ops->fallocate = Timed<FuseOp::kOther, Fallocate>;
+  ops->lseek = Timed<FuseOp::kOther, Lseek>;
 }
 
 }  // namespace ckptfs::fs

@@ -66,6 +66,15 @@ size_t Manifest::Find(uint64_t offset) const {
   return static_cast<size_t>(it - starts_.begin()) - 1;
 }
 
+std::optional<uint64_t> Manifest::Seek(uint64_t offset, bool data) const {
+  if (offset >= size_) return std::nullopt;
+  for (size_t i = Find(offset); i < extents_.size(); ++i) {
+    if (extents_[i].hole() != data) return std::max(offset, starts_[i]);
+  }
+  if (data) return std::nullopt;
+  return size_;
+}
+
 // Layout: version byte, extent count, then per extent: a tag byte (0 hole, 1 chunk), the 16-byte
 // id for chunks, and the length; integers as LEB128 varints.
 std::string Manifest::Encode() const {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -35,6 +36,10 @@ class Manifest {
   uint64_t StartOf(size_t i) const { return starts_[i]; }
   // Index of the extent holding byte `offset`; extents().size() when offset >= size().
   size_t Find(uint64_t offset) const;
+  // lseek(2)'s SEEK_DATA (data) and SEEK_HOLE: the first offset at or after `offset` in a chunk
+  // (data) or in a hole, the end of the file counting as a hole. nullopt when offset >= size(),
+  // or for data when none follows (ENXIO).
+  std::optional<uint64_t> Seek(uint64_t offset, bool data) const;
 
   std::string Encode() const;
   static Result<Manifest> Decode(std::string_view bytes);

@@ -57,10 +57,14 @@ struct OpenFile {
   bool unborn = false;  // guarded by mu: made by CreateFile, not yet committed or closed
   uint64_t creator_fh = 0;  // guarded by mu: the handle CreateFile opened
   uint64_t committed_size = 0;                   // guarded by qmu: the size in LMDB
+  uint64_t committed_data = 0;                   // guarded by qmu: its bytes in chunks (no holes)
 
   // What GetAttr shows while the file has uncommitted bytes; read without locks.
   std::atomic<bool> dirty{false};
   std::atomic<uint64_t> size{0};
+  // The bytes st_blocks counts: the committed ones, plus every byte written since, at most the
+  // size (an overwrite counts twice until the commit; a hole made by extending counts none).
+  std::atomic<uint64_t> data_bytes{0};
   std::atomic<int64_t> mtime_ns{0};
 
   // Passthrough (store_staged.cc), guarded by mu: the staging file that holds the newest bytes

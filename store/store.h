@@ -177,6 +177,10 @@ class Store final {
   Status Release(uint64_t ino, uint64_t fh = 0);
   Status Write(uint64_t ino, uint64_t offset, const uint8_t* data, size_t len, uint64_t fh = 0);
   Status Read(uint64_t ino, uint64_t offset, size_t len, std::vector<ReadSlice>* out);
+  // lseek(2)'s SEEK_DATA (data) and SEEK_HOLE: the holes of the committed manifest, or of the
+  // staging file the kernel writes; bytes the daemon is being given count as data throughout
+  // (no hole but the end). nullopt: offset at or past the end, or no data after it (ENXIO).
+  Result<std::optional<uint64_t>> Seek(uint64_t ino, uint64_t offset, bool data);
 
   // --- what a file holds, for describing it (fs/ serves user.ckptfs.* attributes with these) ---
   // The file's committed bytes as they are now (writes not yet committed are not included),
@@ -388,7 +392,7 @@ class Store final {
     bool dirty = false;
     uint64_t size = 0;
     int64_t mtime_ns = 0;
-    std::optional<uint64_t> data_bytes;  // counted whole (the size) unless known
+    uint64_t data_bytes = 0;  // st_blocks' bytes (OpenFile::data_bytes, or the staging file's)
   };
   OverlayState TakeOverlay(uint64_t ino);
   static void ApplyOverlay(const OverlayState& o, InodeRecord* rec);

@@ -2,8 +2,10 @@
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -33,6 +35,7 @@ Store::OverlayState Store::TakeOverlay(uint64_t ino) {
     std::lock_guard q(f->qmu);
     o.dirty = f->dirty;
     o.size = f->size;
+    o.data_bytes = std::min(f->data_bytes.load(), o.size);
     o.mtime_ns = f->mtime_ns;
     staged = f->writing_fd;
   }
@@ -50,7 +53,7 @@ Store::OverlayState Store::TakeOverlay(uint64_t ino) {
 void Store::ApplyOverlay(const OverlayState& o, InodeRecord* rec) {
   if (!o.dirty) return;
   rec->size = o.size;
-  rec->data_bytes = o.data_bytes.value_or(o.size);  // being written: whole unless known
+  rec->data_bytes = o.data_bytes;
   rec->mtime_ns = rec->ctime_ns = o.mtime_ns;
 }
 
@@ -92,7 +95,11 @@ Status Store::Open(uint64_t ino, bool truncate, uint64_t* fh, bool* keep_cache, 
     {
       std::lock_guard q(f->qmu);
       f->committed_size = rec.size;
-      if (!f->dirty) f->size = rec.size;
+      f->committed_data = rec.data_bytes;
+      if (!f->dirty) {
+        f->size = rec.size;
+        f->data_bytes = rec.data_bytes;
+      }
     }
     if (!truncate || !S_ISREG(rec.mode)) return Status::Ok();
     RETURN_IF_ERROR(EnsureWriter(ino, *f));
@@ -100,6 +107,7 @@ Status Store::Open(uint64_t ino, bool truncate, uint64_t* fh, bool* keep_cache, 
     std::lock_guard q(f->qmu);
     f->session.insert(handle);
     f->size = 0;
+    f->data_bytes = 0;
     f->mtime_ns = NowNs();
     f->dirty = true;
     return Status::Ok();
@@ -178,6 +186,10 @@ Status Store::EnsureWriter(uint64_t ino, OpenFile& f) {
     ASSIGN_OR_RETURN(auto m, txn.GetManifest(ino));
     if (m) base = std::move(*m);
   }
+  {
+    std::lock_guard q(f.qmu);
+    f.committed_data = base.DataBytes();
+  }
   f.writer = std::make_unique<FileWriter>(std::move(base), chunks_.get(), cfg_.chunking,
                                           cfg_.reorder_bytes, &metrics_, scanners_,
                                           &reorder_budget_);
@@ -224,8 +236,12 @@ Status Store::Write(uint64_t ino, uint64_t offset, const uint8_t* data, size_t l
   queued = true;  // Drain gives the budget back
   f->queued_bytes += len;
   if (fh) f->session.insert(fh);
-  if (!f->dirty) f->size = f->committed_size;  // a new session starts from the committed bytes
+  if (!f->dirty) {  // a new session starts from the committed bytes
+    f->size = f->committed_size;
+    f->data_bytes = f->committed_data;
+  }
   f->size = std::max(f->size.load(), offset + len);
+  f->data_bytes = std::min(f->data_bytes.load() + len, f->size.load());
   f->mtime_ns = NowNs();
   f->dirty = true;
   if (!f->draining) {
@@ -493,7 +509,10 @@ Status Store::CommitOrDrop(uint64_t ino, OpenFile& f, bool durable) {
     {
       std::lock_guard q(f.qmu);
       f.dirty = f.queued_bytes > 0;
-      if (!f.dirty) f.size = f.committed_size;
+      if (!f.dirty) {
+        f.size = f.committed_size;
+        f.data_bytes = f.committed_data;
+      }
     }
     chunks_->ReleaseHolds(writer->held());
     files_.MarkStale(ino);  // the kernel may cache the dropped bytes
@@ -522,6 +541,7 @@ Status Store::Commit(uint64_t ino, OpenFile& f, bool durable) {
     if (st.ok()) f.unborn = false;
   }
   const uint64_t committed_size = st.ok() ? finished->size() : 0;
+  const uint64_t committed_data = st.ok() ? finished->DataBytes() : 0;
   if (st.ok()) {
     committed = std::make_shared<const Manifest>(std::move(*finished));
     metrics_.file_commits.Add(1);
@@ -538,9 +558,15 @@ Status Store::Commit(uint64_t ino, OpenFile& f, bool durable) {
     // acknowledged after the caller drained the queue wait to be applied: a smaller size would
     // move the kernel's end of file back (O_APPEND writes then land short of it).
     std::lock_guard q(f.qmu);
-    if (st.ok()) f.committed_size = committed_size;
+    if (st.ok()) {
+      f.committed_size = committed_size;
+      f.committed_data = committed_data;
+    }
     f.dirty = f.queued_bytes > 0;
-    if (!f.dirty) f.size = f.committed_size;
+    if (!f.dirty) {
+      f.size = f.committed_size;
+      f.data_bytes = f.committed_data;
+    }
   }
   if (!st.ok()) files_.MarkStale(ino);
   chunks_->ReleaseHolds(writer->held());
@@ -586,6 +612,30 @@ Status Store::CommitManifestTxn(MetaStore::Txn& txn, uint64_t ino, const Manifes
   RETURN_IF_ERROR(txn.DelStaged(ino));
   if (!remotes_.empty()) HoldUnpublished(ino, rec.generation, m);
   return QueueRemote(txn, remote_op::PublishFile(ino, rec.path_epoch));
+}
+
+Result<std::optional<uint64_t>> Store::Seek(uint64_t ino, uint64_t offset, bool data) {
+  std::shared_ptr<const int> staged;
+  bool dirty = false;
+  uint64_t size = 0;
+  if (auto f = files_.Find(ino)) {
+    std::lock_guard q(f->qmu);
+    dirty = f->dirty;
+    size = f->size;
+    staged = f->writing_fd;
+  }
+  if (staged) {  // its file position is not used: the kernel and the store read at offsets
+    const off_t at = ::lseek(*staged, static_cast<off_t>(offset), data ? SEEK_DATA : SEEK_HOLE);
+    if (at >= 0) return std::optional<uint64_t>(static_cast<uint64_t>(at));
+    if (errno == ENXIO) return std::optional<uint64_t>();
+    return Status::FromErrno(errno, "lseek in the staging file of inode " + std::to_string(ino));
+  }
+  if (dirty) {
+    if (offset >= size) return std::optional<uint64_t>();
+    return std::optional<uint64_t>(data ? offset : size);
+  }
+  ASSIGN_OR_RETURN(auto m, CommittedManifest(ino));
+  return m->Seek(offset, data);
 }
 
 Result<std::shared_ptr<const Manifest>> Store::CommittedManifest(uint64_t ino) {

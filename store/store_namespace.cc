@@ -88,7 +88,9 @@ Result<InodeRecord> Store::SetAttr(uint64_t ino, const SetAttrRequest& req, uint
       bool alone;
       {
         std::lock_guard q(f->qmu);
+        if (!f->dirty) f->data_bytes = f->committed_data;
         f->size = f->writer->size();
+        f->data_bytes = std::min(f->data_bytes.load(), f->size.load());
         f->mtime_ns = now;
         f->dirty = true;
         if (fh) f->session.insert(fh);
@@ -165,6 +167,7 @@ Status Store::PunchHole(uint64_t ino, uint64_t offset, uint64_t len, uint64_t fh
     RETURN_IF_ERROR(EnsureWriter(ino, *f));
     RETURN_IF_ERROR(f->writer->PunchHole(offset, len));
     std::lock_guard q(f->qmu);
+    if (!f->dirty) f->data_bytes = f->committed_data;  // the punched bytes still count until the commit
     f->mtime_ns = NowNs();
     f->dirty = true;
     if (fh) f->session.insert(fh);

@@ -387,6 +387,7 @@ Status Store::Seal(uint64_t ino, OpenFile& f, bool wait_release) {
     {
       std::lock_guard q(f.qmu);
       f.committed_size = f.manifest->size();
+      f.committed_data = f.manifest->DataBytes();
     }
     f.unborn = false;
     metrics_.file_commits.Add(1);

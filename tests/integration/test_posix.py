@@ -9,6 +9,8 @@ import stat
 import subprocess
 import sys
 
+import pytest
+
 from conftest import expect_errno, read_file, wait_for, write_file
 
 MiB = 1 << 20
@@ -212,6 +214,73 @@ def test_st_blocks_counts_data_not_holes(mnt):
     full = mnt / "full"
     write_file(full, rand_bytes(3 * MiB, 41))
     assert os.stat(full).st_blocks * 512 >= 3 * MiB
+
+
+def _data_and_holes(fd, size):
+    """The file's data ranges as SEEK_DATA and SEEK_HOLE report them."""
+    ranges, off = [], 0
+    while off < size:
+        try:
+            start = os.lseek(fd, off, os.SEEK_DATA)
+        except OSError as e:
+            assert e.errno == errno.ENXIO, e
+            break
+        end = os.lseek(fd, start, os.SEEK_HOLE)
+        assert start < end <= size, (start, end)
+        ranges.append((start, end))
+        off = end
+    return ranges
+
+
+@pytest.mark.parametrize("passthrough", ["1", "0"])
+def test_seek_hole_and_data_and_blocks_through_an_open_descriptor(make_mount, passthrough):
+    m = make_mount(options=f"passthrough={passthrough}")
+    p = m / "sparse"
+    write_file(p, b"x")
+    fd = os.open(p, os.O_RDWR)
+    try:
+        # Extended through the descriptor, before any commit: one block, not 10 GiB of them.
+        os.ftruncate(fd, 10 << 30)
+        st = os.fstat(fd)
+        assert st.st_size == 10 << 30 and st.st_blocks * 512 <= 64 * 1024, st.st_blocks
+        assert os.stat(p).st_blocks * 512 <= 64 * 1024
+        os.pwrite(fd, rand_bytes(MiB, 42), 4 << 30)
+        assert MiB <= os.fstat(fd).st_blocks * 512 <= 2 * MiB + 64 * 1024, os.fstat(fd).st_blocks
+    finally:
+        os.close(fd)
+    # Committed: the manifest's holes, through a new descriptor and after a remount.
+    for remount in (False, True):
+        if remount:
+            m.remount()
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            ranges = _data_and_holes(fd, 10 << 30)
+            assert len(ranges) == 2, ranges
+            assert ranges[0][0] == 0 and ranges[0][1] < 64 * MiB, ranges
+            assert ranges[1][0] <= 4 << 30 < (4 << 30) + MiB <= ranges[1][1] < (4 << 30) + 64 * MiB
+            expect_errno(errno.ENXIO, os.lseek, fd, 10 << 30, os.SEEK_DATA)
+            expect_errno(errno.ENXIO, os.lseek, fd, 10 << 30, os.SEEK_HOLE)
+            assert os.lseek(fd, (8 << 30), os.SEEK_HOLE) == 8 << 30
+            expect_errno(errno.ENXIO, os.lseek, fd, (6 << 30), os.SEEK_DATA)
+        finally:
+            os.close(fd)
+        assert 1 * MiB <= os.stat(p).st_blocks * 512 <= 2 * MiB + 64 * 1024
+    # Sparse-aware copies skip the holes instead of reading 10 GiB of zeros.
+    out = m / "copy"
+    subprocess.run(["cp", "--sparse=always", str(p), str(out)], check=True, timeout=120)
+    assert os.stat(out).st_size == 10 << 30
+    assert os.stat(out).st_blocks * 512 <= 2 * MiB + 64 * 1024
+    with open(out, "rb") as f:
+        f.seek(4 << 30)
+        assert f.read(MiB) == rand_bytes(MiB, 42)
+    # A file without holes is data from start to end.
+    full = m / "full"
+    write_file(full, rand_bytes(3 * MiB, 43))
+    fd = os.open(full, os.O_RDONLY)
+    try:
+        assert _data_and_holes(fd, 3 * MiB) == [(0, 3 * MiB)]
+    finally:
+        os.close(fd)
 
 
 def test_fsync_and_fdatasync(mnt):

@@ -210,6 +210,15 @@ def test_views_directory_resolves_on_lookup_and_is_read_only(mnt):
     assert os.stat(f).st_mode & 0o7777 == 0o444
     # Every byte of a view file counts in st_blocks: sparse-aware tools must read it all.
     assert os.stat(f).st_blocks * 512 >= os.stat(f).st_size > 0
+    fd = os.open(f, os.O_RDONLY)  # nor do SEEK_DATA and SEEK_HOLE find a hole in it
+    try:
+        size = os.fstat(fd).st_size
+        assert os.lseek(fd, 1, os.SEEK_DATA) == 1 and os.lseek(fd, 1, os.SEEK_HOLE) == size
+        with pytest.raises(OSError) as e:
+            os.lseek(fd, size, os.SEEK_DATA)
+        assert e.value.errno == errno.ENXIO
+    finally:
+        os.close(fd)
     assert os.stat(view / mf.TRACKER).st_mode & 0o7777 == 0o444
     with pytest.raises(OSError) as e:
         os.open(f, os.O_WRONLY)

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <string>
 
 #include "tests/test_util.h"
@@ -90,6 +91,42 @@ TEST(ManifestTest, FindAtBoundaries) {
     ASSERT_LT(i, m.extents().size());
     EXPECT_LE(m.StartOf(i), off);
     EXPECT_LT(off, m.StartOf(i) + m.extents()[i].len);
+  }
+}
+
+TEST(ManifestTest, SeekDataAndHole) {
+  Manifest m;
+  m.AppendHole(100);       // [0, 100)
+  m.Append({Id(1), 50});   // [100, 150)
+  m.Append({Id(2), 50});   // [150, 200)
+  m.AppendHole(100);       // [200, 300)
+  m.Append({Id(3), 10});   // [300, 310)
+  EXPECT_EQ(m.Seek(0, true), 100u);
+  EXPECT_EQ(m.Seek(0, false), 0u);
+  EXPECT_EQ(m.Seek(99, false), 99u);
+  EXPECT_EQ(m.Seek(120, true), 120u);
+  EXPECT_EQ(m.Seek(120, false), 200u);  // across two chunks
+  EXPECT_EQ(m.Seek(200, true), 300u);
+  EXPECT_EQ(m.Seek(305, false), 310u);  // the end counts as a hole
+  EXPECT_EQ(m.Seek(309, true), 309u);
+  EXPECT_EQ(m.Seek(310, true), std::nullopt);  // at the end: ENXIO
+  EXPECT_EQ(m.Seek(310, false), std::nullopt);
+  Manifest tail;
+  tail.Append({Id(4), 10});
+  tail.AppendHole(90);
+  EXPECT_EQ(tail.Seek(10, true), std::nullopt);  // only a hole follows
+  EXPECT_EQ(tail.Seek(10, false), 10u);
+  EXPECT_EQ(Manifest().Seek(0, true), std::nullopt);
+  // Against a byte-by-byte scan.
+  for (uint64_t off = 0; off < m.size(); ++off) {
+    for (bool data : {true, false}) {
+      std::optional<uint64_t> want;
+      for (uint64_t at = off; at < m.size() && !want; ++at) {
+        if (m.extents()[m.Find(at)].hole() != data) want = at;
+      }
+      if (!want && !data) want = m.size();
+      EXPECT_EQ(m.Seek(off, data), want) << off << " " << data;
+    }
   }
 }
 
