@@ -59,6 +59,7 @@
 #include "common/metrics.h"
 #include "common/mutex.h"
 #include "common/thread_pool.h"
+#include "store/chunk_refs.h"
 #include "store/file_writer.h"
 #include "store/journal.h"
 #include "store/local_chunks.h"
@@ -522,8 +523,6 @@ class Store final {
   Status RemoveUnborn(MetaStore::Txn& txn, InodeRecord rec, std::vector<ChunkId>* freed)
       REQUIRES(ns_mu_);
   Status DeleteInode(MetaStore::Txn& txn, const InodeRecord& rec, std::vector<ChunkId>* freed);
-  Status AddManifestRefs(MetaStore::Txn& txn, const Manifest& m, int sign,
-                         std::vector<ChunkId>* freed);
   // Deletes an orphan whose last open went away.
   Status ReapIfOrphan(uint64_t ino);
   // REQUIRES: inside a write txn (ns_mu_ held). Queues what the backend must learn of a change
