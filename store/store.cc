@@ -125,6 +125,9 @@ Result<std::unique_ptr<Store>> Store::Open(const Config& cfg, PayloadScannerFact
           .ensure_sealed = [p](uint64_t ino) { return p->EnsureSealed(ino); },
           .forget = [p](uint64_t parent, const std::string& name) { p->TellChange(parent, name, 0); },
       });
+  s->fallbacks_ = std::make_unique<Fallbacks>(s->meta_.get(), s->cache_.get(), s->chunks_.get(),
+                                              s->ns_mu_, s->log_, s->boot_id_,
+                                              s->cfg_.settle_interval_s);
   s->scanners_ = std::move(scanners);
   Status st = s->Recover(clean);
   if (!st.ok()) {
@@ -153,7 +156,7 @@ Result<std::unique_ptr<Store>> Store::Open(const Config& cfg, PayloadScannerFact
   }
   for (uint64_t ino : s->resume_seals_) s->ScheduleSeal(ino);
   s->resume_seals_.clear();
-  if (cfg.settle_interval_s > 0) s->settle_thread_ = std::thread([p = s.get()] { p->SettleLoop(); });
+  s->fallbacks_->Start();
   std::string pid = std::to_string(::getpid()) + "\n";
   if (::ftruncate(lock_fd, 0) == 0) {
     [[maybe_unused]] ssize_t n = ::pwrite(lock_fd, pid.data(), pid.size(), 0);
@@ -169,7 +172,6 @@ Store::Store(Config cfg, std::unique_ptr<IoEngine> engine, std::unique_ptr<Chunk
       cache_(std::move(cache)),
       meta_(std::move(meta)),
       lock_fd_(lock_fd),
-      fallback_touch_(static_cast<uint64_t>(NowNs())),
       queue_budget_(cfg_.write_memory_bytes / 2),
       reorder_budget_(cfg_.write_memory_bytes / 2),
       cut_pool_(cfg_.cut_threads ? std::make_unique<ThreadPool>(cfg_.cut_threads) : nullptr),
@@ -252,9 +254,19 @@ Status Store::Recover(bool clean) {
     }
     RETURN_IF_ERROR(txn.DelOrphan(ino));
   }
-  // Files whose newest version a machine crash may have lost (store_fallback.cc), then staged
+  // Files whose newest version a machine crash may have lost (store/fallbacks.h), then staged
   // files (store_staged.cc), sealed once the store is open.
-  RETURN_IF_ERROR(RecoverFallbacks(txn, clean, &freed));
+  Fallbacks::RecoverHooks hooks;
+  hooks.staged_survives = [this](const StagedRecord& r, bool c) { return StagedSurvives(r, c); };
+  hooks.stage_path = [this](const std::string& name) { return StagePath(name); };
+  hooks.remove_unborn = [this](MetaStore::Txn& t, const InodeRecord& rec,
+                               std::vector<ChunkId>* f) REQUIRES(ns_mu_) {
+    return RemoveUnborn(t, rec, f);
+  };
+  hooks.queue_remote = [this](MetaStore::Txn& t, const std::string& op) REQUIRES(ns_mu_) {
+    return QueueRemote(t, op);
+  };
+  RETURN_IF_ERROR(fallbacks_->Recover(txn, clean, hooks, &freed));
   ASSIGN_OR_RETURN(resume_seals_, RecoverStaged(txn, clean, &freed));
   std::unordered_map<ChunkId, uint64_t, ChunkIdHash> referenced;
   if (!clean) {
@@ -288,14 +300,7 @@ Status Store::Close() {
   if (retention_) retention_->Stop();
   seals_stopped_ = true;
   seal_pool_.reset();
-  if (settle_thread_.joinable()) {  // the final syncs below make every version durable
-    {
-      std::lock_guard lock(settle_mu_);
-      settle_stop_ = true;
-    }
-    settle_cv_.notify_all();
-    settle_thread_.join();
-  }
+  fallbacks_->Stop();  // the final syncs below make every version durable
   {
     // Restores queued and not begun are dropped (a later read asks again); the one running ends
     // first. Reset outside the lock: a task takes it as it ends.
@@ -338,7 +343,7 @@ Status Store::DeleteInode(MetaStore::Txn& txn, const InodeRecord& rec,
   ASSIGN_OR_RETURN(auto m, txn.GetManifest(rec.ino));
   if (m) RETURN_IF_ERROR(AddManifestRefs(txn, *m, -1, freed));
   RETURN_IF_ERROR(txn.DelManifest(rec.ino));
-  RETURN_IF_ERROR(DropFallback(txn, rec.ino, freed));
+  RETURN_IF_ERROR(fallbacks_->Drop(txn, rec.ino, freed));
   // Bytes staged and not sealed go with it (nothing has the file open: no handle uses them).
   ASSIGN_OR_RETURN(auto staged, txn.GetStaged(rec.ino));
   if (staged) {
@@ -396,6 +401,8 @@ Status Store::ReapIfOrphan(uint64_t ino) {
   chunks_->Reclaim(freed);
   return Status::Ok();
 }
+
+Status Store::Settle() { return fallbacks_->Settle(); }
 
 Result<struct statvfs> Store::StatFs() {
   struct statvfs st;

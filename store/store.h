@@ -8,7 +8,8 @@
 // qmu is never held while taking mu or ns_mu_. The leaves, under which no other store lock is
 // taken: the open-file table's lock (store/open_table.h), LocalChunks' holds_mu_ (chunk holds
 // and reclamation, store/local_chunks.h), the retention passes' queue lock
-// (store/retention_pass.h), listener_mu_ and the settle thread's settle_mu_.
+// (store/retention_pass.h), listener_mu_ and the settle thread's settle_mu_ (store/fallbacks.h;
+// the fallbacks' changes run under ns_mu_, and their settle pass takes it).
 // Reads of metadata use LMDB read transactions and take no store lock.
 //
 // Waits: no lock that another file's operation could need (ns_mu_, the open-file table's,
@@ -60,6 +61,7 @@
 #include "common/mutex.h"
 #include "common/thread_pool.h"
 #include "store/chunk_refs.h"
+#include "store/fallbacks.h"
 #include "store/file_writer.h"
 #include "store/journal.h"
 #include "store/local_chunks.h"
@@ -467,33 +469,6 @@ class Store final {
   // `durable`: m's chunks are synced (fsync), so the file needs no fallback (its own goes).
   Status CommitManifestTxn(MetaStore::Txn& txn, uint64_t ino, const Manifest& m, int64_t mtime,
                            bool durable, std::vector<ChunkId>* freed) REQUIRES(ns_mu_);
-  // Fallbacks (store_fallback.cc; see FallbackRecord): what a file goes back to after a machine
-  // crash when its newest version did not reach the disk.
-  // REQUIRES: ns_mu_ held, inside txn. A commit replaces `old` (rec: the inode before it): a
-  // non-durable one keeps `old` as the file's fallback unless it has one already (true: old's
-  // references now belong to the fallback); a durable one drops the fallback.
-  Result<bool> CoverWithFallback(MetaStore::Txn& txn, const InodeRecord& rec,
-                                 const std::optional<Manifest>& old, bool durable,
-                                 std::vector<ChunkId>* freed) REQUIRES(ns_mu_);
-  // REQUIRES: ns_mu_ held, inside txn. A rename puts `src` in place of `dst` (a regular file
-  // about to lose that name): when src's newest version may not be durable (a fallback, or a
-  // staged record without fsync), src's fallback becomes dst's last durable version.
-  Status FallBackToReplaced(MetaStore::Txn& txn, const InodeRecord& src, const InodeRecord& dst,
-                            std::vector<ChunkId>* freed) REQUIRES(ns_mu_);
-  // REQUIRES: inside txn. Drops ino's fallback and its references.
-  Status DropFallback(MetaStore::Txn& txn, uint64_t ino, std::vector<ChunkId>* freed);
-  // At open, before RecoverStaged (REQUIRES: ns_mu_ held, inside txn): after a clean stop every
-  // fallback goes (all was synced); after a crash of this boot they stay (the page cache kept
-  // the bytes; Settle ends them); after a machine crash each file whose newest version lost a
-  // chunk goes back to its fallback, the others keep what they have.
-  Status RecoverFallbacks(MetaStore::Txn& txn, bool clean, std::vector<ChunkId>* freed)
-      REQUIRES(ns_mu_);
-  // Drops the fallbacks in `covered` (ino, touch) still as they were, whose newest versions
-  // were synced since they were read.
-  Status DropSettled(const std::vector<std::pair<uint64_t, uint64_t>>& covered);
-  // The settle thread's loop: Settle every settle_interval until Close.
-  void SettleLoop();
-  uint64_t NextTouch() { return fallback_touch_.fetch_add(1) + 1; }
 
   // REQUIRES: f.mu held, f's queue drained. Commits f's writer, if any. durable: sync chunks
   // before, metadata after. Its after-effects wait in f for RunAfterCommit.
@@ -562,13 +537,6 @@ class Store final {
   std::unique_ptr<MetaStore> meta_;
   int lock_fd_;
   bool closed_ = false;
-  // Fallback touches: unique across the daemons that use this store (seeded by the clock).
-  std::atomic<uint64_t> fallback_touch_;
-  // The settle thread (SettleLoop).
-  std::thread settle_thread_;
-  std::mutex settle_mu_;
-  std::condition_variable settle_cv_;
-  bool settle_stop_ = false;  // guarded by settle_mu_
 
   Mutex ns_mu_ ACQUIRED_BEFORE(unpublished_mu_);
   // write_memory: half for every file's queued writes (Write waits for room), half for every
@@ -625,6 +593,10 @@ class Store final {
   // (a seal waits for its parts before it ends).
   std::unique_ptr<ThreadPool> cut_pool_;
   std::unique_ptr<LocalChunks> chunks_;
+  // The files' fallbacks and the settle thread (store/fallbacks.h); made in Open with chunks_,
+  // before Recover. Its thread starts once the store is open and stops in Close before the
+  // final syncs.
+  std::unique_ptr<Fallbacks> fallbacks_;
   std::unique_ptr<ThreadPool> read_pool_;
   std::unique_ptr<ThreadPool> write_pool_;
   // Seals of staged files (store_staged.cc); stopped first at Close (what is left resumes at the

@@ -470,7 +470,7 @@ Status Store::Fsync(uint64_t ino, uint64_t fh) {
     ASSIGN_OR_RETURN(fb, txn.GetFallback(ino));
   }
   RETURN_IF_ERROR(cache_->Sync());
-  if (fb) RETURN_IF_ERROR(DropSettled({{ino, fb->touch}}));
+  if (fb) RETURN_IF_ERROR(fallbacks_->DropSettled({{ino, fb->touch}}));
   RETURN_IF_ERROR(meta_->Sync());
   // durability=remote: fsync returns once the tiers named by durability_tier (default: every
   // tier) hold the committed version.
@@ -599,7 +599,7 @@ Status Store::CommitManifestTxn(MetaStore::Txn& txn, uint64_t ino, const Manifes
   RETURN_IF_ERROR(AddManifestRefs(txn, m, +1, nullptr));
   // The version replaced becomes the file's fallback when it is the last durable one; its
   // references then move to the fallback record.
-  ASSIGN_OR_RETURN(bool kept, CoverWithFallback(txn, rec, old, durable, freed));
+  ASSIGN_OR_RETURN(bool kept, fallbacks_->Cover(txn, rec, old, durable, freed));
   if (old && !kept) RETURN_IF_ERROR(AddManifestRefs(txn, *old, -1, freed));
   RETURN_IF_ERROR(txn.PutManifest(ino, m));
   rec.size = m.size();

@@ -407,7 +407,7 @@ Status Store::Rename(uint64_t parent, std::string_view name, uint64_t new_parent
           return Status(Code::kNotDir, std::string(new_name));
         }
         // A replace by rename keeps the replaced bytes until src's are durable.
-        RETURN_IF_ERROR(FallBackToReplaced(txn, src, dst, &freed));
+        RETURN_IF_ERROR(fallbacks_->FallBackToReplaced(txn, src, dst, &freed));
         RETURN_IF_ERROR(DropLink(txn, dst, &freed));
       }
       RETURN_IF_ERROR(txn.DelEntry(parent, name));

@@ -418,7 +418,7 @@ Status Store::ApplyRemoteFile(const std::string& path, const FileRecord& r,
       }
       if (old) RETURN_IF_ERROR(AddManifestRefs(txn, *old, -1, &freed));
       // The bucket's version replaces whatever this node would fall back to.
-      RETURN_IF_ERROR(DropFallback(txn, rec.ino, &freed));
+      RETURN_IF_ERROR(fallbacks_->Drop(txn, rec.ino, &freed));
     } else if (e.status().code() == Code::kNotFound) {
       ASSIGN_OR_RETURN(InodeRecord dir, txn.GetInode(parent));
       ASSIGN_OR_RETURN(rec.ino, txn.AllocIno());

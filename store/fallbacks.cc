@@ -1,4 +1,5 @@
-// Store: fallbacks, the versions files go back to after a machine crash (see FallbackRecord).
+// Fallbacks (store/fallbacks.h): the versions files go back to after a machine crash (see
+// FallbackRecord).
 //
 // A commit without fsync makes the new manifest durable (LMDB syncs its commits) while the new
 // chunks may still sit in the page cache. Without more, a machine crash then leaves a manifest
@@ -11,25 +12,56 @@
 //
 // A rename over a file is the other way to replace one (torch.save to a temporary name, then
 // rename): the renamed file's fallback becomes the replaced file's durable version.
+#include "store/fallbacks.h"
+
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <mutex>
+#include <chrono>
 #include <utility>
 
+#include "store/chunk_refs.h"
 #include "store/remote_tier.h"
-#include "store/store.h"
 
 namespace ckptfs {
 
-Result<bool> Store::CoverWithFallback(MetaStore::Txn& txn, const InodeRecord& rec,
-                                      const std::optional<Manifest>& old, bool durable,
-                                      std::vector<ChunkId>* freed) {
+Fallbacks::Fallbacks(MetaStore* meta, ChunkCache* cache, LocalChunks* chunks, Mutex& ns_mu,
+                     Logger log, std::string boot_id, double settle_interval_s)
+    : meta_(meta),
+      cache_(cache),
+      chunks_(chunks),
+      ns_mu_(ns_mu),
+      log_(std::move(log)),
+      boot_id_(std::move(boot_id)),
+      settle_interval_s_(settle_interval_s),
+      touch_(static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                       std::chrono::system_clock::now().time_since_epoch())
+                                       .count())) {}
+
+Fallbacks::~Fallbacks() { Stop(); }
+
+void Fallbacks::Start() {
+  if (settle_interval_s_ > 0) settle_thread_ = std::thread([this] { SettleLoop(); });
+}
+
+void Fallbacks::Stop() {
+  if (!settle_thread_.joinable()) return;
+  {
+    MutexLock lock(&settle_mu_);
+    settle_stop_ = true;
+  }
+  settle_cv_.notify_all();
+  settle_thread_.join();
+}
+
+Result<bool> Fallbacks::Cover(MetaStore::Txn& txn, const InodeRecord& rec,
+                              const std::optional<Manifest>& old, bool durable,
+                              std::vector<ChunkId>* freed) {
   ASSIGN_OR_RETURN(auto fb, txn.GetFallback(rec.ino));
   if (durable) {
-    if (fb) RETURN_IF_ERROR(DropFallback(txn, rec.ino, freed));
+    if (fb) RETURN_IF_ERROR(Drop(txn, rec.ino, freed));
     return false;
   }
   if (fb) {
@@ -50,8 +82,8 @@ Result<bool> Store::CoverWithFallback(MetaStore::Txn& txn, const InodeRecord& re
   return old.has_value();
 }
 
-Status Store::FallBackToReplaced(MetaStore::Txn& txn, const InodeRecord& src,
-                                 const InodeRecord& dst, std::vector<ChunkId>* freed) {
+Status Fallbacks::FallBackToReplaced(MetaStore::Txn& txn, const InodeRecord& src,
+                                     const InodeRecord& dst, std::vector<ChunkId>* freed) {
   if (!S_ISREG(src.mode) || !S_ISREG(dst.mode)) return Status::Ok();
   ASSIGN_OR_RETURN(auto src_fb, txn.GetFallback(src.ino));
   ASSIGN_OR_RETURN(auto staged, txn.GetStaged(src.ino));
@@ -78,14 +110,15 @@ Status Store::FallBackToReplaced(MetaStore::Txn& txn, const InodeRecord& src,
   return txn.PutFallback(src.ino, n);
 }
 
-Status Store::DropFallback(MetaStore::Txn& txn, uint64_t ino, std::vector<ChunkId>* freed) {
+Status Fallbacks::Drop(MetaStore::Txn& txn, uint64_t ino, std::vector<ChunkId>* freed) {
   ASSIGN_OR_RETURN(auto fb, txn.GetFallback(ino));
   if (!fb) return Status::Ok();
   RETURN_IF_ERROR(AddManifestRefs(txn, fb->manifest, -1, freed));
   return txn.DelFallback(ino);
 }
 
-Status Store::RecoverFallbacks(MetaStore::Txn& txn, bool clean, std::vector<ChunkId>* freed) {
+Status Fallbacks::Recover(MetaStore::Txn& txn, bool clean, const RecoverHooks& hooks,
+                          std::vector<ChunkId>* freed) {
   std::vector<std::pair<uint64_t, FallbackRecord>> all;
   RETURN_IF_ERROR(txn.ForEachFallback(
       [&](uint64_t ino, const FallbackRecord& r) { all.emplace_back(ino, r); }));
@@ -94,7 +127,7 @@ Status Store::RecoverFallbacks(MetaStore::Txn& txn, bool clean, std::vector<Chun
     auto rec = txn.GetInode(ino);
     if (!rec.ok() && rec.status().code() != Code::kNotFound) return rec.status();
     if (clean || !rec.ok()) {  // a clean stop synced everything; a record with no file is stale
-      RETURN_IF_ERROR(DropFallback(txn, ino, freed));
+      RETURN_IF_ERROR(Drop(txn, ino, freed));
       continue;
     }
     if (fb.boot_id == boot_id_) continue;  // the daemon died, the page cache kept its bytes
@@ -102,7 +135,7 @@ Status Store::RecoverFallbacks(MetaStore::Txn& txn, bool clean, std::vector<Chun
     ASSIGN_OR_RETURN(auto staged, txn.GetStaged(ino));
     bool lost = false;
     if (fb.staged && staged) {
-      lost = !StagedSurvives(*staged, clean);  // what RecoverStaged keeps
+      lost = !hooks.staged_survives(*staged, clean);  // what RecoverStaged keeps
     } else {
       ASSIGN_OR_RETURN(auto m, txn.GetManifest(ino));
       if (m) {
@@ -118,13 +151,13 @@ Status Store::RecoverFallbacks(MetaStore::Txn& txn, bool clean, std::vector<Chun
       }
     }
     if (!lost) {
-      RETURN_IF_ERROR(DropFallback(txn, ino, freed));
+      RETURN_IF_ERROR(Drop(txn, ino, freed));
       continue;
     }
     // Back to the fallback: its references become the manifest's.
     if (staged) {
       RETURN_IF_ERROR(txn.DelStaged(ino));
-      ::unlink(StagePath(staged->name).c_str());
+      ::unlink(hooks.stage_path(staged->name).c_str());
     }
     ASSIGN_OR_RETURN(auto m, txn.GetManifest(ino));
     if (m) RETURN_IF_ERROR(AddManifestRefs(txn, *m, -1, freed));
@@ -138,7 +171,7 @@ Status Store::RecoverFallbacks(MetaStore::Txn& txn, bool clean, std::vector<Chun
       ++removed;
       log_->warn("{}: its bytes had not reached the disk when the machine stopped, and it had "
                  "no earlier version: removed", path);
-      RETURN_IF_ERROR(RemoveUnborn(txn, *rec, freed));
+      RETURN_IF_ERROR(hooks.remove_unborn(txn, *rec, freed));
       continue;
     }
     RETURN_IF_ERROR(txn.PutManifest(ino, fb.manifest));
@@ -147,7 +180,7 @@ Status Store::RecoverFallbacks(MetaStore::Txn& txn, bool clean, std::vector<Chun
     rec->mtime_ns = rec->ctime_ns = fb.mtime_ns;
     ++rec->generation;
     RETURN_IF_ERROR(txn.PutInode(*rec));
-    RETURN_IF_ERROR(QueueRemote(txn, remote_op::PublishFile(ino, rec->path_epoch)));
+    RETURN_IF_ERROR(hooks.queue_remote(txn, remote_op::PublishFile(ino, rec->path_epoch)));
     ++reverted;
     log_->warn("{}: its newest version had not reached the disk when the machine stopped; it "
                "reads as its last durable version ({} bytes)", path, rec->size);
@@ -159,7 +192,7 @@ Status Store::RecoverFallbacks(MetaStore::Txn& txn, bool clean, std::vector<Chun
   return Status::Ok();
 }
 
-Status Store::Settle() {
+Status Fallbacks::Settle() {
   // The fallbacks now, and the chunks of the versions they cover.
   std::vector<std::pair<uint64_t, uint64_t>> covered;
   std::vector<ChunkId> ids;
@@ -189,7 +222,7 @@ Status Store::Settle() {
   return DropSettled(covered);
 }
 
-Status Store::DropSettled(const std::vector<std::pair<uint64_t, uint64_t>>& covered) {
+Status Fallbacks::DropSettled(const std::vector<std::pair<uint64_t, uint64_t>>& covered) {
   std::vector<ChunkId> freed;
   {
     MutexLock lock(&ns_mu_);
@@ -201,7 +234,7 @@ Status Store::DropSettled(const std::vector<std::pair<uint64_t, uint64_t>>& cove
         ASSIGN_OR_RETURN(auto staged, txn.GetStaged(ino));
         if (staged && !staged->durable) continue;
       }
-      RETURN_IF_ERROR(DropFallback(txn, ino, &freed));
+      RETURN_IF_ERROR(Drop(txn, ino, &freed));
     }
     RETURN_IF_ERROR(txn.Commit());
   }
@@ -209,15 +242,16 @@ Status Store::DropSettled(const std::vector<std::pair<uint64_t, uint64_t>>& cove
   return Status::Ok();
 }
 
-void Store::SettleLoop() {
-  std::unique_lock lock(settle_mu_);
-  const auto interval = std::chrono::duration<double>(cfg_.settle_interval_s);
-  while (!settle_cv_.wait_for(lock, interval, [&] { return settle_stop_; })) {
-    lock.unlock();
+void Fallbacks::SettleLoop() {
+  MutexLock lock(&settle_mu_);
+  const auto interval = std::chrono::duration<double>(settle_interval_s_);
+  while (!settle_cv_.wait_for(lock.native(), interval,
+                              [&]() REQUIRES(settle_mu_) { return settle_stop_; })) {
+    lock.Unlock();
     Status st = Settle();
     if (!st.ok()) log_->error("syncing the newest versions of files closed without fsync: {}",
                               st.ToString());
-    lock.lock();
+    lock.Lock();
   }
 }
 
