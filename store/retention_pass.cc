@@ -106,10 +106,10 @@ Result<std::string> RetentionPass::ReadSmallFile(uint64_t ino) {
 
 Result<bool> RetentionPass::Pinned(uint64_t ino) {
   ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
-  if (txn.GetXattr(ino, kPinXattr).ok()) return true;
+  if (txn.GetXattr(ino, Prefetcher::kPinXattr).ok()) return true;
   bool pinned = false;
   RETURN_IF_ERROR(txn.WalkTree(ino, true, [&](const DirEntry& e) -> Status {
-    if (txn.GetXattr(e.ino, kPinXattr).ok()) pinned = true;
+    if (txn.GetXattr(e.ino, Prefetcher::kPinXattr).ok()) pinned = true;
     return Status::Ok();
   }));
   return pinned;

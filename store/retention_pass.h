@@ -32,6 +32,7 @@
 #include "common/thread_pool.h"
 #include "store/local_chunks.h"
 #include "store/meta_store.h"
+#include "store/prefetcher.h"
 
 namespace ckptfs {
 
@@ -39,8 +40,6 @@ class RetentionPass {
  public:
   // On a run directory: "keep_last=N[,keep_every=K]", applied after each checkpoint commits.
   static constexpr std::string_view kRetainXattr = "user.ckptfs.retain";
-  // The pin that keeps a checkpoint (on it or on anything under it).
-  static constexpr std::string_view kPinXattr = "user.ckptfs.pin";
 
   // What a pass asks of the namespace above it. Each is called with no lock of the pass held.
   struct Ops {
@@ -74,7 +73,7 @@ class RetentionPass {
 
  private:
   Result<std::string> ReadSmallFile(uint64_t ino);  // a tracker file's bytes (at most 4 KiB)
-  Result<bool> Pinned(uint64_t ino);                // kPinXattr on ino or anything under it
+  Result<bool> Pinned(uint64_t ino);  // Prefetcher::kPinXattr on ino or anything under it
   Status RemoveTree(uint64_t parent, const std::string& name);
 
   MetaStore* const meta_;

@@ -1,5 +1,5 @@
-// Store: opening, recovery, shutdown, and the inode and chunk-reference bookkeeping shared by
-// every operation.
+// Store: opening, recovery, shutdown, the inode and chunk-reference bookkeeping shared by every
+// operation, and the prefetch API's forwards to the Prefetcher.
 #include "store/store.h"
 
 #include <dirent.h>
@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -411,6 +412,75 @@ Result<struct statvfs> Store::StatFs() {
   }
   st.f_namemax = 255;
   return st;
+}
+
+// --- prefetch hints and pins: the Prefetcher (store/prefetcher.h), made on first use ---
+
+Prefetcher& Store::prefetcher() {
+  std::call_once(prefetch_once_, [this] {
+    // Without a backend nothing is ever fetched or evicted: no threads.
+    const bool remote = !remotes_.empty();
+    const unsigned threads = remote ? std::clamp<unsigned>(cfg_.upload_threads, 1, 8) : 0;
+    prefetch_ = std::make_unique<Prefetcher>(meta_.get(), cache_.get(), log_, remote, threads);
+  });
+  return *prefetch_;
+}
+
+Status Store::Prefetch(uint64_t ino, bool recursive) {
+  ASSIGN_OR_RETURN(InodeRecord rec, GetAttr(ino));
+  (void)rec;
+  if (remotes_.empty()) return Status::Ok();
+  prefetcher().Add(ino, recursive);
+  return Status::Ok();
+}
+
+void Store::FetchSoon(const std::vector<std::pair<ChunkId, uint64_t>>& chunks) {
+  if (!remotes_.empty()) prefetcher().ReaderWants(chunks);
+}
+
+void Store::CancelPrefetch(uint64_t ino) { prefetcher().Cancel(ino); }
+
+bool Store::Prefetching(uint64_t ino) { return prefetcher().Pending(ino); }
+
+void Store::StopPrefetch() { prefetcher().Stop(); }
+
+Result<Store::CacheUsage> Store::Cached(uint64_t ino) {
+  RETURN_IF_ERROR(SealAll());  // what staged files hold is counted once it is in chunks
+  return CountCached(*meta_, *cache_, ino);
+}
+
+Status Store::SetPin(uint64_t ino, bool pin) {
+  ASSIGN_OR_RETURN(InodeRecord rec, GetAttr(ino));
+  if (!S_ISREG(rec.mode) && !S_ISDIR(rec.mode)) {
+    return Invalid("only files and directories can be pinned");
+  }
+  if (pin) {
+    RETURN_IF_ERROR(SetXattr(ino, kPinXattr, "1", 0));
+  } else {
+    RETURN_IF_ERROR(RemoveXattr(ino, kPinXattr));
+  }
+  Prefetcher& p = prefetcher();
+  p.NotePin(ino, pin);
+  return p.ApplyPins(pin);
+}
+
+Status Store::LoadPins() { return prefetcher().LoadPins(); }
+
+Status Store::WarmCheckpoint(uint64_t ino, uint64_t dir, bool recursive) {
+  if (remotes_.empty()) return Status::Ok();
+  ASSIGN_OR_RETURN(auto m, CommittedManifest(ino));
+  const auto& extents = m->extents();
+  const bool all_local = std::all_of(extents.begin(), extents.end(), [&](const Extent& e) {
+    return e.hole() || cache_->OnDisk(e.id);
+  });
+  if (all_local || !prefetcher().ShouldWarm(dir)) return Status::Ok();
+  log_->debug("inode {} opened with chunks off the local tier: warming directory {}", ino, dir);
+  return Prefetch(dir, recursive);
+}
+
+Result<std::pair<uint64_t, std::string>> Store::ParentOf(uint64_t ino) {
+  ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
+  return txn.GetParent(ino);
 }
 
 }  // namespace ckptfs

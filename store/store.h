@@ -7,7 +7,8 @@
 //   OpenFile::mu  ->  ns_mu_ (namespace changes and commits)  ->  the leaves
 // qmu is never held while taking mu or ns_mu_. The leaves, under which no other store lock is
 // taken: the open-file table's lock (store/open_table.h), LocalChunks' holds_mu_ (chunk holds
-// and reclamation, store/local_chunks.h), the retention passes' queue lock
+// and reclamation, store/local_chunks.h), the Prefetcher's pin_mu_ -> mu_ (store/prefetcher.h;
+// a reader asks for chunks under its file's mu), the retention passes' queue lock
 // (store/retention_pass.h), listener_mu_ and the settle thread's settle_mu_ (store/fallbacks.h;
 // the fallbacks' changes run under ns_mu_, and their settle pass takes it).
 // Reads of metadata use LMDB read transactions and take no store lock.
@@ -68,6 +69,7 @@
 #include "store/meta_store.h"
 #include "store/open_file.h"
 #include "store/open_table.h"
+#include "store/prefetcher.h"
 #include "store/retention_pass.h"
 
 namespace ckptfs {
@@ -266,10 +268,10 @@ class Store final {
   void StartSync();
   void StopSync();
 
-  // --- prefetch hints and pins (store_prefetch.cc): user.ckptfs.prefetch, .cached and .pin ---
+  // --- prefetch hints and pins (store/prefetcher.h): user.ckptfs.prefetch, .cached and .pin ---
   // The work runs on a few threads of its own (made on first use); a chunk being fetched holds
   // one buffer, nothing is kept in the RAM tier. Thread-safe.
-  static constexpr std::string_view kPinXattr = RetentionPass::kPinXattr;
+  static constexpr std::string_view kPinXattr = Prefetcher::kPinXattr;
   // On a run directory: "keep_last=N[,keep_every=K]", applied after each checkpoint commits
   // (store/retention_pass.h).
   static constexpr std::string_view kRetainXattr = RetentionPass::kRetainXattr;
@@ -285,13 +287,9 @@ class Store final {
   // Whether file `ino`, or any file under directory `ino`, is open now (being written or read):
   // retention leaves such a checkpoint alone.
   Result<bool> Busy(uint64_t ino);
-  struct CacheUsage {
-    uint64_t files = 0;                            // regular files counted (hard links once)
-    uint64_t chunks = 0, bytes = 0;                // their distinct chunks (holes excluded)
-    uint64_t cached_chunks = 0, cached_bytes = 0;  // of those, on the local disk tier
-  };
+  using CacheUsage = ckptfs::CacheUsage;  // store/prefetcher.h
   // Of file `ino`, or of every file under directory `ino`, as committed (one LMDB snapshot, an
-  // in-memory lookup per chunk).
+  // in-memory lookup per chunk); staged files are sealed first.
   Result<CacheUsage> Cached(uint64_t ino);
 
   // fsck (store/store_fsck.cc): checks the chunks of file `ino`, or of every file under
@@ -336,7 +334,7 @@ class Store final {
   // Predictive prefetch: file `ino` was opened for reading and belongs to the checkpoint stored
   // under `dir`. With a backend, and when not all of ino's chunks are local, prefetches `dir`
   // (see Prefetch), at most once per directory per kWarmIntervalS.
-  static constexpr int kWarmIntervalS = 60;
+  static constexpr int kWarmIntervalS = Prefetcher::kWarmIntervalS;
   Status WarmCheckpoint(uint64_t ino, uint64_t dir, bool recursive);
   // The entry that last linked `ino`: (parent, name); kNotFound for the root.
   Result<std::pair<uint64_t, std::string>> ParentOf(uint64_t ino);
@@ -623,12 +621,12 @@ class Store final {
   // leaves its entry; the version before it keeps its own).
   std::unordered_map<uint64_t, std::vector<std::pair<uint64_t, std::vector<ChunkId>>>>
       unpublished_ GUARDED_BY(unpublished_mu_);
-  // Prefetch work and pins (store_prefetch.cc), made on first use by prefetcher(). Declared last:
-  // its threads stop before the cache, the metadata and the backend they use go.
-  class Prefetcher;
+  // Prefetch work and pins (store/prefetcher.h), made on first use by prefetcher(), after
+  // AttachRemote (its thread count depends on the remote tiers). Declared last: its threads stop
+  // before the cache, the metadata and the backends they fetch through go.
   Prefetcher& prefetcher();
   std::once_flag prefetch_once_;
-  std::shared_ptr<Prefetcher> prefetch_;  // shared_ptr: deleted where Prefetcher is complete
+  std::unique_ptr<Prefetcher> prefetch_;
 };
 
 // Wall-clock time in nanoseconds since the epoch.
