@@ -92,7 +92,7 @@ struct Config {
   std::vector<int> durability_tiers;
   // Per nearer tier (nearest first): how many recent checkpoints it keeps (0: all), and every
   // K-th step kept besides (0: none) (-o keep=N[+N...], keep_every=K[+K...]). Files of older
-  // checkpoints are dropped from that tier only (store/store_policy.cc).
+  // checkpoints are dropped from that tier only (store/tier_policy.h).
   std::vector<uint64_t> tier_keep, tier_keep_every;
   // Bytes of chunk files the local tier keeps (0: no bound). Only chunks the backend holds are
   // evicted; writers wait while the tier is full of chunks still to upload.

@@ -140,7 +140,7 @@ class RemoteTier {
   void Loop();
   Status Process(std::string_view op);
   // path_epoch: the op's (none: an op of store format 2, which never marks the tier as holding
-  // the file; see QueueUnpublished).
+  // the file; see Publisher::QueueUnpublished).
   Status PublishFile(uint64_t ino, std::optional<uint64_t> path_epoch);
   // Appends "key changed" to the journal (the farthest tier only), once the change is made.
   Status Announce(const std::string& key) {

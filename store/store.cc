@@ -49,6 +49,13 @@ void RemoveDirContents(const std::string& dir) {
   }
 }
 
+// Whether file ino has bytes not yet committed (the Publisher's `dirty`), read before the
+// Publisher reads LMDB.
+bool Uncommitted(OpenTable& files, uint64_t ino) {
+  auto f = files.Find(ino);
+  return f && f->dirty;
+}
+
 }  // namespace
 
 int64_t NowNs() {
@@ -115,6 +122,8 @@ Result<std::unique_ptr<Store>> Store::Open(const Config& cfg, PayloadScannerFact
   s->cache_ = std::move(*cache);
   s->chunks_ = std::make_unique<LocalChunks>(s->cfg_.cache_dir, s->cache_.get(), s->meta_.get(),
                                              &s->metrics_, s->log_, s->cfg_.write_threads);
+  s->publisher_ = std::make_unique<Publisher>(s->cfg_, s->meta_.get(), s->cache_.get(),
+                                              &s->metrics_, s->log_);
   Store* p = s.get();
   s->retention_ = std::make_unique<RetentionPass>(
       s->meta_.get(), s->chunks_.get(), s->log_,
@@ -194,7 +203,8 @@ Store::Gauges Store::gauges() {
   g.open_files = files_.size();
   if (auto txn = meta_->Begin(false); txn.ok()) {
     (void)txn->ForEachFallback([&](uint64_t, const FallbackRecord&) { ++g.fallback_files; });
-    for (const auto& r : remotes_) {
+    for (size_t t = 0; t < publisher_->tiers(); ++t) {
+      const RemoteTier* r = publisher_->remote(t);
       auto n = txn->CountRemoteOps(r->tier());
       g.ops_waiting.push_back(n.ok() ? *n : 0);
       const Status last = r->last_error();  // a file waiting out a gc round is no failure
@@ -294,27 +304,18 @@ Status Store::Close() {
   if (closed_) return Status::Ok();
   closed_ = true;
   StopPrefetch();  // no chunk lands behind the final sync below
+  publisher_->BeginStop();  // restores queued or running put nothing more
   // Seals not begun stay staged (resumed at the next mount); a running one finishes first.
   // A retention pass deletes through the namespace: the one running ends first, the queued ones
   // are dropped, and commits from here on (the files still open) queue none.
-  stopping_ = true;
   if (retention_) retention_->Stop();
   seals_stopped_ = true;
   seal_pool_.reset();
   fallbacks_->Stop();  // the final syncs below make every version durable
-  {
-    // Restores queued and not begun are dropped (a later read asks again); the one running ends
-    // first. Reset outside the lock: a task takes it as it ends.
-    std::unique_ptr<ThreadPool> restores;
-    {
-      MutexLock lock(&restore_mu_);
-      restores = std::move(restore_pool_);
-    }
-    restores.reset();
-  }
+  publisher_->StopRestores();
   // Uploads still queued stay in LMDB and resume at the next mount.
   StopSync();
-  for (auto& r : remotes_) r->Stop();
+  publisher_->StopTiers();
   Status first;
   const std::vector<std::pair<uint64_t, std::shared_ptr<OpenFile>>> open = files_.All();
   for (auto& [ino, f] : open) {
@@ -337,6 +338,47 @@ Status Store::Close() {
     if (fd >= 0) ::close(fd);
   }
   return first;
+}
+
+Status Store::AttachRemote(std::vector<std::unique_ptr<Backend>> tiers) {
+  RETURN_IF_ERROR(publisher_->Attach(std::move(tiers)));
+  {
+    MutexLock lock(&ns_mu_);  // its transaction is one of the namespace's writes
+    RETURN_IF_ERROR(publisher_->QueueUnpublished());
+  }
+  publisher_->Start();
+  return Status::Ok();
+}
+
+Status Store::QueueRemote(MetaStore::Txn& txn, const std::string& op) {
+  return publisher_->Queue(txn, op);
+}
+
+Status Store::QueueTree(MetaStore::Txn& txn, uint64_t ino, const std::string& path,
+                        bool publish) {
+  return publisher_->QueueTree(txn, ino, path, publish);
+}
+
+Result<std::string> Store::RemoteState(uint64_t ino) {
+  return publisher_->RemoteState(ino, Uncommitted(files_, ino));
+}
+
+Result<std::string> Store::TierStates(uint64_t ino) {
+  return publisher_->TierStates(ino, Uncommitted(files_, ino));
+}
+
+void Store::SetChangeListener(ChangeListener fn) {
+  MutexLock lock(&listener_mu_);  // a retention pass (resumed seals) may read it already
+  on_change_ = std::move(fn);
+}
+
+void Store::TellChange(uint64_t parent, const std::string& name, uint64_t ino) {
+  ChangeListener tell;
+  {
+    MutexLock lock(&listener_mu_);
+    tell = on_change_;
+  }
+  if (tell) tell(parent, name, ino);
 }
 
 Status Store::DeleteInode(MetaStore::Txn& txn, const InodeRecord& rec,
@@ -419,7 +461,7 @@ Result<struct statvfs> Store::StatFs() {
 Prefetcher& Store::prefetcher() {
   std::call_once(prefetch_once_, [this] {
     // Without a backend nothing is ever fetched or evicted: no threads.
-    const bool remote = !remotes_.empty();
+    const bool remote = remote_tiers() > 0;
     const unsigned threads = remote ? std::clamp<unsigned>(cfg_.upload_threads, 1, 8) : 0;
     prefetch_ = std::make_unique<Prefetcher>(meta_.get(), cache_.get(), log_, remote, threads);
   });
@@ -429,13 +471,13 @@ Prefetcher& Store::prefetcher() {
 Status Store::Prefetch(uint64_t ino, bool recursive) {
   ASSIGN_OR_RETURN(InodeRecord rec, GetAttr(ino));
   (void)rec;
-  if (remotes_.empty()) return Status::Ok();
+  if (remote_tiers() == 0) return Status::Ok();
   prefetcher().Add(ino, recursive);
   return Status::Ok();
 }
 
 void Store::FetchSoon(const std::vector<std::pair<ChunkId, uint64_t>>& chunks) {
-  if (!remotes_.empty()) prefetcher().ReaderWants(chunks);
+  if (remote_tiers() > 0) prefetcher().ReaderWants(chunks);
 }
 
 void Store::CancelPrefetch(uint64_t ino) { prefetcher().Cancel(ino); }
@@ -467,7 +509,7 @@ Status Store::SetPin(uint64_t ino, bool pin) {
 Status Store::LoadPins() { return prefetcher().LoadPins(); }
 
 Status Store::WarmCheckpoint(uint64_t ino, uint64_t dir, bool recursive) {
-  if (remotes_.empty()) return Status::Ok();
+  if (remote_tiers() == 0) return Status::Ok();
   ASSIGN_OR_RETURN(auto m, CommittedManifest(ino));
   const auto& extents = m->extents();
   const bool all_local = std::all_of(extents.begin(), extents.end(), [&](const Extent& e) {

@@ -7,10 +7,12 @@
 //   OpenFile::mu  ->  ns_mu_ (namespace changes and commits)  ->  the leaves
 // qmu is never held while taking mu or ns_mu_. The leaves, under which no other store lock is
 // taken: the open-file table's lock (store/open_table.h), LocalChunks' holds_mu_ (chunk holds
-// and reclamation, store/local_chunks.h), the Prefetcher's pin_mu_ -> mu_ (store/prefetcher.h;
-// a reader asks for chunks under its file's mu), the retention passes' queue lock
-// (store/retention_pass.h), listener_mu_ and the settle thread's settle_mu_ (store/fallbacks.h;
-// the fallbacks' changes run under ns_mu_, and their settle pass takes it).
+// and reclamation, store/local_chunks.h), the Publisher's unpublished_mu_ and restore_mu_
+// (store/publisher.h; ns_mu_ is held around its queueing calls), the Prefetcher's
+// pin_mu_ -> mu_ (store/prefetcher.h; a reader asks for chunks under its file's mu), the
+// retention passes' queue lock (store/retention_pass.h), listener_mu_ and the settle thread's
+// settle_mu_ (store/fallbacks.h; the fallbacks' changes run under ns_mu_, and their settle pass
+// takes it).
 // Reads of metadata use LMDB read transactions and take no store lock.
 //
 // Waits: no lock that another file's operation could need (ns_mu_, the open-file table's,
@@ -70,6 +72,7 @@
 #include "store/open_file.h"
 #include "store/open_table.h"
 #include "store/prefetcher.h"
+#include "store/publisher.h"
 #include "store/retention_pass.h"
 
 namespace ckptfs {
@@ -230,16 +233,10 @@ class Store final {
   // Per tier, nearest first: {"tiers":[{"backend":URL,"state":S},...]} (user.ckptfs.tiers), S
   // one of "local", "uploading", "remote", or "dropped" (past that tier's keep= policy).
   Result<std::string> TierStates(uint64_t ino);
- private:
-  // Each tier's state of file ino, nearest first (empty without remote tiers).
-  Result<std::vector<std::string>> StatesOf(uint64_t ino);
 
- public:
   // Remote tier `tier` (nearest first); null without one.
-  RemoteTier* remote(size_t tier = 0) {
-    return tier < remotes_.size() ? remotes_[tier].get() : nullptr;
-  }
-  size_t remote_tiers() const { return remotes_.size(); }
+  RemoteTier* remote(size_t tier = 0) { return publisher_->remote(tier); }
+  size_t remote_tiers() const { return publisher_->tiers(); }
 
   // --- what other nodes publish (the namespace sync) ---
   // Told, from the sync thread, that parent/name now names ino (0: nothing), so that the kernel
@@ -375,17 +372,13 @@ class Store final {
   Store(Config cfg, std::unique_ptr<IoEngine> engine, std::unique_ptr<ChunkCache> cache,
         std::unique_ptr<MetaStore> meta, int lock_fd);
   Status Recover(bool clean);
+  // Attaches the remote tiers to the publisher, queues what they lack and starts them.
   Status AttachRemote(std::vector<std::unique_ptr<Backend>> tiers);
-  // Drops from nearer tier `tier` the files of checkpoints past its keep= policy
-  // (store_policy.cc). Runs on that tier's worker when its queue is empty.
-  Status ApplyTierPolicy(int tier);
   // fsck of tier `tier`'s records under `ino` (store_fsck.cc).
   Status FsckRecords(int tier, uint64_t ino, const FsckOptions& options, FsckReport* r);
-  // A read fetched chunk `id` from a farther tier while the nearer tiers in `missing` had none.
-  void RestoreNearer(const ChunkId& id, uint8_t missing, const ChunkRef& data);
   // The tier other nodes' files are synced from: the farthest. REQUIRES: remote tiers.
-  RemoteTier& sync_tier() { return *remotes_.back(); }
-  Backend& sync_backend() { return *backends_.back(); }
+  RemoteTier& sync_tier() { return publisher_->sync_tier(); }
+  Backend& sync_backend() { return publisher_->sync_backend(); }
 
   // What GetAttr shows for a file with uncommitted bytes, taken before reading LMDB (a commit
   // lands in LMDB before it clears the mark), then applied to the record read.
@@ -500,17 +493,13 @@ class Store final {
   Status ReapIfOrphan(uint64_t ino);
   // REQUIRES: inside a write txn (ns_mu_ held). Queues what the backend must learn of a change
   // (nothing without a backend); the txn's commit makes it durable with the change.
+  // Publisher::Queue, with the lock its contract names.
   Status QueueRemote(MetaStore::Txn& txn, const std::string& op) REQUIRES(ns_mu_);
-  // Queues, for ino and everything under it, the unpublishing of its old paths (publish=false,
-  // `path` its path now) or the publishing under its new ones (publish=true).
-  Status QueueTree(MetaStore::Txn& txn, uint64_t ino, const std::string& path, bool publish);
-  void KickRemote();
-  // At open: queue every file whose committed version the backend does not hold.
-  Status QueueUnpublished();
-  // The chunks of a file committed here stay unevictable until its generation is in the
-  // backend (ChunkCache::Hold); Released by the remote tier's publish of the file.
-  void HoldUnpublished(uint64_t ino, uint64_t generation, const Manifest& m);
-  void ReleaseUnpublished(uint64_t ino);
+  // REQUIRES: as QueueRemote. Queues, for ino and everything under it, the unpublishing of its
+  // old paths (publish=false, `path` its path now) or the publishing under its new ones
+  // (publish=true): Publisher::QueueTree.
+  Status QueueTree(MetaStore::Txn& txn, uint64_t ino, const std::string& path, bool publish)
+      REQUIRES(ns_mu_);
   // Waits until the local tier has room for `len` more bytes of chunks the backend does not
   // hold yet (cache_size); kNoSpace after remote_timeout.
   Status WaitForRoom(size_t len);
@@ -536,7 +525,8 @@ class Store final {
   int lock_fd_;
   bool closed_ = false;
 
-  Mutex ns_mu_ ACQUIRED_BEFORE(unpublished_mu_);
+  // Taken before the Publisher's locks (store/publisher.h), which are leaves.
+  Mutex ns_mu_;
   // write_memory: half for every file's queued writes (Write waits for room), half for every
   // reorder window (FileWriter spills to staging when it finds none). Declared before the open
   // files and the pools, so they outlive every writer and task that uses them.
@@ -548,8 +538,12 @@ class Store final {
   std::atomic<uint64_t> stage_epoch_{0};  // Stage::epoch values, unique across stages
   std::atomic<uint64_t> unstored_bytes_{0};  // acknowledged writes still in queues
   std::atomic<bool> full_logged_{false};
-  std::vector<std::unique_ptr<Backend>> backends_;  // the remote tiers' backends, nearest first
-  std::string node_id_;  // this node's name in published records
+  // The remote tiers: their backends, workers and queues (store/publisher.h); made in Open
+  // before Recover (whose commits queue through it), the tiers attached after it. Declared
+  // before the pools and threads that publish through it (seals, retention, reads that restore
+  // chunks, prefetch), so it outlives them; its own members stop the tiers' workers and the
+  // restore thread before the backends and the journal they use go.
+  std::unique_ptr<Publisher> publisher_;
   // The listener the sync and retention tell what changed under the kernel. A leaf lock: held
   // only to copy it (TellChange calls it with no lock held).
   Mutex listener_mu_;
@@ -562,10 +556,9 @@ class Store final {
   std::condition_variable sync_cv_;
   bool sync_stop_ = false;  // guarded by sync_mu_
   std::map<std::string, std::string> synced_;
-  // The namespace's journal (store/journal.h) in the farthest tier, the entry the sync has read
-  // up to (none: the next pass lists everything), keys whose application is to be tried again,
-  // and when the last full listing was (sync thread only).
-  std::unique_ptr<NamespaceJournal> journal_;
+  // Of the namespace's journal (store/journal.h, publisher_->journal()) in the farthest tier:
+  // the entry the sync has read up to (none: the next pass lists everything), keys whose
+  // application is to be tried again, and when the last full listing was (sync thread only).
   std::optional<uint64_t> journal_cursor_;
   std::optional<bool> journal_exclusive_;  // the backend refuses a second create (probed once)
   std::vector<std::string> journal_retry_;  // in the order they failed, each once
@@ -606,21 +599,6 @@ class Store final {
   // The passes of user.ckptfs.retain (store/retention_pass.h), which a commit that completes a
   // checkpoint queues; made in Open once the local chunks are, stopped at Close.
   std::unique_ptr<RetentionPass> retention_;
-  // Set at Close: queued restores end at once (a pool runs its queue before it joins).
-  std::atomic<bool> stopping_{false};
-  std::vector<std::unique_ptr<RemoteTier>> remotes_;  // one per backend, nearest first
-  // Chunks a read found missing from a nearer tier that this node counted as holding them, put
-  // back there (store_remote.cc RestoreNearer): one thread, at most kMaxRestoreBytes queued.
-  static constexpr uint64_t kMaxRestoreBytes = 64ull << 20;
-  Mutex restore_mu_;
-  uint64_t restore_bytes_ GUARDED_BY(restore_mu_) = 0;
-  std::unique_ptr<ThreadPool> restore_pool_ GUARDED_BY(restore_mu_);  // reset at Close
-  Mutex unpublished_mu_;
-  // ino -> each version held: its generation and the chunk ids it names (sorted, distinct).
-  // Versions stay until one at least as new is published (a commit whose transaction failed
-  // leaves its entry; the version before it keeps its own).
-  std::unordered_map<uint64_t, std::vector<std::pair<uint64_t, std::vector<ChunkId>>>>
-      unpublished_ GUARDED_BY(unpublished_mu_);
   // Prefetch work and pins (store/prefetcher.h), made on first use by prefetcher(), after
   // AttachRemote (its thread count depends on the remote tiers). Declared last: its threads stop
   // before the cache, the metadata and the backends they fetch through go.

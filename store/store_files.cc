@@ -172,7 +172,7 @@ Status Store::KeepCreated(uint64_t ino, OpenFile& f, uint64_t fh) {
     RETURN_IF_ERROR(txn.Commit());
   }
   f.unborn = false;
-  KickRemote();
+  publisher_->Kick();
   return Status::Ok();
 }
 
@@ -263,22 +263,22 @@ Status Store::WaitForRoom(size_t len) {
     const ChunkCache::Usage u = cache_->usage();
     if (u.local_only + unstored_bytes_.load() + len <= cfg_.cache_bytes) return Status::Ok();
     if (std::chrono::steady_clock::now() >= deadline) {
-      return Status(Code::kNoSpace, "the local tier holds " + std::to_string(u.local_only >> 20) +
-                                        " MiB not yet uploaded to " + backends_[0]->Describe() +
-                                        " (cache_size " + std::to_string(cfg_.cache_bytes >> 20) +
-                                        " MiB)");
+      return Status(Code::kNoSpace,
+                    "the local tier holds " + std::to_string(u.local_only >> 20) +
+                        " MiB not yet uploaded to " + publisher_->backend(0).Describe() +
+                        " (cache_size " + std::to_string(cfg_.cache_bytes >> 20) + " MiB)");
     }
     if (!logged) {
       log_->info("writers wait: the local tier is full of chunks still to upload");
       logged = true;
     }
-    KickRemote();
+    publisher_->Kick();
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
 }
 
 Status Store::AdmitWrite(size_t len) {
-  if (!remotes_.empty() && cfg_.cache_bytes > 0) RETURN_IF_ERROR(WaitForRoom(len));
+  if (remote_tiers() > 0 && cfg_.cache_bytes > 0) RETURN_IF_ERROR(WaitForRoom(len));
   return CheckRoom(len);
 }
 
@@ -397,7 +397,7 @@ void Store::ReadAhead(OpenFile& f, const std::shared_ptr<const Manifest>& m, siz
   // reading ahead in vain, and a reader that jumps (torch.load going from record to record)
   // would otherwise wait for every chunk of each record in turn.
   const Extent& at = m->extents()[first];
-  const bool cold = !remotes_.empty() && !at.hole() && !cache_->OnDisk(at.id);
+  const bool cold = remote_tiers() > 0 && !at.hole() && !cache_->OnDisk(at.id);
   if (!sequential && !cold) return;
   const size_t until = std::min(last + cfg_.readahead_chunks, m->extents().size() - 1);
   const size_t from = sequential ? std::max(f.prefetched_upto + 1, last + 1) : last + 1;
@@ -405,7 +405,7 @@ void Store::ReadAhead(OpenFile& f, const std::shared_ptr<const Manifest>& m, siz
   for (size_t i = from; i <= until; ++i) {
     const Extent& e = m->extents()[i];
     if (e.hole()) continue;
-    if (!remotes_.empty() && !cache_->OnDisk(e.id)) {
+    if (remote_tiers() > 0 && !cache_->OnDisk(e.id)) {
       fetch.emplace_back(e.id, e.len);
       continue;
     }
@@ -474,20 +474,20 @@ Status Store::Fsync(uint64_t ino, uint64_t fh) {
   RETURN_IF_ERROR(meta_->Sync());
   // durability=remote: fsync returns once the tiers named by durability_tier (default: every
   // tier) hold the committed version.
-  if (!remotes_.empty() && cfg_.durability == "remote") {
+  if (remote_tiers() > 0 && cfg_.durability == "remote") {
     ASSIGN_OR_RETURN(InodeRecord rec, GetAttr(ino));
     if (!S_ISREG(rec.mode)) return Status::Ok();
     // One deadline for all: the tiers upload side by side.
     const auto deadline = std::chrono::steady_clock::now() +
                           std::chrono::duration<double>(cfg_.remote_timeout_s);
-    for (size_t t = 0; t < remotes_.size(); ++t) {
+    for (size_t t = 0; t < remote_tiers(); ++t) {
       const auto& want = cfg_.durability_tiers;
       if (!want.empty() && std::find(want.begin(), want.end(), static_cast<int>(t)) == want.end()) {
         continue;
       }
       const double left = std::max(
           0.0, std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count());
-      RETURN_IF_ERROR(remotes_[t]->WaitPublished(ino, rec.generation, left));
+      RETURN_IF_ERROR(remote(t)->WaitPublished(ino, rec.generation, left));
     }
   }
   return Status::Ok();
@@ -587,7 +587,7 @@ void Store::RunAfterCommit(uint64_t ino, OpenFile& f) {
   }
   chunks_->Reclaim(freed);
   if (committed) {
-    KickRemote();
+    publisher_->Kick();
     retention_->NoteCommitted(ino);
   }
 }
@@ -610,7 +610,7 @@ Status Store::CommitManifestTxn(MetaStore::Txn& txn, uint64_t ino, const Manifes
   // Always (one lookup each): a mark whose in-memory flag was lost must not outlive the commit.
   RETURN_IF_ERROR(txn.ClearUnborn(ino));
   RETURN_IF_ERROR(txn.DelStaged(ino));
-  if (!remotes_.empty()) HoldUnpublished(ino, rec.generation, m);
+  if (remote_tiers() > 0) publisher_->HoldUnpublished(ino, rec.generation, m);
   return QueueRemote(txn, remote_op::PublishFile(ino, rec.path_epoch));
 }
 

@@ -144,7 +144,7 @@ Result<Store::FsckReport> Store::Fsck(uint64_t ino, const FsckOptions& options) 
         ++r.local_missing;
         Note(&r, "chunk " + id.Hex() + " is missing from the local tier: " + local.ToString());
       }
-      if (options.repair && !remotes_.empty()) {
+      if (options.repair && remote_tiers() > 0) {
         // From the nearest tier with a good copy: fetched, verified, kept on disk.
         Status got = cache_->Warm(id, len);
         if (got.ok()) got = cache_->Verify(id, len);  // and there now, whatever Warm believed
@@ -158,9 +158,9 @@ Result<Store::FsckReport> Store::Fsck(uint64_t ino, const FsckOptions& options) 
     }
     // Each tier: the chunks the store recorded as uploaded there.
     bool remote_has = false;
-    for (size_t t = 0; t < remotes_.size(); ++t) {
+    for (size_t t = 0; t < remote_tiers(); ++t) {
       if (!(rec.tiers & (1u << t))) continue;
-      Backend& backend = *backends_[t];
+      Backend& backend = publisher_->backend(t);
       const std::string key = ChunkCache::ObjectKey(id);
       Status there;
       if (options.deep) {
@@ -225,7 +225,7 @@ Result<Store::FsckReport> Store::Fsck(uint64_t ino, const FsckOptions& options) 
 
   // Each tier's records under the path: each must decode (it checks its own hash). A bad one is
   // published to that tier again from this node's copy when repairing and the node has the file.
-  for (size_t t = 0; t < remotes_.size(); ++t) {
+  for (size_t t = 0; t < remote_tiers(); ++t) {
     RETURN_IF_ERROR(FsckRecords(static_cast<int>(t), ino, options, &r));
   }
   log_->info("fsck of inode {}{}{}: {} files, {} chunks, {}", ino, options.deep ? " (deep)" : "",
@@ -235,7 +235,7 @@ Result<Store::FsckReport> Store::Fsck(uint64_t ino, const FsckOptions& options) 
 }
 
 Status Store::FsckRecords(int tier, uint64_t ino, const FsckOptions& options, FsckReport* r) {
-  Backend& backend = *backends_[tier];
+  Backend& backend = publisher_->backend(tier);
   std::string prefix = "files/", exact;
   // The files under the path that this tier holds by this node's account: each needs its record.
   std::map<std::string, uint64_t> expected;  // key -> ino
@@ -269,11 +269,11 @@ Status Store::FsckRecords(int tier, uint64_t ino, const FsckOptions& options, Fs
     RETURN_IF_ERROR(txn.PutPublished(tier, file, 0));
     ASSIGN_OR_RETURN(auto m, txn.GetManifest(file));
     ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(file));
-    if (m) HoldUnpublished(file, rec.generation, *m);
+    if (m) publisher_->HoldUnpublished(file, rec.generation, *m);
     RETURN_IF_ERROR(
         txn.QueueRemoteOpFor(tier, remote_op::PublishFile(file, rec.path_epoch)).status());
     RETURN_IF_ERROR(txn.Commit());
-    remotes_[tier]->Kick();
+    remote(tier)->Kick();
     ++r->records_republished;
     return Status::Ok();
   };
@@ -323,7 +323,7 @@ Status Store::FsckRecords(int tier, uint64_t ino, const FsckOptions& options, Fs
       auto there = sync_backend().GetObject(key);
       if (!there.ok()) continue;
       auto rec = FileRecord::Decode(*there);
-      if (!rec.ok() || rec->origin != node_id_) continue;
+      if (!rec.ok() || rec->origin != publisher_->node_id()) continue;
     }
     {
       ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));

@@ -255,7 +255,7 @@ Result<InodeRecord> Store::MakeNode(uint64_t parent, std::string_view name, uint
     RETURN_IF_ERROR(QueueTree(txn, rec.ino, ChildPath(txn, parent, name), true));
   }
   RETURN_IF_ERROR(txn.Commit());
-  KickRemote();
+  publisher_->Kick();
   return rec;
 }
 
@@ -328,7 +328,7 @@ Status Store::Unlink(uint64_t parent, std::string_view name) {
     RETURN_IF_ERROR(DropLink(txn, rec, &freed));
     RETURN_IF_ERROR(txn.Commit());
   }
-  KickRemote();
+  publisher_->Kick();
   chunks_->Reclaim(freed);
   return Status::Ok();
 }
@@ -350,7 +350,7 @@ Status Store::Rmdir(uint64_t parent, std::string_view name) {
   RETURN_IF_ERROR(txn.PutInode(dir));
   RETURN_IF_ERROR(DropLink(txn, rec, nullptr));
   RETURN_IF_ERROR(txn.Commit());
-  KickRemote();
+  publisher_->Kick();
   return Status::Ok();
 }
 
@@ -429,7 +429,7 @@ Status Store::Rename(uint64_t parent, std::string_view name, uint64_t new_parent
     }
     RETURN_IF_ERROR(txn.Commit());
   }
-  KickRemote();
+  publisher_->Kick();
   chunks_->Reclaim(freed);
   return Status::Ok();
 }

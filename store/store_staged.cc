@@ -408,7 +408,7 @@ Status Store::Seal(uint64_t ino, OpenFile& f, bool wait_release) {
   chunks_->ReleaseHolds(writer.held());
   if (!done.ok()) return done;
   chunks_->Reclaim(freed);
-  KickRemote();
+  publisher_->Kick();
   retention_->NoteCommitted(ino);
   return Status::Ok();
 }

@@ -17,7 +17,7 @@
 namespace ckptfs {
 
 void Store::StartSync() {
-  if (remotes_.empty() || cfg_.sync_interval_s <= 0 || sync_thread_.joinable()) return;
+  if (remote_tiers() == 0 || cfg_.sync_interval_s <= 0 || sync_thread_.joinable()) return;
   sync_thread_ = std::thread([this] { SyncLoop(); });
 }
 
@@ -72,7 +72,7 @@ std::vector<std::string> Components(const std::string& path) {
 }  // namespace
 
 Status Store::InitialSync(double timeout_s, const SyncProgress& progress) {
-  if (remotes_.empty()) return Status::Ok();
+  if (remote_tiers() == 0) return Status::Ok();
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
   auto backoff = std::chrono::milliseconds(200);
@@ -97,11 +97,11 @@ Status Store::InitialSync(double timeout_s, const SyncProgress& progress) {
 }
 
 Status Store::SyncFromRemote(const SyncProgress& progress, bool* listed) {
-  if (remotes_.empty()) return Status::Ok();
+  if (remote_tiers() == 0) return Status::Ok();
   if (!journal_exclusive_ && cfg_.sync_full_interval_s > 0) {
     // The journal's numbers rest on exclusive creates; a gateway that ignores If-None-Match
     // would let two writers take one number and hide an entry. Then every pass lists.
-    auto probe = journal_->CreatesAreExclusive();
+    auto probe = publisher_->journal()->CreatesAreExclusive();
     if (!probe.ok()) {
       // Puts failing now (the backend is down, or refuses writes): this pass lists, and the
       // probe runs again at the next.
@@ -136,7 +136,7 @@ Status Store::SyncFromRemote(const SyncProgress& progress, bool* listed) {
   // (With sync_full_interval 0 every pass lists: the journal is not read.)
   uint64_t head = 0;
   if (journal) {
-    ASSIGN_OR_RETURN(head, journal_->Head());
+    ASSIGN_OR_RETURN(head, publisher_->journal()->Head());
   }
   bool ok_listing = false;
   Status st = FullSync(progress, &ok_listing);
@@ -150,7 +150,7 @@ Status Store::SyncFromRemote(const SyncProgress& progress, bool* listed) {
 }
 
 Status Store::JournalSync(bool* gap) {
-  ASSIGN_OR_RETURN(NamespaceJournal::Batch b, journal_->ReadAfter(*journal_cursor_));
+  ASSIGN_OR_RETURN(NamespaceJournal::Batch b, publisher_->journal()->ReadAfter(*journal_cursor_));
   if (b.gap) {
     *gap = true;
     return Status::Ok();
@@ -326,7 +326,7 @@ Status Store::ApplyRemoteRmdir(const std::string& path) {
     }
     RETURN_IF_ERROR(txn.Commit());
   }
-  if (sync_tier().tier() > 0) KickRemote();
+  if (sync_tier().tier() > 0) publisher_->Kick();
   TellChange(parent, parts.back(), 0);
   return Status::Ok();
 }
@@ -496,7 +496,7 @@ Status Store::ApplyRemoteDelete(const std::string& path) {
     RETURN_IF_ERROR(txn.Commit());
     ino = rec.ino;
   }
-  if (sync > 0) KickRemote();
+  if (sync > 0) publisher_->Kick();
   chunks_->Reclaim(freed);
   TellChange(parent, parts.back(), 0);
   (void)ino;

@@ -1,5 +1,5 @@
-// Store: the remote tier's side of the filesystem model. Publishing local changes (the queue in
-// LMDB, worked off by RemoteTier); applying what other nodes published is store_sync.cc.
+#include "store/publisher.h"
+
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -11,8 +11,7 @@
 #include <vector>
 
 #include "common/utf8.h"
-#include "store/remote_tier.h"
-#include "store/store.h"
+#include "store/tier_policy.h"
 
 namespace ckptfs {
 namespace {
@@ -39,7 +38,11 @@ Result<std::string> NodeId(const std::string& dir) {
 
 }  // namespace
 
-Status Store::AttachRemote(std::vector<std::unique_ptr<Backend>> tiers) {
+Publisher::Publisher(const Config& cfg, MetaStore* meta, ChunkCache* cache, Metrics* metrics,
+                     Logger log)
+    : cfg_(cfg), meta_(meta), cache_(cache), metrics_(metrics), log_(std::move(log)) {}
+
+Status Publisher::Attach(std::vector<std::unique_ptr<Backend>> tiers) {
   ASSIGN_OR_RETURN(std::string node, NodeId(cfg_.cache_dir));
   node_id_ = node;
   backends_ = std::move(tiers);
@@ -47,7 +50,7 @@ Status Store::AttachRemote(std::vector<std::unique_ptr<Backend>> tiers) {
   {
     // Each tier's state (queue, published versions, chunk marks, gc epoch) belongs to the
     // backend it was made for, found by name wherever it stands in the chain now; a backend new
-    // to the chain starts empty (its files are published below), and a tier that left it is
+    // to the chain starts empty (QueueUnpublished publishes its files), and a tier that left it is
     // forgotten (its marks would name chunks no tier of the chain holds).
     ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
     std::vector<std::string> was(kMaxTiers);
@@ -127,12 +130,14 @@ Status Store::AttachRemote(std::vector<std::unique_ptr<Backend>> tiers) {
     }
   }
   for (int t = 0; t < n; ++t) {
-    auto tier = std::make_unique<RemoteTier>(backends_[t].get(), meta_.get(), cache_.get(),
-                                             &metrics_, node, cfg_.upload_threads, t);
+    auto tier = std::make_unique<RemoteTier>(backends_[t].get(), meta_, cache_, metrics_, node,
+                                             cfg_.upload_threads, t);
     tier->SetGcWindow(cfg_.gc_window_s);
     tier->SetPublishedListener([this](uint64_t ino) { ReleaseUnpublished(ino); });
     if (t + 1 < n && static_cast<size_t>(t) < cfg_.tier_keep.size() && cfg_.tier_keep[t] > 0) {
-      tier->SetIdleWork([this, t] { return ApplyTierPolicy(t); });
+      tier->SetIdleWork([this, t] {
+        return ApplyTierPolicy(cfg_, *meta_, *backends_[t], t, remotes_.size(), *metrics_, log_);
+      });
     }
     if (t + 1 == n) {  // the farthest tier is the namespace: its changes go in its journal
       journal_ = std::make_unique<NamespaceJournal>(backends_[t].get(), node);
@@ -140,17 +145,33 @@ Status Store::AttachRemote(std::vector<std::unique_ptr<Backend>> tiers) {
     }
     remotes_.push_back(std::move(tier));
   }
-  RETURN_IF_ERROR(QueueUnpublished());
-  for (auto& r : remotes_) {
-    r->Start();
-    log_->info("writing back to {} (tier {}) as node {}", r->backend()->Describe(), r->tier() + 1,
-               node);
-  }
   return Status::Ok();
 }
 
-Status Store::QueueUnpublished() {
-  MutexLock lock(&ns_mu_);
+void Publisher::Start() {
+  for (auto& r : remotes_) {
+    r->Start();
+    log_->info("writing back to {} (tier {}) as node {}", r->backend()->Describe(), r->tier() + 1,
+               node_id_);
+  }
+}
+
+void Publisher::StopRestores() {
+  // Restores queued and not begun are dropped (a later read asks again); the one running ends
+  // first. Reset outside the lock: a task takes it as it ends.
+  std::unique_ptr<ThreadPool> restores;
+  {
+    MutexLock lock(&restore_mu_);
+    restores = std::move(restore_pool_);
+  }
+  restores.reset();
+}
+
+void Publisher::StopTiers() {
+  for (auto& r : remotes_) r->Stop();
+}
+
+Status Publisher::QueueUnpublished() {
   ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
   std::vector<uint64_t> files;
   RETURN_IF_ERROR(txn.ForEachManifest([&](uint64_t ino, const Manifest&) { files.push_back(ino); }));
@@ -176,7 +197,7 @@ Status Store::QueueUnpublished() {
   return Status::Ok();
 }
 
-void Store::HoldUnpublished(uint64_t ino, uint64_t generation, const Manifest& m) {
+void Publisher::HoldUnpublished(uint64_t ino, uint64_t generation, const Manifest& m) {
   std::vector<ChunkId> ids;
   for (const Extent& e : m.extents()) {
     if (!e.hole()) ids.push_back(e.id);
@@ -188,7 +209,7 @@ void Store::HoldUnpublished(uint64_t ino, uint64_t generation, const Manifest& m
   unpublished_[ino].emplace_back(generation, std::move(ids));
 }
 
-void Store::ReleaseUnpublished(uint64_t ino) {
+void Publisher::ReleaseUnpublished(uint64_t ino) {
   bool gone = false;
   uint64_t published = 0;
   {
@@ -225,7 +246,7 @@ void Store::ReleaseUnpublished(uint64_t ino) {
   cache_->Unhold(ids);
 }
 
-void Store::RestoreNearer(const ChunkId& id, uint8_t missing, const ChunkRef& data) {
+void Publisher::RestoreNearer(const ChunkId& id, uint8_t missing, const ChunkRef& data) {
   uint8_t lost = 0;
   {
     // Only tiers this node counts as holding the chunk (a file it knows is there names it): one
@@ -245,7 +266,7 @@ void Store::RestoreNearer(const ChunkId& id, uint8_t missing, const ChunkRef& da
       if (!(lost & (1u << t)) || stopping_.load()) continue;  // closing: a later read asks again
       Status st = backends_[t]->Put(ChunkCache::ObjectKey(id), data->bytes.get(), data->size);
       if (st.ok()) {
-        metrics_.tier_chunks_restored.Add(1);
+        metrics_->tier_chunks_restored.Add(1);
         log_->info("chunk {} was missing from {}: put back from a farther tier", id.Hex(),
                    backends_[t]->Describe());
       } else {
@@ -258,16 +279,17 @@ void Store::RestoreNearer(const ChunkId& id, uint8_t missing, const ChunkRef& da
   });
 }
 
-void Store::KickRemote() {
+void Publisher::Kick() {
   for (auto& r : remotes_) r->Kick();
 }
 
-Status Store::QueueRemote(MetaStore::Txn& txn, const std::string& op) {
+Status Publisher::Queue(MetaStore::Txn& txn, const std::string& op) {
   if (remotes_.empty()) return Status::Ok();
   return txn.QueueRemoteOp(op).status();
 }
 
-Status Store::QueueTree(MetaStore::Txn& txn, uint64_t ino, const std::string& path, bool publish) {
+Status Publisher::QueueTree(MetaStore::Txn& txn, uint64_t ino, const std::string& path,
+                             bool publish) {
   if (remotes_.empty() || path.empty()) return Status::Ok();
   ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(ino));
   if (S_ISREG(rec.mode)) {
@@ -297,8 +319,8 @@ Status Store::QueueTree(MetaStore::Txn& txn, uint64_t ino, const std::string& pa
   return Status::Ok();
 }
 
-Result<std::string> Store::RemoteState(uint64_t ino) {
-  ASSIGN_OR_RETURN(std::vector<std::string> states, StatesOf(ino));
+Result<std::string> Publisher::RemoteState(uint64_t ino, bool dirty) {
+  ASSIGN_OR_RETURN(std::vector<std::string> states, StatesOf(ino, dirty));
   if (states.empty()) return std::string("local");
   for (const std::string& st : states) {
     if (st != "remote" && st != "dropped") return st;
@@ -306,8 +328,8 @@ Result<std::string> Store::RemoteState(uint64_t ino) {
   return std::string("remote");
 }
 
-Result<std::string> Store::TierStates(uint64_t ino) {
-  ASSIGN_OR_RETURN(std::vector<std::string> states, StatesOf(ino));
+Result<std::string> Publisher::TierStates(uint64_t ino, bool dirty) {
+  ASSIGN_OR_RETURN(std::vector<std::string> states, StatesOf(ino, dirty));
   std::string out = "{\"tiers\":[";
   for (size_t t = 0; t < states.size(); ++t) {
     out += std::string(t ? "," : "") + "{\"backend\":" + JsonQuote(backends_[t]->Identity()) +
@@ -316,11 +338,7 @@ Result<std::string> Store::TierStates(uint64_t ino) {
   return out + "]}";
 }
 
-Result<std::vector<std::string>> Store::StatesOf(uint64_t ino) {
-  const bool dirty = [&] {
-    auto f = files_.Find(ino);
-    return f && f->dirty;
-  }();
+Result<std::vector<std::string>> Publisher::StatesOf(uint64_t ino, bool dirty) {
   ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
   ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(ino));
   if (!S_ISREG(rec.mode)) return Invalid("only files have a remote state");
@@ -339,20 +357,6 @@ Result<std::vector<std::string>> Store::StatesOf(uint64_t ino) {
     }
   }
   return out;
-}
-
-void Store::SetChangeListener(ChangeListener fn) {
-  MutexLock lock(&listener_mu_);  // a retention pass (resumed seals) may read it already
-  on_change_ = std::move(fn);
-}
-
-void Store::TellChange(uint64_t parent, const std::string& name, uint64_t ino) {
-  ChangeListener tell;
-  {
-    MutexLock lock(&listener_mu_);
-    tell = on_change_;
-  }
-  if (tell) tell(parent, name, ino);
 }
 
 }  // namespace ckptfs

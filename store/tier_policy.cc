@@ -1,13 +1,5 @@
-// Store: the keep= policies of the nearer remote tiers (-o keep=N[+N...], keep_every=K[+K...]).
-// A file of a checkpoint past its tier's policy is dropped from that tier only: its record there
-// is deleted (a gc round of that tier then frees its chunks) and it is marked so that it is not
-// published there again. It stays readable through the farther tiers; the farthest tier keeps
-// everything (`ckptfs retain` deletes from the namespace itself).
-//
-// The checkpoints are found the way `ckptfs retain` finds them (store/retention.h): every
-// directory with subdirectories of a recognized layout (iter_*, global_step*, DCP step
-// directories) is a run; where the namespace has none, the top-level directories are the
-// checkpoints, by modification time.
+#include "store/tier_policy.h"
+
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 
@@ -15,23 +7,22 @@
 #include <utility>
 #include <vector>
 
-#include "store/remote_tier.h"
 #include "store/retention.h"
-#include "store/store.h"
 #include "store/tree_walk.h"
 
 namespace ckptfs {
 
-Status Store::ApplyTierPolicy(int tier) {
+Status ApplyTierPolicy(const Config& cfg, MetaStore& meta, Backend& backend, int tier,
+                       size_t tiers, Metrics& metrics, const Logger& log) {
   const size_t t = static_cast<size_t>(tier);
   RetentionPolicy policy;
-  policy.keep_last = t < cfg_.tier_keep.size() ? cfg_.tier_keep[t] : 0;
-  policy.keep_every = t < cfg_.tier_keep_every.size() ? cfg_.tier_keep_every[t] : 0;
+  policy.keep_last = t < cfg.tier_keep.size() ? cfg.tier_keep[t] : 0;
+  policy.keep_every = t < cfg.tier_keep_every.size() ? cfg.tier_keep_every[t] : 0;
   if (policy.keep_last == 0) return Status::Ok();  // keeps everything
   // The files to drop, with their paths, from one snapshot.
   std::vector<std::pair<uint64_t, std::string>> drop;
   {
-    ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
+    ASSIGN_OR_RETURN(auto txn, meta.Begin(false));
     std::vector<uint64_t> dirs;
     bool found_run = false;
     RETURN_IF_ERROR(FindDropped(txn, kRootIno, policy, 0, &found_run, &dirs));
@@ -48,7 +39,7 @@ Status Store::ApplyTierPolicy(int tier) {
         if (!published.ok() || *published == 0 || *published == kDroppedFromTier) return;
         // Only once every farther tier holds this version: a far tier that is down must not
         // leave the local tier as the file's only copy.
-        for (size_t far = t + 1; far < remotes_.size(); ++far) {
+        for (size_t far = t + 1; far < tiers; ++far) {
           auto there = txn.GetPublished(static_cast<int>(far), ino);
           if (!there.ok() || *there == 0 || *there < *published) return;
         }
@@ -56,22 +47,21 @@ Status Store::ApplyTierPolicy(int tier) {
       }));
     }
   }
-  Backend* backend = backends_[t].get();
   size_t dropped = 0;
   for (const auto& [ino, path] : drop) {
-    RETURN_IF_ERROR(backend->Delete("files/" + path));
-    ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
+    RETURN_IF_ERROR(backend.Delete("files/" + path));
+    ASSIGN_OR_RETURN(auto txn, meta.Begin(true));
     auto now = txn.PathOf(ino);
     // Moved since (a rename publishes it again under its new name): not this path's to mark.
     if (!now.ok() || *now != path) continue;
     RETURN_IF_ERROR(txn.PutPublished(tier, ino, kDroppedFromTier));
     RETURN_IF_ERROR(txn.Commit());
     ++dropped;
-    metrics_.tier_files_dropped.Add(1);
+    metrics.tier_files_dropped.Add(1);
   }
   if (dropped) {
-    log_->info("dropped {} files of checkpoints past keep={} from {} (tier {}); they stay in the "
-               "farther tiers", dropped, policy.keep_last, backend->Describe(), tier + 1);
+    log->info("dropped {} files of checkpoints past keep={} from {} (tier {}); they stay in the "
+              "farther tiers", dropped, policy.keep_last, backend.Describe(), tier + 1);
   }
   return Status::Ok();
 }
