@@ -520,6 +520,11 @@ Status Store::WarmCheckpoint(uint64_t ino, uint64_t dir, bool recursive) {
   return Prefetch(dir, recursive);
 }
 
+Result<Store::FsckReport> Store::Fsck(uint64_t ino, const FsckOptions& options) {
+  RETURN_IF_ERROR(SealAll());  // staged bytes are checked once they are chunks
+  return ckptfs::Fsck(meta_.get(), cache_.get(), publisher_.get(), log_).Run(ino, options);
+}
+
 Result<std::pair<uint64_t, std::string>> Store::ParentOf(uint64_t ino) {
   ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
   return txn.GetParent(ino);

@@ -71,6 +71,7 @@
 #include "store/meta_store.h"
 #include "store/open_file.h"
 #include "store/open_table.h"
+#include "store/fsck.h"
 #include "store/prefetcher.h"
 #include "store/publisher.h"
 #include "store/retention_pass.h"
@@ -289,36 +290,10 @@ class Store final {
   // in-memory lookup per chunk); staged files are sealed first.
   Result<CacheUsage> Cached(uint64_t ino);
 
-  // fsck (store/store_fsck.cc): checks the chunks of file `ino`, or of every file under
-  // directory `ino`, on the local tier and every remote tier, and (from the root) the chunk
-  // reference counts; and each tier's file records under the path. `deep` reads and verifies
-  // every chunk (local files, and tier objects by GET) instead of checking presence; `repair`
-  // refetches a missing or corrupt local chunk from the nearest tier with a good copy, puts a
-  // missing or corrupt tier chunk back from a verified local or other tier's copy, and
-  // publishes a bad or missing record again. Works on a live mount; staged files are sealed
-  // first.
-  struct FsckOptions {
-    bool deep = false;
-    bool repair = false;
-  };
-  struct FsckReport {
-    uint64_t files = 0, chunks = 0, bytes = 0;
-    uint64_t local_missing = 0, local_corrupt = 0, local_repaired = 0;
-    uint64_t remote_missing = 0, remote_corrupt = 0, remote_repaired = 0;
-    // The backend's files/ records under the path; bad ones queued for publishing again.
-    uint64_t records = 0, records_bad = 0, records_republished = 0;
-    uint64_t records_missing = 0;  // files a tier holds by this node's account, without a record
-    uint64_t refcount_errors = 0;           // chunk records whose count differs from the manifests'
-    uint64_t unreferenced_chunk_files = 0;  // on disk, named by no chunk record (from the root)
-    // Files with a chunk that no tier could supply after repair, by path (the first kMaxListed).
-    std::vector<std::string> damaged;
-    uint64_t damaged_files = 0;
-    std::vector<std::string> problems;  // what was found, one line each (the first kMaxListed)
-    static constexpr size_t kMaxListed = 100;
-    // Nothing missing or corrupt that is still so, no bad record, no refcount error.
-    bool Clean() const;
-    std::string Json() const;
-  };
+  // fsck (store/fsck.h): the chunks and records of file `ino`, or of everything under directory
+  // `ino`, on every tier; staged files are sealed first.
+  using FsckOptions = ckptfs::FsckOptions;
+  using FsckReport = ckptfs::FsckReport;
   Result<FsckReport> Fsck(uint64_t ino, const FsckOptions& options);
   // Stores (pin) or removes (kNoData if absent) the attribute kPinXattr ("1") of file or
   // directory `ino`, then hands the cache the chunks it must keep whatever cache_size says (of
@@ -374,8 +349,6 @@ class Store final {
   Status Recover(bool clean);
   // Attaches the remote tiers to the publisher, queues what they lack and starts them.
   Status AttachRemote(std::vector<std::unique_ptr<Backend>> tiers);
-  // fsck of tier `tier`'s records under `ino` (store_fsck.cc).
-  Status FsckRecords(int tier, uint64_t ino, const FsckOptions& options, FsckReport* r);
   // The tier other nodes' files are synced from: the farthest. REQUIRES: remote tiers.
   RemoteTier& sync_tier() { return publisher_->sync_tier(); }
   Backend& sync_backend() { return publisher_->sync_backend(); }

@@ -1,8 +1,6 @@
-// Store::Fsck: is every byte of the committed files where the store says it is? Local: each
-// chunk a manifest names is on the disk tier (or held by the backend, which lets the local copy
-// go) and, deep, verifies; from the root, each chunk record counts exactly the manifests'
-// references. Backend: each chunk the store marked as uploaded is there (HEAD; deep, GET and
-// verify), each files/ record decodes and checks itself. Repair uses the other copy.
+// Fsck (store/fsck.h): the chunks and records of the committed files, on every tier.
+#include "store/fsck.h"
+
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 
@@ -14,26 +12,25 @@
 
 #include "common/utf8.h"
 #include "store/remote_tier.h"
-#include "store/store.h"
 #include "store/tree_walk.h"
 
 namespace ckptfs {
 namespace {
 
-void Note(Store::FsckReport* r, std::string line) {
-  if (r->problems.size() < Store::FsckReport::kMaxListed) r->problems.push_back(std::move(line));
+void Note(FsckReport* r, std::string line) {
+  if (r->problems.size() < FsckReport::kMaxListed) r->problems.push_back(std::move(line));
 }
 
 }  // namespace
 
-bool Store::FsckReport::Clean() const {
+bool FsckReport::Clean() const {
   return local_missing + local_corrupt == local_repaired &&
          remote_missing + remote_corrupt == remote_repaired &&
          records_bad + records_missing == records_republished &&
          refcount_errors == 0 && damaged_files == 0;
 }
 
-std::string Store::FsckReport::Json() const {
+std::string FsckReport::Json() const {
   std::string out = "{\"clean\":" + std::string(Clean() ? "true" : "false");
   auto num = [&](const char* k, uint64_t v) {
     out += ",\"" + std::string(k) + "\":" + std::to_string(v);
@@ -64,8 +61,7 @@ std::string Store::FsckReport::Json() const {
   return out + "}";
 }
 
-Result<Store::FsckReport> Store::Fsck(uint64_t ino, const FsckOptions& options) {
-  RETURN_IF_ERROR(SealAll());  // staged bytes are checked once they are chunks
+Result<FsckReport> Fsck::Run(uint64_t ino, const FsckOptions& options) {
   FsckReport r;
   // The chunks under `ino`: their length, and their record as of this snapshot.
   std::map<ChunkId, std::pair<uint64_t, ChunkRecord>> chunks;
@@ -144,7 +140,7 @@ Result<Store::FsckReport> Store::Fsck(uint64_t ino, const FsckOptions& options) 
         ++r.local_missing;
         Note(&r, "chunk " + id.Hex() + " is missing from the local tier: " + local.ToString());
       }
-      if (options.repair && remote_tiers() > 0) {
+      if (options.repair && publisher_->tiers() > 0) {
         // From the nearest tier with a good copy: fetched, verified, kept on disk.
         Status got = cache_->Warm(id, len);
         if (got.ok()) got = cache_->Verify(id, len);  // and there now, whatever Warm believed
@@ -158,7 +154,7 @@ Result<Store::FsckReport> Store::Fsck(uint64_t ino, const FsckOptions& options) 
     }
     // Each tier: the chunks the store recorded as uploaded there.
     bool remote_has = false;
-    for (size_t t = 0; t < remote_tiers(); ++t) {
+    for (size_t t = 0; t < publisher_->tiers(); ++t) {
       if (!(rec.tiers & (1u << t))) continue;
       Backend& backend = publisher_->backend(t);
       const std::string key = ChunkCache::ObjectKey(id);
@@ -225,8 +221,8 @@ Result<Store::FsckReport> Store::Fsck(uint64_t ino, const FsckOptions& options) 
 
   // Each tier's records under the path: each must decode (it checks its own hash). A bad one is
   // published to that tier again from this node's copy when repairing and the node has the file.
-  for (size_t t = 0; t < remote_tiers(); ++t) {
-    RETURN_IF_ERROR(FsckRecords(static_cast<int>(t), ino, options, &r));
+  for (size_t t = 0; t < publisher_->tiers(); ++t) {
+    RETURN_IF_ERROR(Records(static_cast<int>(t), ino, options, &r));
   }
   log_->info("fsck of inode {}{}{}: {} files, {} chunks, {}", ino, options.deep ? " (deep)" : "",
              options.repair ? " (repair)" : "", r.files, r.chunks,
@@ -234,7 +230,7 @@ Result<Store::FsckReport> Store::Fsck(uint64_t ino, const FsckOptions& options) 
   return r;
 }
 
-Status Store::FsckRecords(int tier, uint64_t ino, const FsckOptions& options, FsckReport* r) {
+Status Fsck::Records(int tier, uint64_t ino, const FsckOptions& options, FsckReport* r) {
   Backend& backend = publisher_->backend(tier);
   std::string prefix = "files/", exact;
   // The files under the path that this tier holds by this node's account: each needs its record.
@@ -273,7 +269,7 @@ Status Store::FsckRecords(int tier, uint64_t ino, const FsckOptions& options, Fs
     RETURN_IF_ERROR(
         txn.QueueRemoteOpFor(tier, remote_op::PublishFile(file, rec.path_epoch)).status());
     RETURN_IF_ERROR(txn.Commit());
-    remote(tier)->Kick();
+    publisher_->remote(tier)->Kick();
     ++r->records_republished;
     return Status::Ok();
   };
@@ -298,12 +294,15 @@ Status Store::FsckRecords(int tier, uint64_t ino, const FsckOptions& options, Fs
     Note(r, key + " in " + backend.Describe() + ": " + st.ToString());
     if (!options.repair) continue;
     Result<uint64_t> file = kRootIno;
-    for (size_t at = 6; file.ok() && at <= key.size();) {
-      size_t slash = key.find('/', at);
-      if (slash == std::string::npos) slash = key.size();
-      auto entry = Lookup(*file, std::string_view(key).substr(at, slash - at));
-      file = entry.ok() ? Result<uint64_t>(entry->ino) : Result<uint64_t>(entry.status());
-      at = slash + 1;
+    {
+      ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
+      for (size_t at = 6; file.ok() && at <= key.size();) {
+        size_t slash = key.find('/', at);
+        if (slash == std::string::npos) slash = key.size();
+        auto entry = txn.GetEntry(*file, std::string_view(key).substr(at, slash - at));
+        file = entry.ok() ? Result<uint64_t>(entry->ino) : Result<uint64_t>(entry.status());
+        at = slash + 1;
+      }
     }
     if (file.ok()) {
       RETURN_IF_ERROR(republish(*file));
@@ -316,11 +315,11 @@ Status Store::FsckRecords(int tier, uint64_t ino, const FsckOptions& options, Fs
   // file this node published (its record in the farthest tier says so): the farthest tier's
   // listing is the namespace (a record gone there is a deletion another node made), and another
   // node's file may not have reached a nearer tier yet, or left it by its keep= policy.
-  const int sync = sync_tier().tier();
+  const int sync = publisher_->sync_tier().tier();
   for (const auto& [key, file] : expected) {
     if (tier >= sync) break;
     {
-      auto there = sync_backend().GetObject(key);
+      auto there = publisher_->sync_backend().GetObject(key);
       if (!there.ok()) continue;
       auto rec = FileRecord::Decode(*there);
       if (!rec.ok() || rec->origin != publisher_->node_id()) continue;
