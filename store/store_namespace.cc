@@ -359,75 +359,94 @@ Status Store::Rename(uint64_t parent, std::string_view name, uint64_t new_parent
   RETURN_IF_ERROR(CheckName(new_name));
   if (flags & ~(RENAME_NOREPLACE | RENAME_EXCHANGE)) return Invalid("unknown rename flags");
   std::vector<ChunkId> freed;
-  {
-    MutexLock lock(&ns_mu_);
-    ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
-    ASSIGN_OR_RETURN(InodeRecord src_dir, GetDir(txn, parent));
-    InodeRecord dst_dir_storage;
-    if (new_parent != parent) {
-      ASSIGN_OR_RETURN(dst_dir_storage, GetDir(txn, new_parent));
-    }
-    InodeRecord& dst_dir = new_parent != parent ? dst_dir_storage : src_dir;
-    ASSIGN_OR_RETURN(DirEntry se, txn.GetEntry(parent, name));
-    ASSIGN_OR_RETURN(InodeRecord src, txn.GetInode(se.ino));
-    auto de = txn.GetEntry(new_parent, new_name);
-    if (!de.ok() && de.status().code() != Code::kNotFound) return de.status();
-    const int64_t now = NowNs();
-    const bool src_is_dir = S_ISDIR(src.mode);
-    // The backend learns the move as: the old paths gone, then everything under its new path.
-    // A file that replaces another is simply published over it (no gap for other nodes).
-    RETURN_IF_ERROR(QueueTree(txn, src.ino, ChildPath(txn, parent, name), false));
-    if (de.ok() && (flags & RENAME_EXCHANGE || S_ISDIR(src.mode))) {
-      RETURN_IF_ERROR(QueueTree(txn, de->ino, ChildPath(txn, new_parent, new_name), false));
-    }
+  // A file replaced while its newest durable bytes (fsync'd in passthrough mode) are only in
+  // its staging file is sealed first, so that the fallback a not yet durable src keeps is that
+  // version and not an older one, or none (which would remove the name after a machine crash).
+  // A file a writer still has open is not sealed: after kSealTries the rename goes ahead, and
+  // its fallback is the replaced file's last sealed version.
+  constexpr int kSealTries = 8;
+  for (int attempt = 0;; ++attempt) {
+    uint64_t seal_first = 0;
+    Status done = [&]() -> Status {
+      MutexLock lock(&ns_mu_);
+      ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
+      ASSIGN_OR_RETURN(InodeRecord src_dir, GetDir(txn, parent));
+      InodeRecord dst_dir_storage;
+      if (new_parent != parent) {
+        ASSIGN_OR_RETURN(dst_dir_storage, GetDir(txn, new_parent));
+      }
+      InodeRecord& dst_dir = new_parent != parent ? dst_dir_storage : src_dir;
+      ASSIGN_OR_RETURN(DirEntry se, txn.GetEntry(parent, name));
+      ASSIGN_OR_RETURN(InodeRecord src, txn.GetInode(se.ino));
+      auto de = txn.GetEntry(new_parent, new_name);
+      if (!de.ok() && de.status().code() != Code::kNotFound) return de.status();
+      const int64_t now = NowNs();
+      const bool src_is_dir = S_ISDIR(src.mode);
+      // The backend learns the move as: the old paths gone, then everything under its new path.
+      // A file that replaces another is simply published over it (no gap for other nodes).
+      RETURN_IF_ERROR(QueueTree(txn, src.ino, ChildPath(txn, parent, name), false));
+      if (de.ok() && (flags & RENAME_EXCHANGE || S_ISDIR(src.mode))) {
+        RETURN_IF_ERROR(QueueTree(txn, de->ino, ChildPath(txn, new_parent, new_name), false));
+      }
 
-    if (flags & RENAME_EXCHANGE) {
-      if (!de.ok()) return de.status();
-      ASSIGN_OR_RETURN(InodeRecord dst, txn.GetInode(de->ino));
-      const bool dst_is_dir = S_ISDIR(dst.mode);
-      RETURN_IF_ERROR(txn.PutEntry(src_dir, name, dst.ino, dst.mode));
-      RETURN_IF_ERROR(txn.PutEntry(dst_dir, new_name, src.ino, src.mode));
-      if (new_parent != parent && src_is_dir != dst_is_dir) {
-        src_dir.nlink += src_is_dir ? -1 : 1;
-        dst_dir.nlink += src_is_dir ? 1 : -1;
-      }
-      src.ctime_ns = dst.ctime_ns = now;
-      RETURN_IF_ERROR(txn.PutInode(src));
-      RETURN_IF_ERROR(txn.PutInode(dst));
-    } else {
-      if (de.ok()) {
-        if (flags & RENAME_NOREPLACE) return Status(Code::kExists, std::string(new_name));
-        if (de->ino == src.ino) return Status::Ok();  // two names of one inode: nothing to do
+      if (flags & RENAME_EXCHANGE) {
+        if (!de.ok()) return de.status();
         ASSIGN_OR_RETURN(InodeRecord dst, txn.GetInode(de->ino));
-        if (S_ISDIR(dst.mode)) {
-          if (!src_is_dir) return Status(Code::kIsDir, std::string(new_name));
-          if (!txn.DirEmpty(dst.ino)) return Status(Code::kNotEmpty, std::string(new_name));
-          --dst_dir.nlink;
-        } else if (src_is_dir) {
-          return Status(Code::kNotDir, std::string(new_name));
+        const bool dst_is_dir = S_ISDIR(dst.mode);
+        RETURN_IF_ERROR(txn.PutEntry(src_dir, name, dst.ino, dst.mode));
+        RETURN_IF_ERROR(txn.PutEntry(dst_dir, new_name, src.ino, src.mode));
+        if (new_parent != parent && src_is_dir != dst_is_dir) {
+          src_dir.nlink += src_is_dir ? -1 : 1;
+          dst_dir.nlink += src_is_dir ? 1 : -1;
         }
-        // A replace by rename keeps the replaced bytes until src's are durable.
-        RETURN_IF_ERROR(fallbacks_->FallBackToReplaced(txn, src, dst, &freed));
-        RETURN_IF_ERROR(DropLink(txn, dst, &freed));
+        src.ctime_ns = dst.ctime_ns = now;
+        RETURN_IF_ERROR(txn.PutInode(src));
+        RETURN_IF_ERROR(txn.PutInode(dst));
+      } else {
+        if (de.ok()) {
+          if (flags & RENAME_NOREPLACE) return Status(Code::kExists, std::string(new_name));
+          if (de->ino == src.ino) return Status::Ok();  // two names of one inode: nothing to do
+          ASSIGN_OR_RETURN(InodeRecord dst, txn.GetInode(de->ino));
+          if (S_ISDIR(dst.mode)) {
+            if (!src_is_dir) return Status(Code::kIsDir, std::string(new_name));
+            if (!txn.DirEmpty(dst.ino)) return Status(Code::kNotEmpty, std::string(new_name));
+            --dst_dir.nlink;
+          } else if (src_is_dir) {
+            return Status(Code::kNotDir, std::string(new_name));
+          }
+          if (S_ISREG(dst.mode) && attempt < kSealTries) {
+            ASSIGN_OR_RETURN(auto dst_staged, txn.GetStaged(dst.ino));
+            if (dst_staged && dst_staged->durable) {
+              seal_first = dst.ino;
+              return Status::Ok();  // the transaction aborts; sealed, the rename runs again
+            }
+          }
+          // A replace by rename keeps the replaced bytes until src's are durable.
+          RETURN_IF_ERROR(fallbacks_->FallBackToReplaced(txn, src, dst, &freed));
+          RETURN_IF_ERROR(DropLink(txn, dst, &freed));
+        }
+        RETURN_IF_ERROR(txn.DelEntry(parent, name));
+        RETURN_IF_ERROR(txn.PutEntry(dst_dir, new_name, src.ino, src.mode));
+        if (src_is_dir && new_parent != parent) {
+          --src_dir.nlink;
+          ++dst_dir.nlink;
+        }
+        src.ctime_ns = now;
+        RETURN_IF_ERROR(txn.PutInode(src));
       }
-      RETURN_IF_ERROR(txn.DelEntry(parent, name));
-      RETURN_IF_ERROR(txn.PutEntry(dst_dir, new_name, src.ino, src.mode));
-      if (src_is_dir && new_parent != parent) {
-        --src_dir.nlink;
-        ++dst_dir.nlink;
+      src_dir.mtime_ns = src_dir.ctime_ns = now;
+      dst_dir.mtime_ns = dst_dir.ctime_ns = now;
+      RETURN_IF_ERROR(txn.PutInode(src_dir));
+      if (new_parent != parent) RETURN_IF_ERROR(txn.PutInode(dst_dir));
+      RETURN_IF_ERROR(QueueTree(txn, src.ino, ChildPath(txn, new_parent, new_name), true));
+      if (de.ok() && (flags & RENAME_EXCHANGE)) {
+        RETURN_IF_ERROR(QueueTree(txn, de->ino, ChildPath(txn, parent, name), true));
       }
-      src.ctime_ns = now;
-      RETURN_IF_ERROR(txn.PutInode(src));
-    }
-    src_dir.mtime_ns = src_dir.ctime_ns = now;
-    dst_dir.mtime_ns = dst_dir.ctime_ns = now;
-    RETURN_IF_ERROR(txn.PutInode(src_dir));
-    if (new_parent != parent) RETURN_IF_ERROR(txn.PutInode(dst_dir));
-    RETURN_IF_ERROR(QueueTree(txn, src.ino, ChildPath(txn, new_parent, new_name), true));
-    if (de.ok() && (flags & RENAME_EXCHANGE)) {
-      RETURN_IF_ERROR(QueueTree(txn, de->ino, ChildPath(txn, parent, name), true));
-    }
-    RETURN_IF_ERROR(txn.Commit());
+      return txn.Commit();
+    }();
+    RETURN_IF_ERROR(done);
+    if (!seal_first) break;
+    RETURN_IF_ERROR(EnsureSealed(seal_first));
   }
   publisher_->Kick();
   chunks_->Reclaim(freed);
