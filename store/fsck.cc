@@ -1,4 +1,4 @@
-// Fsck (store/fsck.h): the chunks and records of the committed files, on every tier.
+// FsckPass (store/fsck.h): the chunks and records of the committed files, on every tier.
 #include "store/fsck.h"
 
 #include <spdlog/spdlog.h>
@@ -61,7 +61,7 @@ std::string FsckReport::Json() const {
   return out + "}";
 }
 
-Result<FsckReport> Fsck::Run(uint64_t ino, const FsckOptions& options) {
+Result<FsckReport> FsckPass::Run(uint64_t ino, const FsckOptions& options) {
   FsckReport r;
   // The chunks under `ino`: their length, and their record as of this snapshot.
   std::map<ChunkId, std::pair<uint64_t, ChunkRecord>> chunks;
@@ -230,7 +230,7 @@ Result<FsckReport> Fsck::Run(uint64_t ino, const FsckOptions& options) {
   return r;
 }
 
-Status Fsck::Records(int tier, uint64_t ino, const FsckOptions& options, FsckReport* r) {
+Status FsckPass::Records(int tier, uint64_t ino, const FsckOptions& options, FsckReport* r) {
   Backend& backend = publisher_->backend(tier);
   std::string prefix = "files/", exact;
   // The files under the path that this tier holds by this node's account: each needs its record.

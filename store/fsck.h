@@ -1,13 +1,14 @@
-// Fsck: is every byte of the committed files where the store says it is? It checks the chunks of
-// file `ino`, or of every file under directory `ino`, on the local tier and every remote tier,
-// and (from the root) the chunk reference counts; and each tier's file records under the path.
+// FsckPass: is every byte of the committed files where the store says it is? It checks the
+// chunks of file `ino`, or of every file under directory `ino`, on the local tier and every
+// remote tier, and (from the root) the chunk reference counts; and each tier's file records
+// under the path.
 // `deep` reads and verifies every chunk (local files, and tier objects by GET) instead of
 // checking presence; `repair` refetches a missing or corrupt local chunk from the nearest tier
 // with a good copy, puts a missing or corrupt tier chunk back from a verified local or other
 // tier's copy, and publishes a bad or missing record again. Works on a live mount; the caller
 // seals staged files first (Store::Fsck), so that their bytes are checked as chunks.
 //
-// Locks: Fsck owns no state and holds no lock of its own. It reads LMDB in read transactions,
+// Locks: FsckPass owns no state and holds no lock of its own. It reads LMDB in read transactions,
 // and calls ChunkCache and the Publisher, which take their own (leaf) locks. A republish
 // (repair) writes one LMDB transaction of its own, queueing the file's publish op for that tier,
 // without the store's namespace lock, as it did inside the Store; LMDB's single writer orders it
@@ -52,10 +53,10 @@ struct FsckReport {
   std::string Json() const;
 };
 
-class Fsck {
+class FsckPass {
  public:
   // All outlive this.
-  Fsck(MetaStore* meta, ChunkCache* cache, Publisher* publisher, Logger log)
+  FsckPass(MetaStore* meta, ChunkCache* cache, Publisher* publisher, Logger log)
       : meta_(meta), cache_(cache), publisher_(publisher), log_(std::move(log)) {}
 
   Result<FsckReport> Run(uint64_t ino, const FsckOptions& options);

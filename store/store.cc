@@ -133,7 +133,9 @@ Result<std::unique_ptr<Store>> Store::Open(const Config& cfg, PayloadScannerFact
           .rmdir = [p](uint64_t parent, std::string_view name) { return p->Rmdir(parent, name); },
           .busy = [p](uint64_t ino) { return p->Busy(ino); },
           .ensure_sealed = [p](uint64_t ino) { return p->EnsureSealed(ino); },
-          .forget = [p](uint64_t parent, const std::string& name) { p->TellChange(parent, name, 0); },
+          .forget = [p](uint64_t parent, const std::string& name) {
+            p->TellChange(parent, name, 0);
+          },
       });
   s->fallbacks_ = std::make_unique<Fallbacks>(s->meta_.get(), s->cache_.get(), s->chunks_.get(),
                                               s->ns_mu_, s->log_, s->boot_id_,
@@ -522,7 +524,7 @@ Status Store::WarmCheckpoint(uint64_t ino, uint64_t dir, bool recursive) {
 
 Result<Store::FsckReport> Store::Fsck(uint64_t ino, const FsckOptions& options) {
   RETURN_IF_ERROR(SealAll());  // staged bytes are checked once they are chunks
-  return ckptfs::Fsck(meta_.get(), cache_.get(), publisher_.get(), log_).Run(ino, options);
+  return FsckPass(meta_.get(), cache_.get(), publisher_.get(), log_).Run(ino, options);
 }
 
 Result<std::pair<uint64_t, std::string>> Store::ParentOf(uint64_t ino) {

@@ -167,7 +167,8 @@ Status Store::PunchHole(uint64_t ino, uint64_t offset, uint64_t len, uint64_t fh
     RETURN_IF_ERROR(EnsureWriter(ino, *f));
     RETURN_IF_ERROR(f->writer->PunchHole(offset, len));
     std::lock_guard q(f->qmu);
-    if (!f->dirty) f->data_bytes = f->committed_data;  // the punched bytes still count until the commit
+    // The punched bytes still count until the commit.
+    if (!f->dirty) f->data_bytes = f->committed_data;
     f->mtime_ns = NowNs();
     f->dirty = true;
     if (fh) f->session.insert(fh);
