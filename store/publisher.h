@@ -5,7 +5,7 @@
 // nearer tier the chunks a read found missing there (RestoreNearer), and says what each tier
 // holds of a file (RemoteState, TierStates). It also owns the namespace's journal in the
 // farthest tier (store/journal.h), which that tier appends to and the namespace sync reads.
-// Applying what other nodes published is the store's namespace sync (store_sync.cc).
+// Applying what other nodes published is the store's namespace sync (store/namespace_sync.h).
 //
 // Thread-safe once Attach returned. Which lock guards what:
 //   unpublished_mu_  unpublished_ (the versions whose chunks are held until every tier has them).

@@ -140,6 +140,15 @@ Result<std::unique_ptr<Store>> Store::Open(const Config& cfg, PayloadScannerFact
   s->fallbacks_ = std::make_unique<Fallbacks>(s->meta_.get(), s->cache_.get(), s->chunks_.get(),
                                               s->ns_mu_, s->log_, s->boot_id_,
                                               s->cfg_.settle_interval_s);
+  s->sync_ = std::make_unique<NamespaceSync>(
+      s->cfg_, s->meta_.get(), s->publisher_.get(), &s->files_, s->cache_.get(), s->chunks_.get(),
+      s->fallbacks_.get(), s->ns_mu_, s->log_,
+      NamespaceSync::Hooks{
+          .drop_link = [p](MetaStore::Txn& txn, InodeRecord& rec, std::vector<ChunkId>* freed)
+              REQUIRES(p->ns_mu_) { return p->DropLink(txn, rec, freed); },
+          .tell_change = [p](uint64_t parent, const std::string& name,
+                             uint64_t ino) { p->TellChange(parent, name, ino); },
+      });
   s->scanners_ = std::move(scanners);
   Status st = s->Recover(clean);
   if (!st.ok()) {
@@ -215,9 +224,8 @@ Store::Gauges Store::gauges() {
       g.tier_errors.push_back(failing ? last.ToString() : "");
     }
   }
-  const int mode = sync_mode_.load();
-  g.sync_mode = mode == 1 ? "journal" : mode == 2 ? "listing" : "";
-  g.journal_entry = sync_journal_entry_.load();
+  g.sync_mode = sync_->mode();
+  g.journal_entry = sync_->journal_entry();
   return g;
 }
 
@@ -368,6 +376,18 @@ Result<std::string> Store::RemoteState(uint64_t ino) {
 Result<std::string> Store::TierStates(uint64_t ino) {
   return publisher_->TierStates(ino, Uncommitted(files_, ino));
 }
+
+Status Store::SyncFromRemote(const SyncProgress& progress, bool* listed) {
+  return sync_->SyncFromRemote(progress, listed);
+}
+
+Status Store::InitialSync(double timeout_s, const SyncProgress& progress) {
+  return sync_->InitialSync(timeout_s, progress);
+}
+
+void Store::StartSync() { sync_->Start(); }
+
+void Store::StopSync() { sync_->Stop(); }
 
 void Store::SetChangeListener(ChangeListener fn) {
   MutexLock lock(&listener_mu_);  // a retention pass (resumed seals) may read it already

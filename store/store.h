@@ -5,6 +5,7 @@
 // Thread-safe. Lock order, outermost first:
 //   OpenFile::mu (one file's bytes)  ->  OpenFile::qmu (its write queue)
 //   OpenFile::mu  ->  ns_mu_ (namespace changes and commits)  ->  the leaves
+//   the namespace sync's pass_mu_ (one sync pass at a time, store/namespace_sync.h)  ->  ns_mu_
 // qmu is never held while taking mu or ns_mu_. The leaves, under which no other store lock is
 // taken: the open-file table's lock (store/open_table.h), LocalChunks' holds_mu_ (chunk holds
 // and reclamation, store/local_chunks.h), the Publisher's unpublished_mu_ and restore_mu_
@@ -12,7 +13,7 @@
 // pin_mu_ -> mu_ (store/prefetcher.h; a reader asks for chunks under its file's mu), the
 // retention passes' queue lock (store/retention_pass.h), listener_mu_ and the settle thread's
 // settle_mu_ (store/fallbacks.h; the fallbacks' changes run under ns_mu_, and their settle pass
-// takes it).
+// takes it), the sync thread's stop_mu_ (store/namespace_sync.h).
 // Reads of metadata use LMDB read transactions and take no store lock.
 //
 // Waits: no lock that another file's operation could need (ns_mu_, the open-file table's,
@@ -69,6 +70,7 @@
 #include "store/journal.h"
 #include "store/local_chunks.h"
 #include "store/meta_store.h"
+#include "store/namespace_sync.h"
 #include "store/open_file.h"
 #include "store/open_table.h"
 #include "store/fsck.h"
@@ -250,7 +252,7 @@ class Store final {
   // sync_interval; tests call it directly.
   // `progress`, when given, is told (entries applied or found current, entries listed) as the
   // pass goes, at most every 256 entries.
-  using SyncProgress = std::function<void(size_t done, size_t total)>;
+  using SyncProgress = NamespaceSync::Progress;
   // `listed` (optional) tells whether the backend's listing succeeded: the errors returned then
   // are of single entries.
   Status SyncFromRemote(const SyncProgress& progress = nullptr, bool* listed = nullptr);
@@ -476,17 +478,6 @@ class Store final {
   // Waits until the local tier has room for `len` more bytes of chunks the backend does not
   // hold yet (cache_size); kNoSpace after remote_timeout.
   Status WaitForRoom(size_t len);
-  // The namespace sync's steps (store_sync.cc).
-  void SyncLoop();
-  // `gc_generation`: RemoteTier::gc_generation() before the record was read.
-  Status ApplyRemoteFile(const std::string& path, const FileRecord& r, uint64_t gc_generation);
-  Status ApplyRemoteDelete(const std::string& path);
-  Status ApplyRemoteDir(const std::string& path);
-  Status ApplyRemoteRmdir(const std::string& path);
-  // REQUIRES: inside a write txn. The directory at `dirs` (path components) below the root,
-  // made where missing; kExists when a component is not a directory.
-  Result<uint64_t> MakeDirsForRemote(MetaStore::Txn& txn, const std::vector<std::string>& dirs,
-                                     std::vector<std::pair<uint64_t, std::string>>* created);
 
   const Config cfg_;
   PayloadScannerFactory scanners_;  // set once in Open, before any file is written
@@ -522,32 +513,6 @@ class Store final {
   Mutex listener_mu_;
   ChangeListener on_change_ GUARDED_BY(listener_mu_);
   void TellChange(uint64_t parent, const std::string& name, uint64_t ino);
-  // The namespace sync: its thread, and what it has applied (sync thread only): for each
-  // files/<path> and dirs/<path> key, the object version seen.
-  std::thread sync_thread_;
-  std::mutex sync_mu_;
-  std::condition_variable sync_cv_;
-  bool sync_stop_ = false;  // guarded by sync_mu_
-  std::map<std::string, std::string> synced_;
-  // Of the namespace's journal (store/journal.h, publisher_->journal()) in the farthest tier:
-  // the entry the sync has read up to (none: the next pass lists everything), keys whose
-  // application is to be tried again, and when the last full listing was (sync thread only).
-  std::optional<uint64_t> journal_cursor_;
-  std::optional<bool> journal_exclusive_;  // the backend refuses a second create (probed once)
-  std::vector<std::string> journal_retry_;  // in the order they failed, each once
-  std::set<std::string> journal_retry_set_;  // the same keys, to find them
-  void RetryKey(const std::string& key);
-  std::set<std::string> journal_damaged_;  // damaged records already reported
-  // What gauges() shows of the sync thread's state: 0 no pass yet, 1 journal, 2 listing.
-  std::atomic<int> sync_mode_{0};
-  std::atomic<uint64_t> sync_journal_entry_{0};
-  std::chrono::steady_clock::time_point last_full_sync_;
-  // One full pass (a listing of files/ and dirs/), and one pass over the journal's new entries
-  // (*gap: the entries after the cursor are gone; relist).
-  Status FullSync(const SyncProgress& progress, bool* listed);
-  Status JournalSync(bool* gap);
-  // Applies the bucket's current state of one key (files/<path> or dirs/<path>).
-  Status SyncKey(const std::string& key);
   // Last members: destroyed first, so their threads are joined before anything they use goes.
   // chunks_: the local tier's chunks as every FileWriter of the store sees them (its ChunkSink),
   // and the writers' holds (store/local_chunks.h); made in Open once the cache is open. Its put
@@ -561,6 +526,11 @@ class Store final {
   // before Recover. Its thread starts once the store is open and stops in Close before the
   // final syncs.
   std::unique_ptr<Fallbacks> fallbacks_;
+  // The namespace sync (store/namespace_sync.h): its passes and its thread, which Close stops.
+  // Made in Open with fallbacks_; declared after everything it uses (the publisher, the local
+  // chunks, the fallbacks, the open files, ns_mu_, and through its hooks DropLink and
+  // TellChange), so that it is destroyed, its thread joined, before they go.
+  std::unique_ptr<NamespaceSync> sync_;
   std::unique_ptr<ThreadPool> read_pool_;
   std::unique_ptr<ThreadPool> write_pool_;
   // Seals of staged files (store_staged.cc); stopped first at Close (what is left resumes at the

@@ -9,8 +9,10 @@
 #include <lmdb.h>
 #include <sys/stat.h>
 
+#include <atomic>
 #include <functional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -167,6 +169,34 @@ TEST_F(RemoteTierTest, CommittedFilesReachTheOtherNode) {
   ASSERT_TRUE(a->remote()->Drain(30).ok());
   ASSERT_TRUE(b->SyncFromRemote().ok());
   EXPECT_EQ(Find(*b, {"ck"}), 0u);
+}
+
+TEST_F(RemoteTierTest, SyncPassesOnTwoThreadsTakeTurns) {
+  // SyncFromRemote is public: the sync thread, InitialSync, tests and the sync bench run passes.
+  // Passes called at once run one after the other (store/namespace_sync.h), and together they
+  // apply everything the other node published.
+  auto a = OpenStore("a"), b = OpenStore("b");
+  constexpr int kFiles = 12;
+  std::vector<Bytes> data;
+  for (int i = 0; i < kFiles; ++i) data.push_back(test::RandomBytes(40 << 10, 100 + i));
+  std::atomic<bool> done{false};
+  auto passes = [&] {
+    while (!done.load()) EXPECT_TRUE(b->SyncFromRemote().ok());
+  };
+  std::thread t1(passes), t2(passes);
+  for (int i = 0; i < kFiles; ++i) {
+    Write(*a, kRootIno, "f" + std::to_string(i), data[i]);
+    ASSERT_TRUE(a->remote()->Drain(30).ok());
+  }
+  done = true;
+  t1.join();
+  t2.join();
+  ASSERT_TRUE(b->SyncFromRemote().ok());
+  for (int i = 0; i < kFiles; ++i) {
+    const uint64_t ino = Find(*b, {"f" + std::to_string(i)});
+    ASSERT_NE(ino, 0u) << i;
+    EXPECT_EQ(Read(*b, ino), data[i]);
+  }
 }
 
 TEST_F(RemoteTierTest, RenameWhilePublishingPublishesTheNewName) {

@@ -1,5 +1,7 @@
-// Store: applying what other nodes published to the farthest tier (the namespace sync): the
-// sync thread, its passes over the change journal or a full listing, and the records they apply.
+// NamespaceSync (store/namespace_sync.h): the sync thread, its passes over the change journal or
+// a full listing, and the records they apply.
+#include "store/namespace_sync.h"
+
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -9,38 +11,60 @@
 #include <map>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
-#include "store/remote_tier.h"
-#include "store/store.h"
+#include "store/chunk_refs.h"
+#include "store/store.h"  // NowNs
 
 namespace ckptfs {
 
-void Store::StartSync() {
-  if (remote_tiers() == 0 || cfg_.sync_interval_s <= 0 || sync_thread_.joinable()) return;
-  sync_thread_ = std::thread([this] { SyncLoop(); });
+NamespaceSync::NamespaceSync(const Config& cfg, MetaStore* meta, Publisher* publisher,
+                             OpenTable* files, ChunkCache* cache, LocalChunks* chunks,
+                             Fallbacks* fallbacks, Mutex& ns_mu, Logger log, Hooks hooks)
+    : cfg_(cfg),
+      meta_(meta),
+      publisher_(publisher),
+      files_(files),
+      cache_(cache),
+      chunks_(chunks),
+      fallbacks_(fallbacks),
+      ns_mu_(ns_mu),
+      log_(std::move(log)),
+      hooks_(std::move(hooks)) {}
+
+NamespaceSync::~NamespaceSync() { Stop(); }
+
+std::string NamespaceSync::mode() const {
+  const int mode = mode_.load();
+  return mode == 1 ? "journal" : mode == 2 ? "listing" : "";
 }
 
-void Store::StopSync() {
+void NamespaceSync::Start() {
+  if (publisher_->tiers() == 0 || cfg_.sync_interval_s <= 0 || thread_.joinable()) return;
+  thread_ = std::thread([this] { Loop(); });
+}
+
+void NamespaceSync::Stop() {
   {
-    std::lock_guard lock(sync_mu_);
-    sync_stop_ = true;
+    MutexLock lock(&stop_mu_);
+    stop_ = true;
   }
-  sync_cv_.notify_all();
-  if (sync_thread_.joinable()) sync_thread_.join();
+  stop_cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
 }
 
-void Store::SyncLoop() {
+void NamespaceSync::Loop() {
   int failures = 0;
   for (;;) {
-    Status st = SyncFromRemote();
+    Status st = SyncFromRemote(nullptr, nullptr);
     if (!st.ok() && failures++ % 30 == 0) {
       log_->warn("syncing from {}: {}", sync_backend().Describe(), st.ToString());
     }
     if (st.ok()) failures = 0;
-    std::unique_lock lock(sync_mu_);
+    MutexLock lock(&stop_mu_);
     const auto wait = std::chrono::milliseconds(static_cast<int64_t>(cfg_.sync_interval_s * 1000));
-    if (sync_cv_.wait_for(lock, wait, [&] { return sync_stop_; })) return;
+    if (stop_cv_.wait_for(lock.native(), wait, [&]() REQUIRES(stop_mu_) { return stop_; })) return;
   }
 }
 
@@ -71,8 +95,8 @@ std::vector<std::string> Components(const std::string& path) {
 
 }  // namespace
 
-Status Store::InitialSync(double timeout_s, const SyncProgress& progress) {
-  if (remote_tiers() == 0) return Status::Ok();
+Status NamespaceSync::InitialSync(double timeout_s, const Progress& progress) {
+  if (publisher_->tiers() == 0) return Status::Ok();
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
   auto backoff = std::chrono::milliseconds(200);
@@ -96,8 +120,9 @@ Status Store::InitialSync(double timeout_s, const SyncProgress& progress) {
   }
 }
 
-Status Store::SyncFromRemote(const SyncProgress& progress, bool* listed) {
-  if (remote_tiers() == 0) return Status::Ok();
+Status NamespaceSync::SyncFromRemote(const Progress& progress, bool* listed) {
+  if (publisher_->tiers() == 0) return Status::Ok();
+  MutexLock pass(&pass_mu_);  // one pass at a time, whoever runs it
   if (!journal_exclusive_ && cfg_.sync_full_interval_s > 0) {
     // The journal's numbers rest on exclusive creates; a gateway that ignores If-None-Match
     // would let two writers take one number and hide an entry. Then every pass lists.
@@ -117,7 +142,7 @@ Status Store::SyncFromRemote(const SyncProgress& progress, bool* listed) {
     }
   }
   const bool journal = cfg_.sync_full_interval_s > 0 && journal_exclusive_.value_or(false);
-  sync_mode_ = journal ? 1 : 2;
+  mode_ = journal ? 1 : 2;
   const auto now = std::chrono::steady_clock::now();
   const bool due = !journal ||
                    now - last_full_sync_ >= std::chrono::duration<double>(cfg_.sync_full_interval_s);
@@ -144,12 +169,12 @@ Status Store::SyncFromRemote(const SyncProgress& progress, bool* listed) {
   if (ok_listing && journal) {
     journal_cursor_ = head;
     last_full_sync_ = now;
-    sync_journal_entry_ = head;
+    journal_entry_ = head;
   }
   return st;
 }
 
-Status Store::JournalSync(bool* gap) {
+Status NamespaceSync::JournalSync(bool* gap) {
   ASSIGN_OR_RETURN(NamespaceJournal::Batch b, publisher_->journal()->ReadAfter(*journal_cursor_));
   if (b.gap) {
     *gap = true;
@@ -185,15 +210,15 @@ Status Store::JournalSync(bool* gap) {
     if (st.code() != Code::kBusy && first.ok()) first = Status(st.code(), key + ": " + st.message());
   }
   journal_cursor_ = b.last;
-  sync_journal_entry_ = b.last;
+  journal_entry_ = b.last;
   return first;
 }
 
-void Store::RetryKey(const std::string& key) {
+void NamespaceSync::RetryKey(const std::string& key) {
   if (journal_retry_set_.insert(key).second) journal_retry_.push_back(key);
 }
 
-Status Store::SyncKey(const std::string& key) {
+Status NamespaceSync::SyncKey(const std::string& key) {
   if (key.rfind("dirs/", 0) == 0) {
     auto h = sync_backend().Head(key);
     if (h.ok()) {
@@ -230,7 +255,7 @@ Status Store::SyncKey(const std::string& key) {
   return ApplyRemoteFile(key.substr(6), *rec, gc_generation);
 }
 
-Status Store::FullSync(const SyncProgress& progress, bool* listed) {
+Status NamespaceSync::FullSync(const Progress& progress, bool* listed) {
   // One listing of each tree; what changed since the last pass is applied.
   std::map<std::string, std::string> seen;
   for (const char* tree : {"dirs/", "files/"}) {
@@ -241,7 +266,7 @@ Status Store::FullSync(const SyncProgress& progress, bool* listed) {
   }
   if (listed) *listed = true;
   Status first;
-  auto note = [&](const Status& st, const std::string& key) {
+  auto note = [&](const Status& st, const std::string& key) REQUIRES(pass_mu_) {
     if (st.ok()) return;
     RetryKey(key);  // the passes over the journal try it again
     if (first.ok()) first = Status(st.code(), key + ": " + st.message());
@@ -302,7 +327,7 @@ Status Store::FullSync(const SyncProgress& progress, bool* listed) {
   return first;
 }
 
-Status Store::ApplyRemoteRmdir(const std::string& path) {
+Status NamespaceSync::ApplyRemoteRmdir(const std::string& path) {
   std::vector<std::string> parts = Components(path);
   uint64_t parent = kRootIno;
   {
@@ -320,20 +345,20 @@ Status Store::ApplyRemoteRmdir(const std::string& path) {
     --dir.nlink;
     dir.mtime_ns = dir.ctime_ns = NowNs();
     RETURN_IF_ERROR(txn.PutInode(dir));
-    RETURN_IF_ERROR(DropLink(txn, rec, nullptr));
+    RETURN_IF_ERROR(hooks_.drop_link(txn, rec, nullptr));
     for (int t = 0; t < sync_tier().tier(); ++t) {
       RETURN_IF_ERROR(txn.QueueRemoteOpFor(t, remote_op::UnpublishDir(path)).status());
     }
     RETURN_IF_ERROR(txn.Commit());
   }
   if (sync_tier().tier() > 0) publisher_->Kick();
-  TellChange(parent, parts.back(), 0);
+  hooks_.tell_change(parent, parts.back(), 0);
   return Status::Ok();
 }
 
-Result<uint64_t> Store::MakeDirsForRemote(MetaStore::Txn& txn,
-                                          const std::vector<std::string>& dirs,
-                                          std::vector<std::pair<uint64_t, std::string>>* created) {
+Result<uint64_t> NamespaceSync::MakeDirsForRemote(
+    MetaStore::Txn& txn, const std::vector<std::string>& dirs,
+    std::vector<std::pair<uint64_t, std::string>>* created) {
   uint64_t parent = kRootIno;
   for (const std::string& name : dirs) {
     if (name.empty() || name == "." || name == ".." || name.size() > 255) {
@@ -365,7 +390,7 @@ Result<uint64_t> Store::MakeDirsForRemote(MetaStore::Txn& txn,
   return parent;
 }
 
-Status Store::ApplyRemoteDir(const std::string& path) {
+Status NamespaceSync::ApplyRemoteDir(const std::string& path) {
   std::vector<std::pair<uint64_t, std::string>> created;
   {
     MutexLock lock(&ns_mu_);
@@ -375,13 +400,13 @@ Status Store::ApplyRemoteDir(const std::string& path) {
     RETURN_IF_ERROR(txn.Commit());
   }
   for (const auto& [parent, name] : created) {
-    TellChange(parent, name, 0);
+    hooks_.tell_change(parent, name, 0);
   }
   return Status::Ok();
 }
 
-Status Store::ApplyRemoteFile(const std::string& path, const FileRecord& r,
-                              uint64_t gc_generation) {
+Status NamespaceSync::ApplyRemoteFile(const std::string& path, const FileRecord& r,
+                                      uint64_t gc_generation) {
   const int sync = sync_tier().tier();
   std::vector<std::string> parts = Components(path);
   const std::string name = parts.back();
@@ -403,7 +428,7 @@ Status Store::ApplyRemoteFile(const std::string& path, const FileRecord& r,
       ASSIGN_OR_RETURN(rec, txn.GetInode(e->ino));
       if (!S_ISREG(rec.mode)) return Status(Code::kExists, path + " is not a file here");
       // Open here: applied at a later pass, once nobody here has it open.
-      if (files_.IsOpen(rec.ino)) return Status(Code::kBusy, path + " is open");
+      if (files_->IsOpen(rec.ino)) return Status(Code::kBusy, path + " is open");
       ASSIGN_OR_RETURN(auto staged, txn.GetStaged(rec.ino));
       if (staged) return Status(Code::kBusy, path + " has staged bytes not yet sealed");
       ASSIGN_OR_RETURN(uint64_t published, txn.GetPublished(sync, rec.ino));
@@ -458,12 +483,12 @@ Status Store::ApplyRemoteFile(const std::string& path, const FileRecord& r,
     if (marked && !x.hole()) cache_->MarkRemote(x.id, sync);
   }
   chunks_->Reclaim(freed);
-  for (const auto& [p, n] : created) TellChange(p, n, 0);
-  TellChange(parent, name, ino);
+  for (const auto& [p, n] : created) hooks_.tell_change(p, n, 0);
+  hooks_.tell_change(parent, name, ino);
   return Status::Ok();
 }
 
-Status Store::ApplyRemoteDelete(const std::string& path) {
+Status NamespaceSync::ApplyRemoteDelete(const std::string& path) {
   const int sync = sync_tier().tier();
   std::vector<std::string> parts = Components(path);
   std::vector<ChunkId> freed;
@@ -487,7 +512,7 @@ Status Store::ApplyRemoteDelete(const std::string& path) {
     dir.mtime_ns = dir.ctime_ns = NowNs();
     RETURN_IF_ERROR(txn.PutInode(dir));
     RETURN_IF_ERROR(txn.DelPublished(rec.ino));
-    RETURN_IF_ERROR(DropLink(txn, rec, &freed));
+    RETURN_IF_ERROR(hooks_.drop_link(txn, rec, &freed));
     // The nearer tiers may hold it from this node (its publish there may even land after the
     // deletion reached the farthest tier): it goes from them too, after whatever is queued.
     for (int t = 0; t < sync; ++t) {
@@ -498,7 +523,7 @@ Status Store::ApplyRemoteDelete(const std::string& path) {
   }
   if (sync > 0) publisher_->Kick();
   chunks_->Reclaim(freed);
-  TellChange(parent, parts.back(), 0);
+  hooks_.tell_change(parent, parts.back(), 0);
   (void)ino;
   return Status::Ok();
 }
