@@ -80,7 +80,7 @@ class Fallbacks {
   struct RecoverHooks {
     // The staging rule (Store::StagedSurvives): a staged record's bytes survived the stop.
     std::function<bool(const StagedRecord&, bool clean)> staged_survives;
-    // The path of the staging file named `name` (Store::StagePath).
+    // The path of the staging file named `name` (StagePath, store/staged_meta.h).
     std::function<std::string(const std::string& name)> stage_path;
     // Removes a new file's entry and inode (Store::RemoveUnborn).
     std::function<Status(MetaStore::Txn&, const InodeRecord&, std::vector<ChunkId>*)> remove_unborn;

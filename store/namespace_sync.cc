@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "store/chunk_refs.h"
-#include "store/store.h"  // NowNs
+#include "store/staged_meta.h"
 
 namespace ckptfs {
 

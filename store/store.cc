@@ -58,12 +58,6 @@ bool Uncommitted(OpenTable& files, uint64_t ino) {
 
 }  // namespace
 
-int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
 Result<std::unique_ptr<Store>> Store::Open(const Config& cfg, PayloadScannerFactory scanners,
                                            std::unique_ptr<Backend> backend) {
   std::vector<std::unique_ptr<Backend>> tiers;
@@ -279,7 +273,7 @@ Status Store::Recover(bool clean) {
   // files (store_staged.cc), sealed once the store is open.
   Fallbacks::RecoverHooks hooks;
   hooks.staged_survives = [this](const StagedRecord& r, bool c) { return StagedSurvives(r, c); };
-  hooks.stage_path = [this](const std::string& name) { return StagePath(name); };
+  hooks.stage_path = [this](const std::string& name) { return StagePath(cfg_.cache_dir, name); };
   hooks.remove_unborn = [this](MetaStore::Txn& t, const InodeRecord& rec,
                                std::vector<ChunkId>* f) REQUIRES(ns_mu_) {
     return RemoveUnborn(t, rec, f);
@@ -413,7 +407,7 @@ Status Store::DeleteInode(MetaStore::Txn& txn, const InodeRecord& rec,
   ASSIGN_OR_RETURN(auto staged, txn.GetStaged(rec.ino));
   if (staged) {
     RETURN_IF_ERROR(txn.DelStaged(rec.ino));
-    ::unlink(StagePath(staged->name).c_str());
+    ::unlink(StagePath(cfg_.cache_dir, staged->name).c_str());
   }
   RETURN_IF_ERROR(txn.DelSymlink(rec.ino));
   RETURN_IF_ERROR(txn.DelAllXattrs(rec.ino));

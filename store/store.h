@@ -77,6 +77,7 @@
 #include "store/prefetcher.h"
 #include "store/publisher.h"
 #include "store/retention_pass.h"
+#include "store/staged_meta.h"
 
 namespace ckptfs {
 
@@ -411,8 +412,6 @@ class Store final {
   // (fn returns 0 or an errno) and returns true; `bytes`: fn changes its bytes (a new version,
   // committed and sealed like a close when no writer has it open). False, untouched, otherwise.
   Result<bool> ChangeStaged(uint64_t ino, const std::function<int(int fd)>& fn, bool bytes);
-  // REQUIRES: inside txn. Shows a staged file's size and time in rec.
-  Status OverlayStaged(MetaStore::Txn& txn, InodeRecord* rec);
   // Queues a seal of ino (pinning the file until it ran).
   void ScheduleSeal(uint64_t ino);
   // Cuts the staged bytes of ino into chunks and commits them. REQUIRES: f pinned.
@@ -425,7 +424,6 @@ class Store final {
   // `clean`: the last stop was clean (it synced every staging file).
   Result<std::vector<uint64_t>> RecoverStaged(MetaStore::Txn& txn, bool clean,
                                               std::vector<ChunkId>* freed) REQUIRES(ns_mu_);
-  std::string StagePath(const std::string& name) const;
   // Recovery's rule for a staged record: its staging file is there whole, and its bytes reached
   // the disk (fsync, this boot, or a clean stop since).
   bool StagingFilePresent(const StagedRecord& r) const;
@@ -549,14 +547,5 @@ class Store final {
   std::once_flag prefetch_once_;
   std::unique_ptr<Prefetcher> prefetch_;
 };
-
-// Wall-clock time in nanoseconds since the epoch.
-int64_t NowNs();
-// This boot's id (/proc/sys/kernel/random/boot_id; $CKPTFS_BOOT_ID instead when set, for tests
-// that stand for a machine crash by restarting on a copy of the disk).
-std::string CurrentBootId();
-// A staging file's modification time, and the bytes it holds (st_blocks; at most its size).
-int64_t MtimeNs(const struct stat& st);
-uint64_t DataBytes(const struct stat& st);
 
 }  // namespace ckptfs

@@ -28,9 +28,7 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <optional>
 #include <unordered_set>
 
@@ -47,27 +45,6 @@ namespace {
 constexpr auto kReleaseWait = std::chrono::seconds(2);
 
 }  // namespace
-
-int64_t MtimeNs(const struct stat& st) {
-  return int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec;
-}
-
-uint64_t DataBytes(const struct stat& st) {
-  return std::min<uint64_t>(static_cast<uint64_t>(st.st_blocks) * 512,
-                            static_cast<uint64_t>(st.st_size));
-}
-
-std::string CurrentBootId() {
-  if (const char* forced = std::getenv("CKPTFS_BOOT_ID"); forced && *forced) return forced;
-  std::ifstream in("/proc/sys/kernel/random/boot_id");
-  std::string id;
-  std::getline(in, id);
-  return id;
-}
-
-std::string Store::StagePath(const std::string& name) const {
-  return cfg_.cache_dir + "/passthrough/" + name;
-}
 
 Result<Store::StagedOpen> Store::OpenStaged(uint64_t ino, OpenFile& f, bool write, bool truncate,
                                             uint64_t fh, int* passthrough_fd) {
@@ -98,8 +75,8 @@ Result<Store::StagedOpen> Store::OpenStaged(uint64_t ino, OpenFile& f, bool writ
       if (!CheckRoom(0).ok() && replaces.empty()) return StagedOpen::kNo;
       auto stage = std::make_unique<OpenFile::Stage>();
       stage->name = std::to_string(ino) + "." + std::to_string(NowNs());
-      stage->fd = ::open(StagePath(stage->name).c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC,
-                         0600);
+      stage->fd = ::open(StagePath(cfg_.cache_dir, stage->name).c_str(),
+                         O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
       if (stage->fd < 0) {
         return Status::FromErrno(errno, "create of a staging file for inode " + std::to_string(ino));
       }
@@ -221,7 +198,8 @@ Status Store::StageCommit(uint64_t ino, OpenFile& f, bool durable) {
   s.stamp = stamp;
   if (durable) RETURN_IF_ERROR(meta_->Sync());
   if (!s.replaces.empty()) {
-    ::unlink(StagePath(s.replaces).c_str());  // the version this one replaced, after the commit
+    // the version this one replaced, after the commit
+    ::unlink(StagePath(cfg_.cache_dir, s.replaces).c_str());
     s.replaces.clear();
   }
   f.unborn = false;
@@ -261,7 +239,7 @@ Result<bool> Store::ReleaseStaged(uint64_t ino, OpenFile& f, uint64_t fh) {
 }
 
 void Store::DropStage(uint64_t ino, OpenFile& f) {
-  ::unlink(StagePath(f.stage->name).c_str());
+  ::unlink(StagePath(cfg_.cache_dir, f.stage->name).c_str());
   f.stage.reset();  // closes it
   files_.MarkStale(ino);
 }
@@ -327,7 +305,7 @@ Status Store::Seal(uint64_t ino, OpenFile& f, bool wait_release) {
       fd = ::dup(f.stage->fd);
       epoch = f.stage->epoch;
     } else {
-      fd = ::open(StagePath(rec->name).c_str(), O_RDONLY | O_CLOEXEC);
+      fd = ::open(StagePath(cfg_.cache_dir, rec->name).c_str(), O_RDONLY | O_CLOEXEC);
     }
     if (fd < 0) {
       return Status::FromErrno(errno, "open of the staging file of inode " + std::to_string(ino));
@@ -400,7 +378,7 @@ Status Store::Seal(uint64_t ino, OpenFile& f, bool wait_release) {
       if (f.stage->handles.empty()) DropStage(ino, f);
     } else {
       // A version being replaced by a new writer's staging file, or one nobody opened.
-      ::unlink(StagePath(rec->name).c_str());
+      ::unlink(StagePath(cfg_.cache_dir, rec->name).c_str());
       if (f.stage && f.stage->replaces == rec->name) f.stage->replaces.clear();
     }
     return Status::Ok();
@@ -433,16 +411,6 @@ Result<bool> Store::ChangeStaged(uint64_t ino, const std::function<int(int fd)>&
   return true;
 }
 
-Status Store::OverlayStaged(MetaStore::Txn& txn, InodeRecord* rec) {
-  if (!S_ISREG(rec->mode)) return Status::Ok();
-  ASSIGN_OR_RETURN(auto staged, txn.GetStaged(rec->ino));
-  if (!staged) return Status::Ok();
-  rec->size = staged->size;
-  rec->data_bytes = staged->data_bytes;
-  rec->mtime_ns = rec->ctime_ns = staged->mtime_ns;
-  return Status::Ok();
-}
-
 Status Store::EnsureSealed(uint64_t ino) {
   {
     ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
@@ -462,7 +430,7 @@ Status Store::LoadStage(uint64_t ino, OpenFile& f) {
   if (!rec) return Status::Ok();
   auto stage = std::make_unique<OpenFile::Stage>();
   stage->name = rec->name;
-  stage->fd = ::open(StagePath(rec->name).c_str(), O_RDWR | O_CLOEXEC);
+  stage->fd = ::open(StagePath(cfg_.cache_dir, rec->name).c_str(), O_RDWR | O_CLOEXEC);
   if (stage->fd < 0) {
     return Status::FromErrno(errno, "open of the staging file of inode " + std::to_string(ino));
   }
@@ -474,7 +442,8 @@ Status Store::LoadStage(uint64_t ino, OpenFile& f) {
 
 bool Store::StagingFilePresent(const StagedRecord& r) const {
   struct stat st;
-  return ::stat(StagePath(r.name).c_str(), &st) == 0 && static_cast<uint64_t>(st.st_size) == r.size;
+  return ::stat(StagePath(cfg_.cache_dir, r.name).c_str(), &st) == 0 &&
+         static_cast<uint64_t>(st.st_size) == r.size;
 }
 
 bool Store::StagedSurvives(const StagedRecord& r, bool clean) const {
