@@ -66,6 +66,17 @@ struct OpenFile {
   // size (an overwrite counts twice until the commit; a hole made by extending counts none).
   std::atomic<uint64_t> data_bytes{0};
   std::atomic<int64_t> mtime_ns{0};
+  // REQUIRES: qmu held. GetAttr's size and st_blocks bytes become the committed ones.
+  void ShowCommitted() {
+    size = committed_size;
+    data_bytes = committed_data;
+  }
+  // REQUIRES: qmu held. After a commit or a dropped session: the file stays dirty while writes
+  // acknowledged since wait in the queue, else shows its committed bytes again.
+  void EndSession() {
+    dirty = queued_bytes > 0;
+    if (!dirty) ShowCommitted();
+  }
 
   // Passthrough (store_staged.cc), guarded by mu: the staging file that holds the newest bytes
   // while the kernel reads and writes it directly, and the handles served from it.

@@ -363,6 +363,8 @@ class Store final {
     uint64_t size = 0;
     int64_t mtime_ns = 0;
     uint64_t data_bytes = 0;  // st_blocks' bytes (OpenFile::data_bytes, or the staging file's)
+    // The staging file the kernel writes in passthrough mode (OpenFile::writing_fd), if any.
+    std::shared_ptr<const int> staged;
   };
   OverlayState TakeOverlay(uint64_t ino);
   static void ApplyOverlay(const OverlayState& o, InodeRecord* rec);

@@ -30,18 +30,17 @@ Result<bool> Store::Busy(uint64_t ino) {
 
 Store::OverlayState Store::TakeOverlay(uint64_t ino) {
   OverlayState o;
-  std::shared_ptr<const int> staged;
   if (auto f = files_.Find(ino)) {
     std::lock_guard q(f->qmu);
     o.dirty = f->dirty;
     o.size = f->size;
     o.data_bytes = std::min(f->data_bytes.load(), o.size);
     o.mtime_ns = f->mtime_ns;
-    staged = f->writing_fd;
+    o.staged = f->writing_fd;
   }
   // Being written by the kernel in passthrough mode: its staging file says what the file holds.
   struct stat st;
-  if (staged && ::fstat(*staged, &st) == 0) {
+  if (o.staged && ::fstat(*o.staged, &st) == 0) {
     o.dirty = true;
     o.size = static_cast<uint64_t>(st.st_size);
     o.mtime_ns = MtimeNs(st);
@@ -96,10 +95,7 @@ Status Store::Open(uint64_t ino, bool truncate, uint64_t* fh, bool* keep_cache, 
       std::lock_guard q(f->qmu);
       f->committed_size = rec.size;
       f->committed_data = rec.data_bytes;
-      if (!f->dirty) {
-        f->size = rec.size;
-        f->data_bytes = rec.data_bytes;
-      }
+      if (!f->dirty) f->ShowCommitted();
     }
     if (!truncate || !S_ISREG(rec.mode)) return Status::Ok();
     RETURN_IF_ERROR(EnsureWriter(ino, *f));
@@ -236,10 +232,7 @@ Status Store::Write(uint64_t ino, uint64_t offset, const uint8_t* data, size_t l
   queued = true;  // Drain gives the budget back
   f->queued_bytes += len;
   if (fh) f->session.insert(fh);
-  if (!f->dirty) {  // a new session starts from the committed bytes
-    f->size = f->committed_size;
-    f->data_bytes = f->committed_data;
-  }
+  if (!f->dirty) f->ShowCommitted();  // a new session starts from the committed bytes
   f->size = std::max(f->size.load(), offset + len);
   f->data_bytes = std::min(f->data_bytes.load() + len, f->size.load());
   f->mtime_ns = NowNs();
@@ -508,11 +501,7 @@ Status Store::CommitOrDrop(uint64_t ino, OpenFile& f, bool durable) {
     f.manifest = nullptr;
     {
       std::lock_guard q(f.qmu);
-      f.dirty = f.queued_bytes > 0;
-      if (!f.dirty) {
-        f.size = f.committed_size;
-        f.data_bytes = f.committed_data;
-      }
+      f.EndSession();
     }
     chunks_->ReleaseHolds(writer->held());
     files_.MarkStale(ino);  // the kernel may cache the dropped bytes
@@ -562,11 +551,7 @@ Status Store::Commit(uint64_t ino, OpenFile& f, bool durable) {
       f.committed_size = committed_size;
       f.committed_data = committed_data;
     }
-    f.dirty = f.queued_bytes > 0;
-    if (!f.dirty) {
-      f.size = f.committed_size;
-      f.data_bytes = f.committed_data;
-    }
+    f.EndSession();
   }
   if (!st.ok()) files_.MarkStale(ino);
   chunks_->ReleaseHolds(writer->held());
@@ -615,24 +600,16 @@ Status Store::CommitManifestTxn(MetaStore::Txn& txn, uint64_t ino, const Manifes
 }
 
 Result<std::optional<uint64_t>> Store::Seek(uint64_t ino, uint64_t offset, bool data) {
-  std::shared_ptr<const int> staged;
-  bool dirty = false;
-  uint64_t size = 0;
-  if (auto f = files_.Find(ino)) {
-    std::lock_guard q(f->qmu);
-    dirty = f->dirty;
-    size = f->size;
-    staged = f->writing_fd;
-  }
-  if (staged) {  // its file position is not used: the kernel and the store read at offsets
+  const OverlayState o = TakeOverlay(ino);
+  if (const auto& staged = o.staged) {  // its file position is not used: the kernel and the store read at offsets
     const off_t at = ::lseek(*staged, static_cast<off_t>(offset), data ? SEEK_DATA : SEEK_HOLE);
     if (at >= 0) return std::optional<uint64_t>(static_cast<uint64_t>(at));
     if (errno == ENXIO) return std::optional<uint64_t>();
     return Status::FromErrno(errno, "lseek in the staging file of inode " + std::to_string(ino));
   }
-  if (dirty) {
-    if (offset >= size) return std::optional<uint64_t>();
-    return std::optional<uint64_t>(data ? offset : size);
+  if (o.dirty) {
+    if (offset >= o.size) return std::optional<uint64_t>();
+    return std::optional<uint64_t>(data ? offset : o.size);
   }
   ASSIGN_OR_RETURN(auto m, CommittedManifest(ino));
   return m->Seek(offset, data);
