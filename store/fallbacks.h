@@ -78,7 +78,7 @@ class Fallbacks {
   // What recovery asks of the rest of the store; each runs inside Recover's txn, with ns_mu_
   // held (Store::Recover passes them).
   struct RecoverHooks {
-    // The staging rule (Store::StagedSurvives): a staged record's bytes survived the stop.
+    // The staging rule (Staging::StagedSurvives): a staged record's bytes survived the stop.
     std::function<bool(const StagedRecord&, bool clean)> staged_survives;
     // The path of the staging file named `name` (StagePath, store/staged_meta.h).
     std::function<std::string(const std::string& name)> stage_path;

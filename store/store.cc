@@ -108,6 +108,7 @@ Result<std::unique_ptr<Store>> Store::Open(const Config& cfg, PayloadScannerFact
   auto meta = MetaStore::Open(dir + "/meta", kMetaMapBytes);
   if (!meta.ok()) return fail(meta.status());
   std::unique_ptr<Store> s(new Store(cfg, std::move(*engine), nullptr, std::move(*meta), lock_fd));
+  const std::string boot_id = CurrentBootId();
   auto cache = ChunkCache::Open(dir, s->engine_.get(), cfg.ram_cache_bytes, &s->metrics_);
   if (!cache.ok()) {
     s->closed_ = true;
@@ -132,7 +133,7 @@ Result<std::unique_ptr<Store>> Store::Open(const Config& cfg, PayloadScannerFact
           },
       });
   s->fallbacks_ = std::make_unique<Fallbacks>(s->meta_.get(), s->cache_.get(), s->chunks_.get(),
-                                              s->ns_mu_, s->log_, s->boot_id_,
+                                              s->ns_mu_, s->log_, boot_id,
                                               s->cfg_.settle_interval_s);
   s->sync_ = std::make_unique<NamespaceSync>(
       s->cfg_, s->meta_.get(), s->publisher_.get(), &s->files_, s->cache_.get(), s->chunks_.get(),
@@ -144,6 +145,23 @@ Result<std::unique_ptr<Store>> Store::Open(const Config& cfg, PayloadScannerFact
                              uint64_t ino) { p->TellChange(parent, name, ino); },
       });
   s->scanners_ = std::move(scanners);
+  s->staging_ = std::make_unique<Staging>(
+      s->cfg_, s->meta_.get(), &s->files_, s->chunks_.get(), s->cache_.get(), s->publisher_.get(),
+      &s->metrics_, s->log_, s->ns_mu_, &s->reorder_budget_, s->cut_pool_.get(), s->scanners_,
+      boot_id,
+      Staging::Hooks{
+          .check_room = [p] { return p->CheckRoom(0); },
+          .commit_manifest = [p](MetaStore::Txn& txn, uint64_t ino, const Manifest& m,
+                                 int64_t mtime, bool durable, std::vector<ChunkId>* freed)
+              REQUIRES(p->ns_mu_) {
+                return p->CommitManifestTxn(txn, ino, m, mtime, durable, freed);
+              },
+          .remove_unborn = [p](MetaStore::Txn& txn, const InodeRecord& rec,
+                               std::vector<ChunkId>* freed)
+              REQUIRES(p->ns_mu_) { return p->RemoveUnborn(txn, rec, freed); },
+          .reap_if_orphan = [p](uint64_t ino) { return p->ReapIfOrphan(ino); },
+          .note_committed = [p](uint64_t ino) { p->retention_->NoteCommitted(ino); },
+      });
   Status st = s->Recover(clean);
   if (!st.ok()) {
     s->closed_ = true;
@@ -165,12 +183,7 @@ Result<std::unique_ptr<Store>> Store::Open(const Config& cfg, PayloadScannerFact
       s->log_->warn("loading pins (user.ckptfs.pin): {}", pins.ToString());
     }
   }
-  if (!s->resume_seals_.empty()) {
-    s->log_->info("{} files closed before the last stop are cut into chunks in the background",
-                  s->resume_seals_.size());
-  }
-  for (uint64_t ino : s->resume_seals_) s->ScheduleSeal(ino);
-  s->resume_seals_.clear();
+  s->staging_->ResumeSeals();
   s->fallbacks_->Start();
   std::string pid = std::to_string(::getpid()) + "\n";
   if (::ftruncate(lock_fd, 0) == 0) {
@@ -191,9 +204,7 @@ Store::Store(Config cfg, std::unique_ptr<IoEngine> engine, std::unique_ptr<Chunk
       reorder_budget_(cfg_.write_memory_bytes / 2),
       cut_pool_(cfg_.cut_threads ? std::make_unique<ThreadPool>(cfg_.cut_threads) : nullptr),
       read_pool_(std::make_unique<ThreadPool>(cfg_.read_threads)),
-      write_pool_(std::make_unique<ThreadPool>(cfg_.write_threads)),
-      boot_id_(CurrentBootId()),
-      seal_pool_(std::make_unique<ThreadPool>(cfg_.write_threads)) {}
+      write_pool_(std::make_unique<ThreadPool>(cfg_.write_threads)) {}
 
 Store::Gauges Store::gauges() {
   Gauges g;
@@ -270,9 +281,11 @@ Status Store::Recover(bool clean) {
     RETURN_IF_ERROR(txn.DelOrphan(ino));
   }
   // Files whose newest version a machine crash may have lost (store/fallbacks.h), then staged
-  // files (store_staged.cc), sealed once the store is open.
+  // files (store/staging.h), sealed once the store is open.
   Fallbacks::RecoverHooks hooks;
-  hooks.staged_survives = [this](const StagedRecord& r, bool c) { return StagedSurvives(r, c); };
+  hooks.staged_survives = [this](const StagedRecord& r, bool c) {
+    return staging_->StagedSurvives(r, c);
+  };
   hooks.stage_path = [this](const std::string& name) { return StagePath(cfg_.cache_dir, name); };
   hooks.remove_unborn = [this](MetaStore::Txn& t, const InodeRecord& rec,
                                std::vector<ChunkId>* f) REQUIRES(ns_mu_) {
@@ -282,7 +295,7 @@ Status Store::Recover(bool clean) {
     return QueueRemote(t, op);
   };
   RETURN_IF_ERROR(fallbacks_->Recover(txn, clean, hooks, &freed));
-  ASSIGN_OR_RETURN(resume_seals_, RecoverStaged(txn, clean, &freed));
+  RETURN_IF_ERROR(staging_->RecoverStaged(txn, clean, &freed));
   std::unordered_map<ChunkId, uint64_t, ChunkIdHash> referenced;
   if (!clean) {
     RETURN_IF_ERROR(txn.ForEachChunk(
@@ -313,8 +326,7 @@ Status Store::Close() {
   // A retention pass deletes through the namespace: the one running ends first, the queued ones
   // are dropped, and commits from here on (the files still open) queue none.
   if (retention_) retention_->Stop();
-  seals_stopped_ = true;
-  seal_pool_.reset();
+  staging_->StopSeals();
   fallbacks_->Stop();  // the final syncs below make every version durable
   publisher_->StopRestores();
   // Uploads still queued stay in LMDB and resume at the next mount.
@@ -326,7 +338,7 @@ Status Store::Close() {
     WaitDrained(*f);
     std::lock_guard lock(f->mu);
     if (f->stage && f->stage->writers > 0) {
-      Status st = StageCommit(ino, *f, false);  // a writer still open at the stop
+      Status st = staging_->StageCommit(ino, *f, false);  // a writer still open at the stop
       if (!st.ok() && first.ok()) first = st;
     }
     Status st = CommitOrDrop(ino, *f, false);
@@ -462,6 +474,16 @@ Status Store::ReapIfOrphan(uint64_t ino) {
 }
 
 Status Store::Settle() { return fallbacks_->Settle(); }
+
+// --- staged files and their seals: Staging (store/staging.h) ---
+
+Status Store::EnsureSealed(uint64_t ino) { return staging_->EnsureSealed(ino); }
+
+Status Store::SealAll() { return staging_->SealAll(); }
+
+Result<bool> Store::ChangeStaged(uint64_t ino, const std::function<int(int fd)>& fn, bool bytes) {
+  return staging_->ChangeStaged(ino, fn, bytes);
+}
 
 Result<struct statvfs> Store::StatFs() {
   struct statvfs st;

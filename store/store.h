@@ -3,6 +3,7 @@
 // local tier (cache/chunk_cache.h) and come back through manifests.
 //
 // Thread-safe. Lock order, outermost first:
+//   OpenFile::seal_mu (one seal of a file, store/staging.h)  ->  OpenFile::mu
 //   OpenFile::mu (one file's bytes)  ->  OpenFile::qmu (its write queue)
 //   OpenFile::mu  ->  ns_mu_ (namespace changes and commits)  ->  the leaves
 //   the namespace sync's pass_mu_ (one sync pass at a time, store/namespace_sync.h)  ->  ns_mu_
@@ -13,7 +14,8 @@
 // pin_mu_ -> mu_ (store/prefetcher.h; a reader asks for chunks under its file's mu), the
 // retention passes' queue lock (store/retention_pass.h), listener_mu_ and the settle thread's
 // settle_mu_ (store/fallbacks.h; the fallbacks' changes run under ns_mu_, and their settle pass
-// takes it), the sync thread's stop_mu_ (store/namespace_sync.h).
+// takes it), the sync thread's stop_mu_ (store/namespace_sync.h), the seal pool's queue
+// (store/staging.h; seals are queued under a file's mu).
 // Reads of metadata use LMDB read transactions and take no store lock.
 //
 // Waits: no lock that another file's operation could need (ns_mu_, the open-file table's,
@@ -78,6 +80,7 @@
 #include "store/publisher.h"
 #include "store/retention_pass.h"
 #include "store/staged_meta.h"
+#include "store/staging.h"
 
 namespace ckptfs {
 
@@ -179,7 +182,7 @@ class Store final {
   // any write, so a crash before then leaves the previous version. *keep_cache: whether the
   // kernel may keep the pages it has cached for the file.
   //
-  // Passthrough (store_staged.cc): when `passthrough_fd` is given (the mount can open files in
+  // Passthrough (store/staging.h): when `passthrough_fd` is given (the mount can open files in
   // FUSE passthrough mode) the store may serve this handle from a staging file on the local
   // tier, which the kernel then reads and writes itself; *passthrough_fd is set to its
   // descriptor (owned by the store, open until this handle's Release), else to -1. `write`: the
@@ -388,48 +391,8 @@ class Store final {
   void Drain(uint64_t ino, const std::shared_ptr<OpenFile>& f);
   // Waits until every queued write of f is applied. REQUIRES: f.mu not held.
   void WaitDrained(OpenFile& f);
-  // Passthrough (store_staged.cc). REQUIRES: f.mu held. Serves handle fh from f's staging file
-  // when the kernel allows it (no handle uses the page cache); true when it does.
-  enum class StagedOpen { kNo, kYes, kSealFirst };
-  Result<StagedOpen> OpenStaged(uint64_t ino, OpenFile& f, bool write, bool truncate,
-                                uint64_t fh, int* passthrough_fd);
-  // REQUIRES: f.mu held. Records f's staging file as the file's newest bytes (close; fsync
-  // with `durable`: its bytes are synced first and the record after).
-  Status StageCommit(uint64_t ino, OpenFile& f, bool durable);
-  // Release of a handle served by passthrough; false when fh is not one.
-  Result<bool> ReleaseStaged(uint64_t ino, OpenFile& f, uint64_t fh);
-  // REQUIRES: lock holds f.mu. Before a reader is served from f's staging file: when a commit of
-  // its bytes failed (Stage::failed) and writers still hold it, waits for their releases (up to
-  // kReleaseWait), which drop those bytes, so that the reader gets the committed version; kIo
-  // if they are still held then.
-  Status WaitFailedRelease(uint64_t ino, OpenFile& f, std::unique_lock<std::mutex>& lock);
-  // REQUIRES: f.mu held. Sets or clears f.writing_fd as f's stage has writers or not.
-  static void TrackWriters(OpenFile& f);
-  // REQUIRES: f.mu held. Opens the staging file of ino's staged record into f.stage, unless
-  // f.stage is set or nothing is staged.
-  Status LoadStage(uint64_t ino, OpenFile& f);
-  // REQUIRES: f.mu held, f.stage set, no handle of it. Closes and removes the staging file.
-  void DropStage(uint64_t ino, OpenFile& f);
-  // When ino's staging file is in use by the kernel (passthrough handles open), applies fn to it
-  // (fn returns 0 or an errno) and returns true; `bytes`: fn changes its bytes (a new version,
-  // committed and sealed like a close when no writer has it open). False, untouched, otherwise.
+  // Staging::ChangeStaged, for SetAttr and PunchHole (store_namespace.cc).
   Result<bool> ChangeStaged(uint64_t ino, const std::function<int(int fd)>& fn, bool bytes);
-  // Queues a seal of ino (pinning the file until it ran).
-  void ScheduleSeal(uint64_t ino);
-  // Cuts the staged bytes of ino into chunks and commits them. REQUIRES: f pinned.
-  // wait_release: when every writer of the live staging file has closed it and only their
-  // releases are outstanding, wait for them (up to kReleaseWait) and seal, so that a reader
-  // after a close sees that close's bytes. Without it such a file is left to its release.
-  Status Seal(uint64_t ino, OpenFile& f, bool wait_release = false);
-  // At open: drops staged records whose bytes did not survive (see StagedRecord) and returns
-  // the inodes whose staged bytes are to be sealed. REQUIRES: inside txn, ns_mu_ held.
-  // `clean`: the last stop was clean (it synced every staging file).
-  Result<std::vector<uint64_t>> RecoverStaged(MetaStore::Txn& txn, bool clean,
-                                              std::vector<ChunkId>* freed) REQUIRES(ns_mu_);
-  // Recovery's rule for a staged record: its staging file is there whole, and its bytes reached
-  // the disk (fsync, this boot, or a clean stop since).
-  bool StagingFilePresent(const StagedRecord& r) const;
-  bool StagedSurvives(const StagedRecord& r, bool clean) const;
   // The commit's metadata: m replaces ino's manifest (mtime, a new generation), its staged
   // record and new-file mark go, and the backend is told. REQUIRES: ns_mu_ held, inside txn.
   // `durable`: m's chunks are synced (fsync), so the file needs no fallback (its own goes).
@@ -499,7 +462,6 @@ class Store final {
   // The files in use (store/open_table.h), with the handle numbers and the files whose pages
   // the kernel may cache stale.
   OpenTable files_;
-  std::atomic<uint64_t> stage_epoch_{0};  // Stage::epoch values, unique across stages
   std::atomic<uint64_t> unstored_bytes_{0};  // acknowledged writes still in queues
   std::atomic<bool> full_logged_{false};
   // The remote tiers: their backends, workers and queues (store/publisher.h); made in Open
@@ -533,12 +495,13 @@ class Store final {
   std::unique_ptr<NamespaceSync> sync_;
   std::unique_ptr<ThreadPool> read_pool_;
   std::unique_ptr<ThreadPool> write_pool_;
-  // Seals of staged files (store_staged.cc); stopped first at Close (what is left resumes at the
-  // next mount).
-  std::atomic<bool> seals_stopped_{false};
-  std::string boot_id_;
-  std::vector<uint64_t> resume_seals_;  // staged at the last stop; sealed once open
-  std::unique_ptr<ThreadPool> seal_pool_;
+  // Staged files and their seals (store/staging.h); made in Open before Recover (which recovers
+  // the staged records through it). Its seal pool is stopped first at Close (what is left
+  // resumes at the next mount). Declared after what its seals use (the cut pool, the local
+  // chunks, the publisher, the open files, ns_mu_, the budgets), so that it is destroyed, its
+  // pool joined, before they go; retention_, which its hooks reach, goes before it, but Close
+  // has stopped the seals by then (and before Open ends no seal is queued).
+  std::unique_ptr<Staging> staging_;
   // The passes of user.ckptfs.retain (store/retention_pass.h), which a commit that completes a
   // checkpoint queues; made in Open once the local chunks are, stopped at Close.
   std::unique_ptr<RetentionPass> retention_;

@@ -76,16 +76,18 @@ Status Store::Open(uint64_t ino, bool truncate, uint64_t* fh, bool* keep_cache, 
   bool seal_first = false;
   Status st = [&]() -> Status {
     std::unique_lock lock(f->mu);  // no commit of this file runs meanwhile
-    if (passthrough_fd && !write && !truncate) RETURN_IF_ERROR(WaitFailedRelease(ino, *f, lock));
+    if (passthrough_fd && !write && !truncate) {
+      RETURN_IF_ERROR(staging_->WaitFailedRelease(ino, *f, lock));
+    }
     ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
     ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(ino));
     if (S_ISDIR(rec.mode)) return Status(Code::kIsDir, "open of a directory as a file");
     txn.Abort();  // EnsureWriter opens its own read transaction
     if (passthrough_fd && S_ISREG(rec.mode)) {
-      ASSIGN_OR_RETURN(StagedOpen staged,
-                       OpenStaged(ino, *f, write, truncate, handle, passthrough_fd));
-      if (staged == StagedOpen::kYes) return Status::Ok();
-      if (staged == StagedOpen::kSealFirst) {
+      ASSIGN_OR_RETURN(Staging::StagedOpen staged,
+                       staging_->OpenStaged(ino, *f, write, truncate, handle, passthrough_fd));
+      if (staged == Staging::StagedOpen::kYes) return Status::Ok();
+      if (staged == Staging::StagedOpen::kSealFirst) {
         seal_first = true;
         return Status::Ok();
       }
@@ -128,7 +130,7 @@ Status Store::Release(uint64_t ino, uint64_t fh) {
   Status st;
   const std::shared_ptr<OpenFile> f = files_.Find(ino);
   if (f) {
-    auto staged = ReleaseStaged(ino, *f, fh);
+    auto staged = staging_->ReleaseStaged(ino, *f, fh);
     if (!staged.ok()) st = staged.status();
     if (staged.ok() && !*staged) {
       std::lock_guard lock(f->mu);
@@ -419,7 +421,7 @@ Status Store::Flush(uint64_t ino, uint64_t fh) {
     if (f->stage && fh != 0 && f->stage->handles.count(fh)) {
       if (!f->stage->handles[fh]) return Status::Ok();
       f->stage->closed.insert(fh);  // closed, whether its bytes commit or not
-      return StageCommit(ino, *f, false);
+      return staging_->StageCommit(ino, *f, false);
     }
   }
   if (InSession(*f, fh)) {
@@ -441,7 +443,7 @@ Status Store::Fsync(uint64_t ino, uint64_t fh) {
     // Staged bytes: the staging file is synced, then its record (StageCommit).
     std::lock_guard lock(f->mu);
     if (f->stage && (f->stage->writers > 0 || f->stage->dirty)) {
-      RETURN_IF_ERROR(StageCommit(ino, *f, true));
+      RETURN_IF_ERROR(staging_->StageCommit(ino, *f, true));
     }
   }
   if (auto f = files_.Find(ino); f && InSession(*f, fh)) {

@@ -1,4 +1,4 @@
-// Staged files (store/store_staged.cc): the store's side of FUSE passthrough. The kernel's writes
+// Staged files (store/staging.h): the store's side of FUSE passthrough. The kernel's writes
 // are stood for by pwrite on the descriptor the store hands out.
 #include <dirent.h>
 #include <gtest/gtest.h>

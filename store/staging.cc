@@ -1,26 +1,6 @@
-// Store: staged files, the write path of FUSE passthrough.
-//
-// A file created or truncated by open(2) while nobody else has it open gets a staging file under
-// <cache_dir>/passthrough/, and the kernel reads and writes that file itself (the daemon sees
-// open, flush, fsync and release, no data). Its lifecycle:
-//
-//   open (O_CREAT/O_TRUNC) -> kernel writes -> close: StageCommit records the staging file as the
-//   file's newest bytes (LMDB, one transaction, no copy) -> last writer's release: a seal is
-//   queued -> Seal cuts the bytes into chunks (verified names, dedup), commits the manifest in
-//   place of the staged record, and removes the staging file once no handle reads it.
-//
-// Invariants kept: a close is safe against a daemon crash (the record is committed; the bytes are
-// in the local filesystem, which a daemon crash does not touch) and the file is never seen torn
-// (before its close the previous version stands; a restart drops staging files no record names).
-// fsync syncs the staging file before its record and the metadata after it, so the file
-// survives a machine crash too. A record written without fsync remembers the boot it was
-// written in: after a machine crash its bytes may not have reached the disk, so a restart in
-// another boot drops it and the file keeps its previous version (a file that had none is
-// removed), as an unsynced close may be undone by a power loss.
-//
-// The kernel allows passthrough only while no handle of the inode uses the page cache, and
-// wants every open of an inode in passthrough mode to name the same staging file: OpenStaged
-// decides under the file's lock, counting the handles served through the daemon.
+// Staging: staged files and their seals (store/staging.h).
+#include "store/staging.h"
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
@@ -31,9 +11,9 @@
 #include <cstring>
 #include <optional>
 #include <unordered_set>
+#include <utility>
 
-#include "store/remote_tier.h"
-#include "store/store.h"
+#include "store/staged_meta.h"
 
 namespace ckptfs {
 
@@ -46,8 +26,42 @@ constexpr auto kReleaseWait = std::chrono::seconds(2);
 
 }  // namespace
 
-Result<Store::StagedOpen> Store::OpenStaged(uint64_t ino, OpenFile& f, bool write, bool truncate,
-                                            uint64_t fh, int* passthrough_fd) {
+Staging::Staging(const Config& cfg, MetaStore* meta, OpenTable* files, LocalChunks* chunks,
+                 ChunkCache* cache, Publisher* publisher, Metrics* metrics, Logger log,
+                 Mutex& ns_mu, MemoryBudget* reorder_budget, ThreadPool* cut_pool,
+                 const PayloadScannerFactory& scanners, std::string boot_id, Hooks hooks)
+    : cfg_(cfg),
+      meta_(meta),
+      files_(files),
+      chunks_(chunks),
+      cache_(cache),
+      publisher_(publisher),
+      metrics_(metrics),
+      log_(std::move(log)),
+      ns_mu_(ns_mu),
+      reorder_budget_(reorder_budget),
+      cut_pool_(cut_pool),
+      scanners_(scanners),
+      boot_id_(std::move(boot_id)),
+      hooks_(std::move(hooks)),
+      seal_pool_(std::make_unique<ThreadPool>(cfg_.write_threads)) {}
+
+void Staging::ResumeSeals() {
+  if (!resume_seals_.empty()) {
+    log_->info("{} files closed before the last stop are cut into chunks in the background",
+               resume_seals_.size());
+  }
+  for (uint64_t ino : resume_seals_) ScheduleSeal(ino);
+  resume_seals_.clear();
+}
+
+void Staging::StopSeals() {
+  seals_stopped_ = true;
+  seal_pool_.reset();
+}
+
+Result<Staging::StagedOpen> Staging::OpenStaged(uint64_t ino, OpenFile& f, bool write,
+                                                bool truncate, uint64_t fh, int* passthrough_fd) {
   *passthrough_fd = -1;
   bool fresh = false;  // a new staging file: empty already
   if (!f.stage || f.stage->handles.empty()) {
@@ -72,7 +86,7 @@ Result<Store::StagedOpen> Store::OpenStaged(uint64_t ino, OpenFile& f, bool writ
       // (O_TRUNC, create) is written into a new staging file.
       if (!truncate) return StagedOpen::kNo;
       // Near a full cache disk the daemon's own path refuses writes before they fail.
-      if (!CheckRoom(0).ok() && replaces.empty()) return StagedOpen::kNo;
+      if (!hooks_.check_room().ok() && replaces.empty()) return StagedOpen::kNo;
       auto stage = std::make_unique<OpenFile::Stage>();
       stage->name = std::to_string(ino) + "." + std::to_string(NowNs());
       stage->fd = ::open(StagePath(cfg_.cache_dir, stage->name).c_str(),
@@ -82,12 +96,12 @@ Result<Store::StagedOpen> Store::OpenStaged(uint64_t ino, OpenFile& f, bool writ
       }
       stage->dirty = true;
       stage->replaces = std::move(replaces);
-      metrics_.staged_files.Add(1);
+      metrics_->staged_files.Add(1);
       f.stage = std::move(stage);
       fresh = true;
     }
     // Pages the kernel cached before the staging file are stale once it changes the bytes.
-    files_.MarkStale(ino);
+    files_->MarkStale(ino);
   }
   OpenFile::Stage& s = *f.stage;
   // (Not a fresh file: truncating it to 0 would also make ext4 write all of it back at its close,
@@ -107,7 +121,8 @@ Result<Store::StagedOpen> Store::OpenStaged(uint64_t ino, OpenFile& f, bool writ
   return StagedOpen::kYes;
 }
 
-Status Store::WaitFailedRelease(uint64_t ino, OpenFile& f, std::unique_lock<std::mutex>& lock) {
+Status Staging::WaitFailedRelease(uint64_t ino, OpenFile& f,
+                                  std::unique_lock<std::mutex>& lock) {
   // A staging file whose session failed, still held by writer handles: the kernel serves every
   // open of the inode from it, and it holds bytes that are not the file's.
   auto held_failed = [&] { return f.stage && !f.stage->failed.ok() && f.stage->writers > 0; };
@@ -120,7 +135,7 @@ Status Store::WaitFailedRelease(uint64_t ino, OpenFile& f, std::unique_lock<std:
                                ": a writer whose bytes could not be committed still has it open");
 }
 
-void Store::TrackWriters(OpenFile& f) {
+void Staging::TrackWriters(OpenFile& f) {
   const bool writing = f.stage && f.stage->writers > 0;
   {
     std::lock_guard q(f.qmu);
@@ -140,7 +155,7 @@ void Store::TrackWriters(OpenFile& f) {
   f.writing_fd = std::move(owned);
 }
 
-Status Store::StageCommit(uint64_t ino, OpenFile& f, bool durable) {
+Status Staging::StageCommit(uint64_t ino, OpenFile& f, bool durable) {
   OpenFile::Stage& s = *f.stage;
   // Once fsync made the record durable, every later record of the file is: replacing it with
   // one a machine crash may undo would take the fsync'd bytes with it.
@@ -150,7 +165,7 @@ Status Store::StageCommit(uint64_t ino, OpenFile& f, bool durable) {
   // filesystem that is out of room the close fails instead, and the file keeps its previous
   // version (the room AdmitWrite keeps free for the daemon's own writes is the margin).
   if (!s.failed.ok()) return s.failed;  // this session's bytes are dropped already
-  if (Status room = CheckRoom(0); !room.ok()) {
+  if (Status room = hooks_.check_room(); !room.ok()) {
     s.failed = Status(Code::kNoSpace, "inode " + std::to_string(ino) + " is not committed: " +
                                           room.message() + " (a write into it may have failed)");
     // Its bytes are dropped: their room comes back now, not at the release that follows (the
@@ -206,7 +221,7 @@ Status Store::StageCommit(uint64_t ino, OpenFile& f, bool durable) {
   return Status::Ok();
 }
 
-Result<bool> Store::ReleaseStaged(uint64_t ino, OpenFile& f, uint64_t fh) {
+Result<bool> Staging::ReleaseStaged(uint64_t ino, OpenFile& f, uint64_t fh) {
   std::lock_guard lock(f.mu);
   if (!f.stage || !f.stage->handles.count(fh)) return false;
   OpenFile::Stage& s = *f.stage;
@@ -238,26 +253,26 @@ Result<bool> Store::ReleaseStaged(uint64_t ino, OpenFile& f, uint64_t fh) {
   return true;
 }
 
-void Store::DropStage(uint64_t ino, OpenFile& f) {
+void Staging::DropStage(uint64_t ino, OpenFile& f) {
   ::unlink(StagePath(cfg_.cache_dir, f.stage->name).c_str());
   f.stage.reset();  // closes it
-  files_.MarkStale(ino);
+  files_->MarkStale(ino);
 }
 
-void Store::ScheduleSeal(uint64_t ino) {
+void Staging::ScheduleSeal(uint64_t ino) {
   if (seals_stopped_) return;
-  files_.Pin(ino);  // the staging file's state lives in the open-file entry
+  files_->Pin(ino);  // the staging file's state lives in the open-file entry
   seal_pool_->Submit([this, ino] {
     if (!seals_stopped_) {
-      auto f = files_.Find(ino);
+      auto f = files_->Find(ino);
       Status st = f ? Seal(ino, *f) : Status::Ok();
       if (!st.ok()) log_->error("inode {}: sealing its staged bytes: {}", ino, st.ToString());
     }
-    if (files_.Unpin(ino)) (void)ReapIfOrphan(ino);
+    if (files_->Unpin(ino)) (void)hooks_.reap_if_orphan(ino);
   });
 }
 
-Status Store::SealAll() {
+Status Staging::SealAll() {
   std::vector<uint64_t> staged;
   {
     ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
@@ -272,7 +287,7 @@ Status Store::SealAll() {
   return first;
 }
 
-Status Store::Seal(uint64_t ino, OpenFile& f, bool wait_release) {
+Status Staging::Seal(uint64_t ino, OpenFile& f, bool wait_release) {
   std::lock_guard one(f.seal_mu);
   // What is sealed is the record's staging file: the file's committed bytes. It may be the live
   // stage (then no writer may have it open), or a version a new writer is replacing.
@@ -318,9 +333,9 @@ Status Store::Seal(uint64_t ino, OpenFile& f, bool wait_release) {
   struct stat st;
   if (::fstat(fd, &st) != 0) return Status::FromErrno(errno, "fstat of a staging file");
   const uint64_t size = static_cast<uint64_t>(st.st_size);
-  FileWriter writer(Manifest(), chunks_.get(), cfg_.chunking, cfg_.reorder_bytes, &metrics_,
-                    scanners_, &reorder_budget_);
-  writer.CutAhead(cut_pool_.get(), cfg_.cut_threads + 1);
+  FileWriter writer(Manifest(), chunks_, cfg_.chunking, cfg_.reorder_bytes, metrics_, scanners_,
+                    reorder_budget_);
+  writer.CutAhead(cut_pool_, cfg_.cut_threads + 1);
   // The writer reads the file with pread, data regions only (holes stay holes). A writer may
   // truncate it under the seal: a short read then fails the cut, and the epoch check below
   // discards it.
@@ -355,7 +370,7 @@ Status Store::Seal(uint64_t ino, OpenFile& f, bool wait_release) {
         durable = true;
         continue;
       }
-      RETURN_IF_ERROR(CommitManifestTxn(txn, ino, *finished, now->mtime_ns, synced, &freed));
+      RETURN_IF_ERROR(hooks_.commit_manifest(txn, ino, *finished, now->mtime_ns, synced, &freed));
       RETURN_IF_ERROR(txn.Commit());
       break;
     }
@@ -368,10 +383,10 @@ Status Store::Seal(uint64_t ino, OpenFile& f, bool wait_release) {
       f.committed_data = f.manifest->DataBytes();
     }
     f.unborn = false;
-    metrics_.file_commits.Add(1);
-    metrics_.file_commit_bytes.Add(f.manifest->size());
-    metrics_.staged_seals.Add(1);
-    metrics_.staged_seal_bytes.Add(size);
+    metrics_->file_commits.Add(1);
+    metrics_->file_commit_bytes.Add(f.manifest->size());
+    metrics_->staged_seals.Add(1);
+    metrics_->staged_seal_bytes.Add(size);
     if (live) {
       f.stage->dirty = false;
       f.stage->recorded = false;
@@ -387,13 +402,13 @@ Status Store::Seal(uint64_t ino, OpenFile& f, bool wait_release) {
   if (!done.ok()) return done;
   chunks_->Reclaim(freed);
   publisher_->Kick();
-  retention_->NoteCommitted(ino);
+  hooks_.note_committed(ino);
   return Status::Ok();
 }
 
-Result<bool> Store::ChangeStaged(uint64_t ino, const std::function<int(int fd)>& fn,
-                                 bool bytes) {
-  auto f = files_.Find(ino);
+Result<bool> Staging::ChangeStaged(uint64_t ino, const std::function<int(int fd)>& fn,
+                                   bool bytes) {
+  auto f = files_->Find(ino);
   if (!f) return false;
   std::lock_guard lock(f->mu);
   if (!f->stage || f->stage->handles.empty()) return false;
@@ -411,19 +426,19 @@ Result<bool> Store::ChangeStaged(uint64_t ino, const std::function<int(int fd)>&
   return true;
 }
 
-Status Store::EnsureSealed(uint64_t ino) {
+Status Staging::EnsureSealed(uint64_t ino) {
   {
     ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
     ASSIGN_OR_RETURN(auto rec, txn.GetStaged(ino));
     if (!rec) return Status::Ok();
   }
-  auto f = files_.Pin(ino);
+  auto f = files_->Pin(ino);
   Status st = Seal(ino, *f, /*wait_release=*/true);
-  if (files_.Unpin(ino)) (void)ReapIfOrphan(ino);
+  if (files_->Unpin(ino)) (void)hooks_.reap_if_orphan(ino);
   return st;
 }
 
-Status Store::LoadStage(uint64_t ino, OpenFile& f) {
+Status Staging::LoadStage(uint64_t ino, OpenFile& f) {
   if (f.stage) return Status::Ok();
   ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
   ASSIGN_OR_RETURN(auto rec, txn.GetStaged(ino));
@@ -440,19 +455,18 @@ Status Store::LoadStage(uint64_t ino, OpenFile& f) {
   return Status::Ok();
 }
 
-bool Store::StagingFilePresent(const StagedRecord& r) const {
+bool Staging::StagingFilePresent(const StagedRecord& r) const {
   struct stat st;
   return ::stat(StagePath(cfg_.cache_dir, r.name).c_str(), &st) == 0 &&
          static_cast<uint64_t>(st.st_size) == r.size;
 }
 
-bool Store::StagedSurvives(const StagedRecord& r, bool clean) const {
+bool Staging::StagedSurvives(const StagedRecord& r, bool clean) const {
   // A clean stop synced every staging file: their bytes outlive a reboot after it.
   return StagingFilePresent(r) && (r.durable || r.boot_id == boot_id_ || clean);
 }
 
-Result<std::vector<uint64_t>> Store::RecoverStaged(MetaStore::Txn& txn, bool clean,
-                                                   std::vector<ChunkId>* freed) {
+Status Staging::RecoverStaged(MetaStore::Txn& txn, bool clean, std::vector<ChunkId>* freed) {
   std::vector<std::pair<uint64_t, StagedRecord>> staged;
   RETURN_IF_ERROR(txn.ForEachStaged(
       [&](uint64_t ino, const StagedRecord& r) { staged.emplace_back(ino, r); }));
@@ -471,7 +485,7 @@ Result<std::vector<uint64_t>> Store::RecoverStaged(MetaStore::Txn& txn, bool cle
     if (!rec.ok()) continue;
     if (rec->generation == 0) {
       // A new file whose only bytes were lost with the machine: absent, as if never closed.
-      RETURN_IF_ERROR(RemoveUnborn(txn, *rec, freed));
+      RETURN_IF_ERROR(hooks_.remove_unborn(txn, *rec, freed));
     }
     log_->warn("inode {}: bytes closed without fsync before a machine crash are gone ({}); the "
                "file keeps its previous version", ino, present ? "another boot" : "staging file lost");
@@ -484,7 +498,8 @@ Result<std::vector<uint64_t>> Store::RecoverStaged(MetaStore::Txn& txn, bool cle
     }
     ::closedir(d);
   }
-  return seal;
+  resume_seals_ = std::move(seal);
+  return Status::Ok();
 }
 
 }  // namespace ckptfs
