@@ -24,6 +24,7 @@
 #define ACQUIRE(...) CKPTFS_TSA(acquire_capability(__VA_ARGS__))
 #define RELEASE(...) CKPTFS_TSA(release_capability(__VA_ARGS__))
 #define ACQUIRED_BEFORE(...) CKPTFS_TSA(acquired_before(__VA_ARGS__))
+#define RETURN_CAPABILITY(x) CKPTFS_TSA(lock_returned(x))
 #define NO_THREAD_SAFETY_ANALYSIS CKPTFS_TSA(no_thread_safety_analysis)
 
 namespace ckptfs {

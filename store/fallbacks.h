@@ -13,12 +13,12 @@
 // record changed since it was read, and the settle thread.
 //
 // Thread-safe. Which lock guards what:
-//   ns_mu_      the store's namespace lock (a reference to Store's ns_mu_, not owned): every
-//               change of a fallback record. The txn functions (Cover, FallBackToReplaced,
-//               Drop, Recover) run inside the caller's LMDB write transaction, and their caller
-//               holds ns_mu_ (REQUIRES: ns_mu_ held, written on each: clang's analysis cannot
-//               tell that this reference and Store's ns_mu_ are one lock). DropSettled takes
-//               ns_mu_ itself.
+//   ns_mu_      the namespace lock (a reference to Namespace's mu_, store/namespace.h, whose
+//               Namespace owns this): every change of a fallback record. The txn functions
+//               (Cover, FallBackToReplaced, Drop, Recover) run inside the caller's LMDB write
+//               transaction, and their caller holds it (REQUIRES: ns_mu_ held, written on each:
+//               clang cannot tell this reference and Namespace's mu_ are one lock). Settle and
+//               DropSettled take it themselves.
 //   settle_mu_  settle_stop_ (the settle thread's stop request). A leaf, held only to read or set
 //               the flag; never held across a Settle.
 //   touch_      atomic.
@@ -82,9 +82,9 @@ class Fallbacks {
     std::function<bool(const StagedRecord&, bool clean)> staged_survives;
     // The path of the staging file named `name` (StagePath, store/staged_meta.h).
     std::function<std::string(const std::string& name)> stage_path;
-    // Removes a new file's entry and inode (Store::RemoveUnborn).
+    // Removes a new file's entry and inode (Namespace::RemoveUnborn).
     std::function<Status(MetaStore::Txn&, const InodeRecord&, std::vector<ChunkId>*)> remove_unborn;
-    // Queues what the remote tiers must learn of a change (Store::QueueRemote).
+    // Queues what the remote tiers must learn of a change (Namespace::QueueRemote).
     std::function<Status(MetaStore::Txn&, const std::string& op)> queue_remote;
   };
   // At open, before the staged records are recovered (REQUIRES: ns_mu_ held, inside txn): after

@@ -11,7 +11,7 @@
 //   put_flights_    its own lock: the puts in flight, which a put of the same chunk joins.
 //   staging_seq_    atomic.
 // Lock order: holds_mu_ is a leaf among the store's locks. Callers may hold any store lock
-// (OpenFile::mu, ns_mu_) when they call in, and nothing here takes one. Under
+// (OpenFile::mu, the namespace lock) when they call in, and nothing here takes one. Under
 // holds_mu_, LocalChunks only reads LMDB (a read transaction) and removes chunk files through
 // ChunkCache, which takes only its own lock. The locks inside put_copies_ and put_flights_ are
 // never held while calling out: a put's `done` runs with no LocalChunks lock held, on a put

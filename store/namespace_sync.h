@@ -21,11 +21,11 @@
 //             journal_exclusive_, journal_retry_, journal_retry_set_, journal_damaged_ and
 //             last_full_sync_. (Before this class, only the convention that nothing calls
 //             SyncFromRemote while the sync thread runs kept those apart.)
-//   ns_mu_    the store's namespace lock (a reference to Store's ns_mu_, not owned): taken by
+//   ns_mu_    the namespace lock (a reference to Namespace's mu_, not owned): taken by
 //             each apply (ApplyRemote*) around its write transaction, never across a backend
 //             request. MakeDirsForRemote runs inside such a transaction (REQUIRES: ns_mu_ held,
-//             written in a comment: clang's analysis cannot tell this reference and Store's
-//             ns_mu_ are one lock).
+//             written in a comment: clang's analysis cannot tell this reference and
+//             Namespace's mu_ are one lock).
 //   stop_mu_  stop_ (the sync thread's stop request). A leaf, held only to read or set the flag
 //             and for the thread's wait between passes; never held across a pass.
 //   mode_, journal_entry_  atomic: what Store::gauges() shows.
@@ -73,7 +73,7 @@ class NamespaceSync {
   // What an apply asks of the store above it.
   struct Hooks {
     // REQUIRES: ns_mu_ held, inside txn (an apply's). Drops rec's last link: kept as an orphan
-    // while open, otherwise deleted; chunks left unreferenced go into *freed (Store::DropLink).
+    // while open, otherwise deleted; chunks left unreferenced go into *freed (Namespace::DropLink).
     std::function<Status(MetaStore::Txn& txn, InodeRecord& rec, std::vector<ChunkId>* freed)>
         drop_link;
     // parent/name now names ino (0: nothing): the kernel drops what it cached of both

@@ -5,8 +5,8 @@
 // pinned (a seal, a change through a handle); users hold it by shared_ptr.
 //
 // Lock order within one file: seal_mu -> mu -> qmu. qmu is never held while taking mu; which lock
-// guards each field is said beside it. Against the store's locks, mu is taken before ns_mu_
-// (store/store.h).
+// guards each field is said beside it. Against the store's locks, mu is taken before the
+// namespace lock (store/store.h).
 #pragma once
 
 #include <unistd.h>

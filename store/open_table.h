@@ -4,8 +4,8 @@
 // the files whose next open must drop what the kernel cached of them.
 //
 // Thread-safe. mu_ guards files_ and stale_pages_ (and OpenFile::opens); next_fh_ is atomic.
-// Lock order: mu_ is a leaf. Callers may hold a file's mu or the store's ns_mu_ when they call
-// in (commits mark pages stale under mu; unlink asks IsOpen under ns_mu_); nothing is called
+// Lock order: mu_ is a leaf. Callers may hold a file's mu or the namespace lock when they call
+// in (commits mark pages stale under mu; unlink asks IsOpen under it); nothing is called
 // under mu_, and no OpenFile lock is taken here.
 #pragma once
 

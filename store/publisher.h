@@ -13,16 +13,16 @@
 //   backends_, remotes_, node_id_ and journal_ are set in Attach, before any other call, and
 //   not changed after; stopping_ is atomic.
 // Lock order: both locks are leaves among the store's locks. Callers may hold any store lock
-// (OpenFile::mu, the store's namespace lock ns_mu_) when they call in. Under unpublished_mu_
+// (OpenFile::mu, the namespace lock, store/namespace.h) when they call in. Under unpublished_mu_
 // nothing else is taken (ChunkCache::Hold and Unhold run outside it); under restore_mu_ only a
 // restore is queued. No lock of the Publisher is held across a backend request or an LMDB
 // transaction. RemoteTier's own lock is a leaf too (Kick).
 //
 // The store's namespace lock: the ops of a namespace change are queued inside the change's own
 // write transaction (Queue, QueueTree, QueueUnpublished), so that its commit makes them durable
-// with the change; the caller holds the store's ns_mu_ across that transaction, as every
-// namespace write does. The Publisher itself never takes ns_mu_. Its other LMDB writes (the tier
-// policy's marks, Attach's tier names) are made without ns_mu_, as RemoteTier's are.
+// with the change; the caller holds the namespace lock across that transaction, as every
+// namespace write does. The Publisher itself never takes it. Its other LMDB writes (the tier
+// policy's marks, Attach's tier names) are made without it, as RemoteTier's are.
 #pragma once
 
 #include <atomic>
@@ -65,7 +65,7 @@ class Publisher {
   // and makes the tiers (not started). Once, at open, before QueueUnpublished and Start.
   Status Attach(std::vector<std::unique_ptr<Backend>> tiers);
   // At open, after Attach: queues every file whose committed version a tier does not hold, and
-  // holds its chunks. REQUIRES: the caller holds the store's ns_mu_ (the transaction is one of
+  // holds its chunks. REQUIRES: the caller holds the namespace lock (the transaction is one of
   // the namespace's writes).
   Status QueueUnpublished();
   // Starts the tiers' workers on their queues.
@@ -95,7 +95,7 @@ class Publisher {
   // This node's name in published records (empty without remote tiers).
   const std::string& node_id() const { return node_id_; }
 
-  // REQUIRES: inside a write txn, the caller holding the store's ns_mu_. Queues `op` for every
+  // REQUIRES: inside a write txn, the caller holding the namespace lock. Queues `op` for every
   // tier (nothing without remote tiers); the txn's commit makes it durable with the change.
   Status Queue(MetaStore::Txn& txn, const std::string& op);
   // REQUIRES: as Queue. Queues, for ino and everything under it, the unpublishing of its old

@@ -1,9 +1,10 @@
-// Store: opening, recovery, shutdown, the inode and chunk-reference bookkeeping shared by every
-// operation, and the prefetch API's forwards to the Prefetcher.
+// Store: opening, recovery, shutdown, the namespace's forwards and the operations that mix it
+// with open files (store/namespace.h), and the prefetch API's forwards to the Prefetcher.
 #include "store/store.h"
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <linux/falloc.h>
 #include <spdlog/spdlog.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -132,34 +133,38 @@ Result<std::unique_ptr<Store>> Store::Open(const Config& cfg, PayloadScannerFact
             p->TellChange(parent, name, 0);
           },
       });
-  s->fallbacks_ = std::make_unique<Fallbacks>(s->meta_.get(), s->cache_.get(), s->chunks_.get(),
-                                              s->ns_mu_, s->log_, boot_id,
-                                              s->cfg_.settle_interval_s);
+  s->ns_ = std::make_unique<Namespace>(
+      s->cfg_.cache_dir, s->meta_.get(), s->cache_.get(), s->chunks_.get(), s->publisher_.get(),
+      &s->files_, s->log_, boot_id, s->cfg_.settle_interval_s,
+      Namespace::Hooks{
+          .show = [p](uint64_t ino, InodeRecord* rec) { ApplyOverlay(p->TakeOverlay(ino), rec); },
+      });
+  Namespace* ns = s->ns_.get();
   s->sync_ = std::make_unique<NamespaceSync>(
       s->cfg_, s->meta_.get(), s->publisher_.get(), &s->files_, s->cache_.get(), s->chunks_.get(),
-      s->fallbacks_.get(), s->ns_mu_, s->log_,
+      &ns->fallbacks(), ns->mu(), s->log_,
       NamespaceSync::Hooks{
-          .drop_link = [p](MetaStore::Txn& txn, InodeRecord& rec, std::vector<ChunkId>* freed)
-              REQUIRES(p->ns_mu_) { return p->DropLink(txn, rec, freed); },
+          .drop_link = [ns](MetaStore::Txn& txn, InodeRecord& rec, std::vector<ChunkId>* freed)
+              REQUIRES(ns->mu()) { return ns->DropLink(txn, rec, freed); },
           .tell_change = [p](uint64_t parent, const std::string& name,
                              uint64_t ino) { p->TellChange(parent, name, ino); },
       });
   s->scanners_ = std::move(scanners);
   s->staging_ = std::make_unique<Staging>(
       s->cfg_, s->meta_.get(), &s->files_, s->chunks_.get(), s->cache_.get(), s->publisher_.get(),
-      &s->metrics_, s->log_, s->ns_mu_, &s->reorder_budget_, s->cut_pool_.get(), s->scanners_,
+      &s->metrics_, s->log_, ns->mu(), &s->reorder_budget_, s->cut_pool_.get(), s->scanners_,
       boot_id,
       Staging::Hooks{
           .check_room = [p] { return p->CheckRoom(0); },
-          .commit_manifest = [p](MetaStore::Txn& txn, uint64_t ino, const Manifest& m,
-                                 int64_t mtime, bool durable, std::vector<ChunkId>* freed)
-              REQUIRES(p->ns_mu_) {
-                return p->CommitManifestTxn(txn, ino, m, mtime, durable, freed);
+          .commit_manifest = [ns](MetaStore::Txn& txn, uint64_t ino, const Manifest& m,
+                                  int64_t mtime, bool durable, std::vector<ChunkId>* freed)
+              REQUIRES(ns->mu()) {
+                return ns->CommitManifestTxn(txn, ino, m, mtime, durable, freed);
               },
-          .remove_unborn = [p](MetaStore::Txn& txn, const InodeRecord& rec,
-                               std::vector<ChunkId>* freed)
-              REQUIRES(p->ns_mu_) { return p->RemoveUnborn(txn, rec, freed); },
-          .reap_if_orphan = [p](uint64_t ino) { return p->ReapIfOrphan(ino); },
+          .remove_unborn = [ns](MetaStore::Txn& txn, const InodeRecord& rec,
+                                std::vector<ChunkId>* freed)
+              REQUIRES(ns->mu()) { return ns->RemoveUnborn(txn, rec, freed); },
+          .reap_if_orphan = [ns](uint64_t ino) { return ns->ReapIfOrphan(ino); },
           .note_committed = [p](uint64_t ino) { p->retention_->NoteCommitted(ino); },
       });
   Status st = s->Recover(clean);
@@ -184,7 +189,7 @@ Result<std::unique_ptr<Store>> Store::Open(const Config& cfg, PayloadScannerFact
     }
   }
   s->staging_->ResumeSeals();
-  s->fallbacks_->Start();
+  s->ns_->fallbacks().Start();
   std::string pid = std::to_string(::getpid()) + "\n";
   if (::ftruncate(lock_fd, 0) == 0) {
     [[maybe_unused]] ssize_t n = ::pwrite(lock_fd, pid.data(), pid.size(), 0);
@@ -242,44 +247,11 @@ Store::~Store() {
 
 Status Store::Recover(bool clean) {
   RemoveDirContents(cfg_.cache_dir + "/staging");
-  MutexLock lock(&ns_mu_);
+  MutexLock lock(&ns_->mu());
   ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
-  auto root = txn.GetInode(kRootIno);
-  if (!root.ok()) {
-    if (root.status().code() != Code::kNotFound) return root.status();
-    InodeRecord r;
-    r.ino = kRootIno;
-    r.mode = S_IFDIR | 0755;
-    r.uid = ::geteuid();
-    r.gid = ::getegid();
-    r.nlink = 2;
-    r.atime_ns = r.mtime_ns = r.ctime_ns = NowNs();
-    RETURN_IF_ERROR(txn.PutInode(r));
-    log_->info("created a new store in {}", cfg_.cache_dir);
-  }
-  RETURN_IF_ERROR(txn.BackfillParents());
-  // Files unlinked while open when the last daemon stopped: nobody can open them any more.
-  // Files made by create(2) whose writer never committed or closed them: gone with their entry,
-  // as a new file being written at a crash is absent (a loader must not meet an empty one).
-  std::vector<std::pair<uint64_t, bool>> orphans;
-  RETURN_IF_ERROR(
-      txn.ForEachOrphan([&](uint64_t ino, bool unborn) { orphans.emplace_back(ino, unborn); }));
+  // The root, then the files unlinked while open or created and never kept (the namespace's).
   std::vector<ChunkId> freed;
-  size_t unborn_files = 0;
-  for (const auto& [ino, unborn] : orphans) {
-    auto rec = txn.GetInode(ino);
-    if (rec.ok() && unborn) {
-      // Only a file never committed (generation 0) is removed; one with committed bytes keeps
-      // them, whatever mark is left (a commit clears it, so none should be).
-      if (rec->generation == 0) {
-        ++unborn_files;
-        RETURN_IF_ERROR(RemoveUnborn(txn, *rec, &freed));
-      }
-    } else if (rec.ok()) {
-      RETURN_IF_ERROR(DeleteInode(txn, *rec, &freed));
-    }
-    RETURN_IF_ERROR(txn.DelOrphan(ino));
-  }
+  ASSIGN_OR_RETURN(const Namespace::Recovered orphans, ns_->Recover(txn, &freed));
   // Files whose newest version a machine crash may have lost (store/fallbacks.h), then staged
   // files (store/staging.h), sealed once the store is open.
   Fallbacks::RecoverHooks hooks;
@@ -288,13 +260,13 @@ Status Store::Recover(bool clean) {
   };
   hooks.stage_path = [this](const std::string& name) { return StagePath(cfg_.cache_dir, name); };
   hooks.remove_unborn = [this](MetaStore::Txn& t, const InodeRecord& rec,
-                               std::vector<ChunkId>* f) REQUIRES(ns_mu_) {
-    return RemoveUnborn(t, rec, f);
+                               std::vector<ChunkId>* f) REQUIRES(ns_->mu()) {
+    return ns_->RemoveUnborn(t, rec, f);
   };
-  hooks.queue_remote = [this](MetaStore::Txn& t, const std::string& op) REQUIRES(ns_mu_) {
-    return QueueRemote(t, op);
+  hooks.queue_remote = [this](MetaStore::Txn& t, const std::string& op) REQUIRES(ns_->mu()) {
+    return ns_->QueueRemote(t, op);
   };
-  RETURN_IF_ERROR(fallbacks_->Recover(txn, clean, hooks, &freed));
+  RETURN_IF_ERROR(ns_->fallbacks().Recover(txn, clean, hooks, &freed));
   RETURN_IF_ERROR(staging_->RecoverStaged(txn, clean, &freed));
   std::unordered_map<ChunkId, uint64_t, ChunkIdHash> referenced;
   if (!clean) {
@@ -312,7 +284,7 @@ Status Store::Recover(bool clean) {
     }));
     log_->warn("recovered from an unclean stop: {} files unlinked while open, {} new files never "
                "closed, and {} unreferenced chunks removed",
-               orphans.size() - unborn_files, unborn_files, removed);
+               orphans.orphans - orphans.unborn, orphans.unborn, removed);
   }
   return Status::Ok();
 }
@@ -327,7 +299,7 @@ Status Store::Close() {
   // are dropped, and commits from here on (the files still open) queue none.
   if (retention_) retention_->Stop();
   staging_->StopSeals();
-  fallbacks_->Stop();  // the final syncs below make every version durable
+  ns_->fallbacks().Stop();  // the final syncs below make every version durable
   publisher_->StopRestores();
   // Uploads still queued stay in LMDB and resume at the next mount.
   StopSync();
@@ -359,20 +331,11 @@ Status Store::Close() {
 Status Store::AttachRemote(std::vector<std::unique_ptr<Backend>> tiers) {
   RETURN_IF_ERROR(publisher_->Attach(std::move(tiers)));
   {
-    MutexLock lock(&ns_mu_);  // its transaction is one of the namespace's writes
+    MutexLock lock(&ns_->mu());  // its transaction is one of the namespace's writes
     RETURN_IF_ERROR(publisher_->QueueUnpublished());
   }
   publisher_->Start();
   return Status::Ok();
-}
-
-Status Store::QueueRemote(MetaStore::Txn& txn, const std::string& op) {
-  return publisher_->Queue(txn, op);
-}
-
-Status Store::QueueTree(MetaStore::Txn& txn, uint64_t ino, const std::string& path,
-                        bool publish) {
-  return publisher_->QueueTree(txn, ino, path, publish);
 }
 
 Result<std::string> Store::RemoteState(uint64_t ino) {
@@ -409,71 +372,191 @@ void Store::TellChange(uint64_t parent, const std::string& name, uint64_t ino) {
   if (tell) tell(parent, name, ino);
 }
 
-Status Store::DeleteInode(MetaStore::Txn& txn, const InodeRecord& rec,
-                          std::vector<ChunkId>* freed) {
-  ASSIGN_OR_RETURN(auto m, txn.GetManifest(rec.ino));
-  if (m) RETURN_IF_ERROR(AddManifestRefs(txn, *m, -1, freed));
-  RETURN_IF_ERROR(txn.DelManifest(rec.ino));
-  RETURN_IF_ERROR(fallbacks_->Drop(txn, rec.ino, freed));
-  // Bytes staged and not sealed go with it (nothing has the file open: no handle uses them).
-  ASSIGN_OR_RETURN(auto staged, txn.GetStaged(rec.ino));
-  if (staged) {
-    RETURN_IF_ERROR(txn.DelStaged(rec.ino));
-    ::unlink(StagePath(cfg_.cache_dir, staged->name).c_str());
-  }
-  RETURN_IF_ERROR(txn.DelSymlink(rec.ino));
-  RETURN_IF_ERROR(txn.DelAllXattrs(rec.ino));
-  return txn.DelInode(rec.ino);
+// --- the namespace (store/namespace.h), and what it shares with open files ---
+
+Result<InodeRecord> Store::Lookup(uint64_t parent, std::string_view name) {
+  ASSIGN_OR_RETURN(uint64_t ino, ns_->Lookup(parent, name));
+  return GetAttr(ino);
 }
 
-Status Store::RemoveUnborn(MetaStore::Txn& txn, InodeRecord rec, std::vector<ChunkId>* freed) {
-  auto where = txn.GetParent(rec.ino);
-  if (where.ok()) {
-    const auto& [parent, name] = *where;
-    auto e = txn.GetEntry(parent, name);
-    auto dir = txn.GetInode(parent);
-    if (e.ok() && e->ino == rec.ino && dir.ok()) {
-      RETURN_IF_ERROR(txn.DelEntry(parent, name));
-      dir->mtime_ns = dir->ctime_ns = NowNs();
-      RETURN_IF_ERROR(txn.PutInode(*dir));
-      log_->info("removed {}: created, never closed before the stop", ChildPath(txn, parent, name));
-      return DropLink(txn, rec, freed);
+Result<InodeRecord> Store::GetAttr(uint64_t ino) {
+  const OverlayState o = TakeOverlay(ino);  // before the read: see ApplyOverlay
+  ASSIGN_OR_RETURN(InodeRecord rec, ns_->GetAttr(ino));
+  ApplyOverlay(o, &rec);
+  return rec;
+}
+
+Result<InodeRecord> Store::ClearModeBits(uint64_t ino, uint32_t bits) {
+  return ns_->ClearModeBits(ino, bits);
+}
+
+Result<InodeRecord> Store::SetAttr(uint64_t ino, const SetAttrRequest& req, uint64_t fh) {
+  const int64_t now = NowNs();
+  bool staged_live = false;  // the size changed in a staging file the kernel uses now
+  if (req.size) {
+    {
+      ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
+      ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(ino));
+      if (S_ISDIR(rec.mode)) return Status(Code::kIsDir, "truncate of a directory");
+      if (!S_ISREG(rec.mode)) return Invalid("truncate of a special file");
     }
+    ASSIGN_OR_RETURN(staged_live, staging_->ChangeStaged(ino, [&](int fd) {
+                       return ::ftruncate(fd, static_cast<off_t>(*req.size)) == 0 ? 0 : errno;
+                     }, true));
+    if (!staged_live) RETURN_IF_ERROR(EnsureSealed(ino));
   }
-  if (rec.nlink == 0) return DeleteInode(txn, rec, freed);
-  return Status::Ok();  // linked elsewhere since: it stays, as its last link made it
+  if (req.size && !staged_live) {
+    auto f = files_.Pin(ino);
+    WaitDrained(*f);
+    Status st = [&]() -> Status {
+      std::lock_guard lock(f->mu);
+      RETURN_IF_ERROR(EnsureWriter(ino, *f));
+      RETURN_IF_ERROR(f->writer->Truncate(*req.size));
+      bool alone;
+      {
+        std::lock_guard q(f->qmu);
+        if (!f->dirty) f->data_bytes = f->committed_data;
+        f->size = f->writer->size();
+        f->data_bytes = std::min(f->data_bytes.load(), f->size.load());
+        f->mtime_ns = now;
+        f->dirty = true;
+        if (fh) f->session.insert(fh);
+      }
+      // No handle has it open (a seal's pin is none).
+      alone = f->cached_opens == 0 && (!f->stage || f->stage->handles.empty());
+      // ftruncate is part of its handle's session, committed at its close; truncate(2) by path
+      // commits at once unless the file is open, then with its session or last release.
+      if (fh || !alone) return Status::Ok();
+      return CommitOrDrop(ino, *f, false);
+    }();
+    RunAfterCommit(ino, *f);
+    if (files_.Unpin(ino)) RETURN_IF_ERROR(ns_->ReapIfOrphan(ino));
+    RETURN_IF_ERROR(st);
+  }
+  if (req.mtime_ns) {
+    // ... and a live staging file's, which its next commit reads.
+    const int64_t t = *req.mtime_ns == SetAttrRequest::kNow ? now : *req.mtime_ns;
+    const timespec ts[2] = {{0, UTIME_OMIT}, {t / 1'000'000'000, t % 1'000'000'000}};
+    auto set_mtime = [&](int fd) { return ::futimens(fd, ts) == 0 ? 0 : errno; };
+    RETURN_IF_ERROR(staging_->ChangeStaged(ino, set_mtime, false).status());
+  }
+  return ns_->SetAttr(ino, req, now);  // the other attributes
 }
 
-Status Store::DropLink(MetaStore::Txn& txn, InodeRecord& rec, std::vector<ChunkId>* freed) {
-  const bool dir = S_ISDIR(rec.mode);
-  rec.nlink = dir ? 0 : rec.nlink - 1;
-  rec.ctime_ns = NowNs();
-  if (rec.nlink > 0) return txn.PutInode(rec);
-  if (!dir && files_.IsOpen(rec.ino)) {
-    RETURN_IF_ERROR(txn.AddOrphan(rec.ino));
-    return txn.PutInode(rec);
-  }
-  return DeleteInode(txn, rec, freed);
-}
-
-Status Store::ReapIfOrphan(uint64_t ino) {
-  std::vector<ChunkId> freed;
+Status Store::PunchHole(uint64_t ino, uint64_t offset, uint64_t len, uint64_t fh) {
+  ASSIGN_OR_RETURN(bool staged, staging_->ChangeStaged(ino, [&](int fd) {
+                     return ::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                                        static_cast<off_t>(offset), static_cast<off_t>(len)) == 0
+                                ? 0
+                                : errno;
+                   }, true));
+  if (staged) return Status::Ok();
+  RETURN_IF_ERROR(EnsureSealed(ino));
   {
-    MutexLock lock(&ns_mu_);
-    if (files_.IsOpen(ino)) return Status::Ok();
-    ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
-    auto rec = txn.GetInode(ino);
-    if (!rec.ok()) return rec.status().code() == Code::kNotFound ? Status::Ok() : rec.status();
-    if (rec->nlink > 0) return Status::Ok();
-    RETURN_IF_ERROR(DeleteInode(txn, *rec, &freed));
-    RETURN_IF_ERROR(txn.DelOrphan(ino));
-    RETURN_IF_ERROR(txn.Commit());
+    ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
+    ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(ino));
+    if (!S_ISREG(rec.mode)) return Invalid("a hole in a file that is not regular");
+    // The file moves to a staging file of its size on the cache disk: room for it first.
+    RETURN_IF_ERROR(AdmitWrite(rec.size));
   }
-  chunks_->Reclaim(freed);
-  return Status::Ok();
+  auto f = files_.Pin(ino);
+  WaitDrained(*f);  // after the writes queued before it
+  Status st = [&]() -> Status {
+    std::lock_guard lock(f->mu);
+    RETURN_IF_ERROR(EnsureWriter(ino, *f));
+    RETURN_IF_ERROR(f->writer->PunchHole(offset, len));
+    std::lock_guard q(f->qmu);
+    // The punched bytes still count until the commit.
+    if (!f->dirty) f->data_bytes = f->committed_data;
+    f->mtime_ns = NowNs();
+    f->dirty = true;
+    if (fh) f->session.insert(fh);
+    return Status::Ok();
+  }();
+  if (files_.Unpin(ino)) RETURN_IF_ERROR(ns_->ReapIfOrphan(ino));
+  return st;
 }
 
-Status Store::Settle() { return fallbacks_->Settle(); }
+Result<InodeRecord> Store::MakeNode(uint64_t parent, std::string_view name, uint32_t mode,
+                                    uint64_t rdev, const Caller& who) {
+  return ns_->MakeNode(parent, name, mode, rdev, who, false);
+}
+
+Result<InodeRecord> Store::CreateFile(uint64_t parent, std::string_view name, uint32_t mode,
+                                      const Caller& who, uint64_t* fh, bool* keep_cache,
+                                      int* passthrough_fd) {
+  ASSIGN_OR_RETURN(InodeRecord rec,
+                   ns_->MakeNode(parent, name, S_IFREG | (mode & 07777), 0, who, true));
+  // In passthrough mode the new file's bytes start in a staging file (an empty one: "truncate").
+  if (Status st = Open(rec.ino, passthrough_fd != nullptr, fh, keep_cache, true, passthrough_fd);
+      !st.ok()) {
+    // A create that fails leaves no file behind: the entry goes with the error.
+    if (Status undo = ns_->UndoCreate(parent, name, rec.ino); !undo.ok()) {
+      log_->warn("{}: removing the entry of a create that failed: {}",
+                 std::string(name), undo.ToString());
+    }
+    return st;
+  }
+  if (auto f = files_.Find(rec.ino)) {
+    std::lock_guard lock(f->mu);
+    f->unborn = true;
+    f->creator_fh = fh ? *fh : 0;
+  }
+  return rec;
+}
+
+Result<InodeRecord> Store::Symlink(uint64_t parent, std::string_view name,
+                                   std::string_view target, const Caller& who) {
+  return ns_->Symlink(parent, name, target, who);
+}
+
+Result<InodeRecord> Store::Link(uint64_t ino, uint64_t new_parent, std::string_view new_name) {
+  return ns_->Link(ino, new_parent, new_name);
+}
+
+Result<std::string> Store::ReadLink(uint64_t ino) { return ns_->ReadLink(ino); }
+
+Status Store::Unlink(uint64_t parent, std::string_view name) { return ns_->Unlink(parent, name); }
+
+Status Store::Rmdir(uint64_t parent, std::string_view name) { return ns_->Rmdir(parent, name); }
+
+Status Store::Rename(uint64_t parent, std::string_view name, uint64_t new_parent,
+                     std::string_view new_name, unsigned flags) {
+  // A file replaced while its newest durable bytes (fsync'd in passthrough mode) are only in
+  // its staging file is sealed first, so that the fallback a not yet durable src keeps is that
+  // version and not an older one, or none (which would remove the name after a machine crash).
+  // A file a writer still has open is not sealed: after kSealTries the rename goes ahead, and
+  // its fallback is the replaced file's last sealed version.
+  constexpr int kSealTries = 8;
+  for (int attempt = 0;; ++attempt) {
+    uint64_t seal_first = 0;
+    RETURN_IF_ERROR(ns_->Rename(parent, name, new_parent, new_name, flags,
+                                attempt < kSealTries ? &seal_first : nullptr));
+    if (!seal_first) return Status::Ok();
+    RETURN_IF_ERROR(EnsureSealed(seal_first));
+  }
+}
+
+Status Store::ReadDir(uint64_t dir, uint64_t offset,
+                      const std::function<bool(const DirItem&)>& fn) {
+  return ns_->ReadDir(dir, offset, fn);
+}
+
+Status Store::SetXattr(uint64_t ino, std::string_view name, std::string_view value, int flags) {
+  return ns_->SetXattr(ino, name, value, flags);
+}
+
+Result<std::string> Store::GetXattr(uint64_t ino, std::string_view name) {
+  return ns_->GetXattr(ino, name);
+}
+
+Result<std::vector<std::string>> Store::ListXattrs(uint64_t ino) { return ns_->ListXattrs(ino); }
+
+Status Store::RemoveXattr(uint64_t ino, std::string_view name) {
+  return ns_->RemoveXattr(ino, name);
+}
+
+Status Store::Settle() { return ns_->fallbacks().Settle(); }
 
 // --- staged files and their seals: Staging (store/staging.h) ---
 
@@ -481,9 +564,6 @@ Status Store::EnsureSealed(uint64_t ino) { return staging_->EnsureSealed(ino); }
 
 Status Store::SealAll() { return staging_->SealAll(); }
 
-Result<bool> Store::ChangeStaged(uint64_t ino, const std::function<int(int fd)>& fn, bool bytes) {
-  return staging_->ChangeStaged(ino, fn, bytes);
-}
 
 Result<struct statvfs> Store::StatFs() {
   struct statvfs st;

@@ -5,26 +5,32 @@
 // Thread-safe. Lock order, outermost first:
 //   OpenFile::seal_mu (one seal of a file, store/staging.h)  ->  OpenFile::mu
 //   OpenFile::mu (one file's bytes)  ->  OpenFile::qmu (its write queue)
-//   OpenFile::mu  ->  ns_mu_ (namespace changes and commits)  ->  the leaves
-//   the namespace sync's pass_mu_ (one sync pass at a time, store/namespace_sync.h)  ->  ns_mu_
-// qmu is never held while taking mu or ns_mu_. The leaves, under which no other store lock is
-// taken: the open-file table's lock (store/open_table.h), LocalChunks' holds_mu_ (chunk holds
-// and reclamation, store/local_chunks.h), the Publisher's unpublished_mu_ and restore_mu_
-// (store/publisher.h; ns_mu_ is held around its queueing calls), the Prefetcher's
-// pin_mu_ -> mu_ (store/prefetcher.h; a reader asks for chunks under its file's mu), the
-// retention passes' queue lock (store/retention_pass.h), listener_mu_ and the settle thread's
-// settle_mu_ (store/fallbacks.h; the fallbacks' changes run under ns_mu_, and their settle pass
-// takes it), the sync thread's stop_mu_ (store/namespace_sync.h), the seal pool's queue
-// (store/staging.h; seals are queued under a file's mu).
+//   OpenFile::mu  ->  the namespace lock, Namespace's mu_ (namespace changes and commits,
+//   store/namespace.h; ns_->mu() here)  ->  the leaves
+//   the namespace sync's pass_mu_ (one sync pass at a time, store/namespace_sync.h)  ->  the
+//   namespace lock
+// qmu is never held while taking mu or the namespace lock; the namespace lock may be held while
+// taking a file's qmu (Namespace::Hooks::show: what chmod, utimens and link return). The leaves,
+// under which no other store lock is taken: the open-file table's lock (store/open_table.h),
+// LocalChunks' holds_mu_ (chunk holds and reclamation, store/local_chunks.h), the Publisher's
+// unpublished_mu_ and restore_mu_ (store/publisher.h; the namespace lock is held around its
+// queueing calls), the Prefetcher's pin_mu_ -> mu_ (store/prefetcher.h; a reader asks for chunks
+// under its file's mu), the retention passes' queue lock (store/retention_pass.h), listener_mu_
+// and the settle thread's settle_mu_ (store/fallbacks.h; the fallbacks' changes run under the
+// namespace lock, and their settle pass takes it), the sync thread's stop_mu_
+// (store/namespace_sync.h), the seal pool's queue (store/staging.h; seals are queued under a
+// file's mu).
 // Reads of metadata use LMDB read transactions and take no store lock.
 //
-// Waits: no lock that another file's operation could need (ns_mu_, the open-file table's,
-// holds_mu_, a file's qmu, which stat takes) is held across a wait for room, a backend request or
-// an fsync. A writer waits for room with no lock (Write); a commit's after-effects (Reclaim,
-// which syncs LMDB; waking the uploaders; retention) run after the file's mu is released
-// (RunAfterCommit).
-// The exception is LMDB's own commit, which syncs inside ns_mu_: LMDB has one writer anyway. A
-// file's own mu and seal_mu may be held across its own chunk syncs (fsync, a durable seal).
+// Waits: no lock that another file's operation could need (the namespace lock, the open-file
+// table's, holds_mu_, a file's qmu, which stat takes) is held across a wait for room, a backend
+// request or an fsync. A writer waits for room with no lock (Write); a commit's after-effects
+// (Reclaim, which syncs LMDB; waking the uploaders; retention) run after the file's mu is
+// released (RunAfterCommit), and a namespace change's after the namespace lock is
+// (Namespace::Mutate).
+// The exception is LMDB's own commit, which syncs inside the namespace lock: LMDB has one writer
+// anyway. A file's own mu and seal_mu may be held across its own chunk syncs (fsync, a durable
+// seal).
 //
 // Writes are acknowledged once copied into the file's bounded queue; pool threads chunk, hash and
 // store them behind the writer, so the application and the daemon work in parallel. An error
@@ -72,6 +78,7 @@
 #include "store/journal.h"
 #include "store/local_chunks.h"
 #include "store/meta_store.h"
+#include "store/namespace.h"
 #include "store/namespace_sync.h"
 #include "store/open_file.h"
 #include "store/open_table.h"
@@ -83,28 +90,6 @@
 #include "store/staging.h"
 
 namespace ckptfs {
-
-struct Caller {
-  uint32_t uid = 0;
-  uint32_t gid = 0;
-};
-
-struct SetAttrRequest {
-  std::optional<uint32_t> mode;  // permission bits; the file type is kept
-  std::optional<uint32_t> uid;
-  std::optional<uint32_t> gid;
-  std::optional<uint64_t> size;
-  std::optional<int64_t> atime_ns;  // kNow: the current time
-  std::optional<int64_t> mtime_ns;
-  static constexpr int64_t kNow = INT64_MIN;
-};
-
-struct DirItem {
-  std::string_view name;
-  uint64_t ino;
-  uint32_t mode;         // file type bits
-  uint64_t next_offset;  // the readdir offset that continues after this item
-};
 
 class RemoteTier;
 struct FileRecord;
@@ -391,14 +376,6 @@ class Store final {
   void Drain(uint64_t ino, const std::shared_ptr<OpenFile>& f);
   // Waits until every queued write of f is applied. REQUIRES: f.mu not held.
   void WaitDrained(OpenFile& f);
-  // Staging::ChangeStaged, for SetAttr and PunchHole (store_namespace.cc).
-  Result<bool> ChangeStaged(uint64_t ino, const std::function<int(int fd)>& fn, bool bytes);
-  // The commit's metadata: m replaces ino's manifest (mtime, a new generation), its staged
-  // record and new-file mark go, and the backend is told. REQUIRES: ns_mu_ held, inside txn.
-  // `durable`: m's chunks are synced (fsync), so the file needs no fallback (its own goes).
-  Status CommitManifestTxn(MetaStore::Txn& txn, uint64_t ino, const Manifest& m, int64_t mtime,
-                           bool durable, std::vector<ChunkId>* freed) REQUIRES(ns_mu_);
-
   // REQUIRES: f.mu held, f's queue drained. Commits f's writer, if any. durable: sync chunks
   // before, metadata after. Its after-effects wait in f for RunAfterCommit.
   Status Commit(uint64_t ino, OpenFile& f, bool durable);
@@ -409,35 +386,10 @@ class Store final {
   // Commit, unless a write since the last commit failed: then drops the writer and returns that
   // error (the file keeps its committed bytes). REQUIRES: as Commit.
   Status CommitOrDrop(uint64_t ino, OpenFile& f, bool durable);
-  // REQUIRES: ns_mu_ held, inside txn. Drops rec's last link: keeps it as an orphan while open,
-  // otherwise deletes it; chunks left unreferenced go into *freed.
-  Status DropLink(MetaStore::Txn& txn, InodeRecord& rec, std::vector<ChunkId>* freed)
-      REQUIRES(ns_mu_);
   // A file made by CreateFile that no commit has kept yet (nothing was written) is kept, and
   // published: at its creator's close (fh, which FUSE's flush runs before close returns), at an
   // fsync or at the last release (fh 0: any).
   Status KeepCreated(uint64_t ino, OpenFile& f, uint64_t fh = 0);
-  // MakeNode; `unborn`: a regular file for CreateFile, marked new and not yet published.
-  Result<InodeRecord> MakeNode(uint64_t parent, std::string_view name, uint32_t mode,
-                               uint64_t rdev, const Caller& who, bool unborn);
-  // CreateFile's open of the file it made failed: removes parent/name and the inode, unless a
-  // commit or another open has kept the file since.
-  Status UndoCreate(uint64_t parent, std::string_view name, uint64_t ino);
-  // REQUIRES: ns_mu_ held, inside txn, at recovery. Removes a new file's entry and inode.
-  Status RemoveUnborn(MetaStore::Txn& txn, InodeRecord rec, std::vector<ChunkId>* freed)
-      REQUIRES(ns_mu_);
-  Status DeleteInode(MetaStore::Txn& txn, const InodeRecord& rec, std::vector<ChunkId>* freed);
-  // Deletes an orphan whose last open went away.
-  Status ReapIfOrphan(uint64_t ino);
-  // REQUIRES: inside a write txn (ns_mu_ held). Queues what the backend must learn of a change
-  // (nothing without a backend); the txn's commit makes it durable with the change.
-  // Publisher::Queue, with the lock its contract names.
-  Status QueueRemote(MetaStore::Txn& txn, const std::string& op) REQUIRES(ns_mu_);
-  // REQUIRES: as QueueRemote. Queues, for ino and everything under it, the unpublishing of its
-  // old paths (publish=false, `path` its path now) or the publishing under its new ones
-  // (publish=true): Publisher::QueueTree.
-  Status QueueTree(MetaStore::Txn& txn, uint64_t ino, const std::string& path, bool publish)
-      REQUIRES(ns_mu_);
   // Waits until the local tier has room for `len` more bytes of chunks the backend does not
   // hold yet (cache_size); kNoSpace after remote_timeout.
   Status WaitForRoom(size_t len);
@@ -452,8 +404,6 @@ class Store final {
   int lock_fd_;
   bool closed_ = false;
 
-  // Taken before the Publisher's locks (store/publisher.h), which are leaves.
-  Mutex ns_mu_;
   // write_memory: half for every file's queued writes (Write waits for room), half for every
   // reorder window (FileWriter spills to staging when it finds none). Declared before the open
   // files and the pools, so they outlive every writer and task that uses them.
@@ -484,23 +434,25 @@ class Store final {
   // (a seal waits for its parts before it ends).
   std::unique_ptr<ThreadPool> cut_pool_;
   std::unique_ptr<LocalChunks> chunks_;
-  // The files' fallbacks and the settle thread (store/fallbacks.h); made in Open with chunks_,
-  // before Recover. Its thread starts once the store is open and stops in Close before the
-  // final syncs.
-  std::unique_ptr<Fallbacks> fallbacks_;
+  // The namespace (store/namespace.h): its records' changes, the namespace lock and the files'
+  // fallbacks with their settle thread, which starts once the store is open and stops in Close
+  // before the final syncs. Made in Open with chunks_, before Recover; declared after what it
+  // uses (the metadata, the cache, the local chunks, the publisher, the open files), before
+  // everything that changes the namespace through it.
+  std::unique_ptr<Namespace> ns_;
   // The namespace sync (store/namespace_sync.h): its passes and its thread, which Close stops.
-  // Made in Open with fallbacks_; declared after everything it uses (the publisher, the local
-  // chunks, the fallbacks, the open files, ns_mu_, and through its hooks DropLink and
-  // TellChange), so that it is destroyed, its thread joined, before they go.
+  // Made in Open with ns_; declared after everything it uses (the publisher, the local chunks,
+  // the namespace, its lock and fallbacks, the open files, and through its hooks TellChange),
+  // so that it is destroyed, its thread joined, before they go.
   std::unique_ptr<NamespaceSync> sync_;
   std::unique_ptr<ThreadPool> read_pool_;
   std::unique_ptr<ThreadPool> write_pool_;
   // Staged files and their seals (store/staging.h); made in Open before Recover (which recovers
   // the staged records through it). Its seal pool is stopped first at Close (what is left
   // resumes at the next mount). Declared after what its seals use (the cut pool, the local
-  // chunks, the publisher, the open files, ns_mu_, the budgets), so that it is destroyed, its
-  // pool joined, before they go; retention_, which its hooks reach, goes before it, but Close
-  // has stopped the seals by then (and before Open ends no seal is queued).
+  // chunks, the publisher, the open files, the namespace, the budgets), so that it is
+  // destroyed, its pool joined, before they go; retention_, which its hooks reach, goes before
+  // it, but Close has stopped the seals by then (and before Open ends no seal is queued).
   std::unique_ptr<Staging> staging_;
   // The passes of user.ckptfs.retain (store/retention_pass.h), which a commit that completes a
   // checkpoint queues; made in Open once the local chunks are, stopped at Close.

@@ -111,7 +111,7 @@ Status Store::Open(uint64_t ino, bool truncate, uint64_t* fh, bool* keep_cache, 
     return Status::Ok();
   }();
   if (!st.ok() || seal_first) {
-    if (files_.Unpin(ino)) (void)ReapIfOrphan(ino);
+    if (files_.Unpin(ino)) (void)ns_->ReapIfOrphan(ino);
     if (!st.ok()) return st;
     // A writer of staged bytes: they are sealed first, then it takes the daemon's path.
     RETURN_IF_ERROR(EnsureSealed(ino));
@@ -152,7 +152,7 @@ Status Store::Release(uint64_t ino, uint64_t fh) {
       Status born = KeepCreated(ino, *f);
       if (st.ok()) st = born;
     }
-    Status reap = ReapIfOrphan(ino);
+    Status reap = ns_->ReapIfOrphan(ino);
     if (st.ok()) st = reap;
   }
   return st;
@@ -161,16 +161,8 @@ Status Store::Release(uint64_t ino, uint64_t fh) {
 Status Store::KeepCreated(uint64_t ino, OpenFile& f, uint64_t fh) {
   std::lock_guard lock(f.mu);
   if (!f.unborn || (fh != 0 && fh != f.creator_fh)) return Status::Ok();
-  {
-    MutexLock ns(&ns_mu_);
-    ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
-    RETURN_IF_ERROR(txn.ClearUnborn(ino));
-    ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(ino));
-    RETURN_IF_ERROR(QueueRemote(txn, remote_op::PublishFile(ino, rec.path_epoch)));
-    RETURN_IF_ERROR(txn.Commit());
-  }
+  RETURN_IF_ERROR(ns_->KeepCreated(ino));
   f.unborn = false;
-  publisher_->Kick();
   return Status::Ok();
 }
 
@@ -465,7 +457,7 @@ Status Store::Fsync(uint64_t ino, uint64_t fh) {
     ASSIGN_OR_RETURN(fb, txn.GetFallback(ino));
   }
   RETURN_IF_ERROR(cache_->Sync());
-  if (fb) RETURN_IF_ERROR(fallbacks_->DropSettled({{ino, fb->touch}}));
+  if (fb) RETURN_IF_ERROR(ns_->fallbacks().DropSettled({{ino, fb->touch}}));
   RETURN_IF_ERROR(meta_->Sync());
   // durability=remote: fsync returns once the tiers named by durability_tier (default: every
   // tier) hold the committed version.
@@ -523,12 +515,7 @@ Status Store::Commit(uint64_t ino, OpenFile& f, bool durable) {
   std::vector<ChunkId> freed;
   std::shared_ptr<const Manifest> committed;
   if (st.ok()) {
-    MutexLock lock(&ns_mu_);
-    st = [&]() REQUIRES(ns_mu_) -> Status {
-      ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
-      RETURN_IF_ERROR(CommitManifestTxn(txn, ino, *finished, mtime, durable, &freed));
-      return txn.Commit();
-    }();
+    st = ns_->CommitManifest(ino, *finished, mtime, durable, &freed);
     if (st.ok()) f.unborn = false;
   }
   const uint64_t committed_size = st.ok() ? finished->size() : 0;
@@ -577,28 +564,6 @@ void Store::RunAfterCommit(uint64_t ino, OpenFile& f) {
     publisher_->Kick();
     retention_->NoteCommitted(ino);
   }
-}
-
-Status Store::CommitManifestTxn(MetaStore::Txn& txn, uint64_t ino, const Manifest& m,
-                                int64_t mtime, bool durable, std::vector<ChunkId>* freed) {
-  ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(ino));
-  ASSIGN_OR_RETURN(auto old, txn.GetManifest(ino));
-  RETURN_IF_ERROR(AddManifestRefs(txn, m, +1, nullptr));
-  // The version replaced becomes the file's fallback when it is the last durable one; its
-  // references then move to the fallback record.
-  ASSIGN_OR_RETURN(bool kept, fallbacks_->Cover(txn, rec, old, durable, freed));
-  if (old && !kept) RETURN_IF_ERROR(AddManifestRefs(txn, *old, -1, freed));
-  RETURN_IF_ERROR(txn.PutManifest(ino, m));
-  rec.size = m.size();
-  rec.data_bytes = m.DataBytes();
-  rec.mtime_ns = rec.ctime_ns = mtime;
-  ++rec.generation;
-  RETURN_IF_ERROR(txn.PutInode(rec));
-  // Always (one lookup each): a mark whose in-memory flag was lost must not outlive the commit.
-  RETURN_IF_ERROR(txn.ClearUnborn(ino));
-  RETURN_IF_ERROR(txn.DelStaged(ino));
-  if (remote_tiers() > 0) publisher_->HoldUnpublished(ino, rec.generation, m);
-  return QueueRemote(txn, remote_op::PublishFile(ino, rec.path_epoch));
 }
 
 Result<std::optional<uint64_t>> Store::Seek(uint64_t ino, uint64_t offset, bool data) {

@@ -1,4 +1,4 @@
-// The namespace: entries, renames, directories, links, xattrs (store/store_namespace.cc).
+// The namespace: entries, renames, directories, links, xattrs (store/namespace.cc).
 #include <gtest/gtest.h>
 #include <linux/fs.h>
 #include <sys/stat.h>
