@@ -82,13 +82,21 @@ Result<bool> Fallbacks::Cover(MetaStore::Txn& txn, const InodeRecord& rec,
   return old.has_value();
 }
 
+Result<bool> Fallbacks::AtRisk(MetaStore::Txn& txn, uint64_t ino) {
+  ASSIGN_OR_RETURN(auto fb, txn.GetFallback(ino));
+  if (fb) return true;
+  ASSIGN_OR_RETURN(auto staged, txn.GetStaged(ino));
+  return staged && !staged->durable;
+}
+
 Status Fallbacks::FallBackToReplaced(MetaStore::Txn& txn, const InodeRecord& src,
                                      const InodeRecord& dst, std::vector<ChunkId>* freed) {
   if (!S_ISREG(src.mode) || !S_ISREG(dst.mode)) return Status::Ok();
+  ASSIGN_OR_RETURN(const bool at_risk, AtRisk(txn, src.ino));
+  if (!at_risk) return Status::Ok();  // src's newest version is durable
   ASSIGN_OR_RETURN(auto src_fb, txn.GetFallback(src.ino));
   ASSIGN_OR_RETURN(auto staged, txn.GetStaged(src.ino));
   const bool staged_at_risk = staged && !staged->durable;
-  if (!src_fb && !staged_at_risk) return Status::Ok();  // src's newest version is durable
   // dst's last durable version: its fallback, or else what it holds.
   FallbackRecord n;
   ASSIGN_OR_RETURN(auto dst_fb, txn.GetFallback(dst.ino));

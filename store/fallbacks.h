@@ -66,6 +66,9 @@ class Fallbacks {
   // references now belong to the fallback); a durable one drops the fallback.
   Result<bool> Cover(MetaStore::Txn& txn, const InodeRecord& rec,
                      const std::optional<Manifest>& old, bool durable, std::vector<ChunkId>* freed);
+  // REQUIRES: inside txn. Whether ino's newest version may not be durable yet: it has a
+  // fallback, or it is a staged record written without fsync.
+  static Result<bool> AtRisk(MetaStore::Txn& txn, uint64_t ino);
   // REQUIRES: ns_mu_ held, inside txn. A rename puts `src` in place of `dst` (a regular file
   // about to lose that name): when src's newest version may not be durable (a fallback, or a
   // staged record without fsync), src's fallback becomes dst's last durable version.

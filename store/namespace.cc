@@ -311,7 +311,8 @@ Status Namespace::Rmdir(uint64_t parent, std::string_view name) {
 }
 
 Status Namespace::Rename(uint64_t parent, std::string_view name, uint64_t new_parent,
-                         std::string_view new_name, unsigned flags, uint64_t* seal_first) {
+                         std::string_view new_name, unsigned flags, uint64_t* seal_first,
+                         uint64_t* durable_first) {
   RETURN_IF_ERROR(CheckName(new_name));
   if (flags & ~(RENAME_NOREPLACE | RENAME_EXCHANGE)) return Invalid("unknown rename flags");
   return Mutate([&](MetaStore::Txn& txn, Change& c) REQUIRES(mu_) -> Status {
@@ -362,12 +363,21 @@ Status Namespace::Rename(uint64_t parent, std::string_view name, uint64_t new_pa
         } else if (src_is_dir) {
           return Status(Code::kNotDir, std::string(new_name));
         }
-        if (S_ISREG(dst.mode) && seal_first) {
+        if (S_ISREG(dst.mode) && (seal_first || durable_first)) {
           ASSIGN_OR_RETURN(auto dst_staged, txn.GetStaged(dst.ino));
           if (dst_staged && dst_staged->durable) {
-            *seal_first = dst.ino;
-            c.commit = false;  // sealed, the rename runs again
-            return Status::Ok();
+            // dst sealed, or src made durable, the rename runs again.
+            if (seal_first) {
+              *seal_first = dst.ino;
+              c.commit = false;
+              return Status::Ok();
+            }
+            ASSIGN_OR_RETURN(const bool at_risk, Fallbacks::AtRisk(txn, src.ino));
+            if (at_risk) {
+              *durable_first = src.ino;
+              c.commit = false;
+              return Status::Ok();
+            }
           }
         }
         // A replace by rename keeps the replaced bytes until src's are durable.

@@ -135,10 +135,14 @@ class Namespace {
   Status Rmdir(uint64_t parent, std::string_view name) EXCLUDES(mu_);
   // Store::Rename. With `seal_first`, a regular file the rename would replace whose newest
   // durable bytes (fsync'd in passthrough mode) are only staged is not replaced: nothing
-  // changes, *seal_first is set to it, and the caller seals it and calls again. Without it (or
-  // *seal_first left 0) the rename is done.
+  // changes, *seal_first is set to it, and the caller seals it and calls again. Without
+  // `seal_first` but with `durable_first`, the same when the renamed file's newest version may
+  // not be durable (Fallbacks::AtRisk): *durable_first is set to the renamed file, which the
+  // caller makes durable before it calls again. With neither (or both left 0) the rename is
+  // done.
   Status Rename(uint64_t parent, std::string_view name, uint64_t new_parent,
-                std::string_view new_name, unsigned flags, uint64_t* seal_first) EXCLUDES(mu_);
+                std::string_view new_name, unsigned flags, uint64_t* seal_first,
+                uint64_t* durable_first) EXCLUDES(mu_);
   Status SetXattr(uint64_t ino, std::string_view name, std::string_view value, int flags)
       EXCLUDES(mu_);
   Status RemoveXattr(uint64_t ino, std::string_view name) EXCLUDES(mu_);

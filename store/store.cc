@@ -525,15 +525,24 @@ Status Store::Rename(uint64_t parent, std::string_view name, uint64_t new_parent
   // A file replaced while its newest durable bytes (fsync'd in passthrough mode) are only in
   // its staging file is sealed first, so that the fallback a not yet durable src keeps is that
   // version and not an older one, or none (which would remove the name after a machine crash).
-  // A file a writer still has open is not sealed: after kSealTries the rename goes ahead, and
-  // its fallback is the replaced file's last sealed version.
-  constexpr int kSealTries = 8;
+  // A file a writer still has open cannot be sealed: after kSealTries, src's newest version is
+  // made durable instead (MakeDurable), so that it needs no fallback. Only when src changes
+  // again every time, kDurableTries later, does the rename go ahead with the replaced file's
+  // last sealed version as src's fallback.
+  constexpr int kSealTries = 8, kDurableTries = 8;
   for (int attempt = 0;; ++attempt) {
-    uint64_t seal_first = 0;
-    RETURN_IF_ERROR(ns_->Rename(parent, name, new_parent, new_name, flags,
-                                attempt < kSealTries ? &seal_first : nullptr));
-    if (!seal_first) return Status::Ok();
-    RETURN_IF_ERROR(EnsureSealed(seal_first));
+    uint64_t seal_first = 0, durable_first = 0;
+    RETURN_IF_ERROR(
+        ns_->Rename(parent, name, new_parent, new_name, flags,
+                    attempt < kSealTries ? &seal_first : nullptr,
+                    attempt < kSealTries + kDurableTries ? &durable_first : nullptr));
+    if (seal_first) {
+      RETURN_IF_ERROR(EnsureSealed(seal_first));
+    } else if (durable_first) {
+      RETURN_IF_ERROR(MakeDurable(durable_first));
+    } else {
+      return Status::Ok();
+    }
   }
 }
 

@@ -383,6 +383,13 @@ class Store final {
   // (an LMDB sync), wakes the uploaders, queues retention. Every caller of Commit or CommitOrDrop
   // calls it once it has released f.mu.
   void RunAfterCommit(uint64_t ino, OpenFile& f);
+  // Makes ino's committed version durable and drops its fallback (fsync(2) after its commit).
+  Status SettleCommitted(uint64_t ino);
+  // Makes ino's newest committed version durable without committing a session: a staged record
+  // is synced and recorded durable (as fsync does: the kernel's writes since are in it), a closed
+  // staged file is sealed, and then SettleCommitted. For a rename that cannot seal the file it
+  // replaces (see Rename).
+  Status MakeDurable(uint64_t ino);
   // Commit, unless a write since the last commit failed: then drops the writer and returns that
   // error (the file keeps its committed bytes). REQUIRES: as Commit.
   Status CommitOrDrop(uint64_t ino, OpenFile& f, bool durable);

@@ -451,14 +451,7 @@ Status Store::Fsync(uint64_t ino, uint64_t fh) {
   // A new file fsync'd with nothing written is kept too.
   if (auto f = files_.Find(ino)) RETURN_IF_ERROR(KeepCreated(ino, *f));
   // A file committed earlier by close(2) is made durable here too, and needs no fallback.
-  std::optional<FallbackRecord> fb;
-  {
-    ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
-    ASSIGN_OR_RETURN(fb, txn.GetFallback(ino));
-  }
-  RETURN_IF_ERROR(cache_->Sync());
-  if (fb) RETURN_IF_ERROR(ns_->fallbacks().DropSettled({{ino, fb->touch}}));
-  RETURN_IF_ERROR(meta_->Sync());
+  RETURN_IF_ERROR(SettleCommitted(ino));
   // durability=remote: fsync returns once the tiers named by durability_tier (default: every
   // tier) hold the committed version.
   if (remote_tiers() > 0 && cfg_.durability == "remote") {
@@ -478,6 +471,30 @@ Status Store::Fsync(uint64_t ino, uint64_t fh) {
     }
   }
   return Status::Ok();
+}
+
+Status Store::SettleCommitted(uint64_t ino) {
+  std::optional<FallbackRecord> fb;
+  {
+    ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
+    ASSIGN_OR_RETURN(fb, txn.GetFallback(ino));
+  }
+  RETURN_IF_ERROR(cache_->Sync());
+  if (fb) RETURN_IF_ERROR(ns_->fallbacks().DropSettled({{ino, fb->touch}}));
+  return meta_->Sync();
+}
+
+Status Store::MakeDurable(uint64_t ino) {
+  bool live = false;
+  if (auto f = files_.Find(ino)) {
+    std::lock_guard lock(f->mu);
+    if (f->stage && f->stage->recorded) {
+      live = true;  // the kernel may still write it: synced and recorded as fsync does
+      if (!f->stage->durable) RETURN_IF_ERROR(staging_->StageCommit(ino, *f, true));
+    }
+  }
+  if (!live) RETURN_IF_ERROR(EnsureSealed(ino));  // staged and closed: its chunks, committed
+  return SettleCommitted(ino);
 }
 
 Status Store::CommitOrDrop(uint64_t ino, OpenFile& f, bool durable) {
