@@ -25,6 +25,7 @@
 #define RELEASE(...) CKPTFS_TSA(release_capability(__VA_ARGS__))
 #define ACQUIRED_BEFORE(...) CKPTFS_TSA(acquired_before(__VA_ARGS__))
 #define RETURN_CAPABILITY(x) CKPTFS_TSA(lock_returned(x))
+#define ASSERT_CAPABILITY(x) CKPTFS_TSA(assert_capability(x))
 #define NO_THREAD_SAFETY_ANALYSIS CKPTFS_TSA(no_thread_safety_analysis)
 
 namespace ckptfs {
@@ -33,6 +34,9 @@ class CAPABILITY("mutex") Mutex {
  public:
   void lock() ACQUIRE() { mu_.lock(); }
   void unlock() RELEASE() { mu_.unlock(); }
+  // Tells the analysis the caller holds it, where it cannot see so (a lock taken through another
+  // object's reference to the same Mutex); no check at run time.
+  void AssertHeld() const ASSERT_CAPABILITY(this) {}
   // For std::unique_lock and condition variables; the analysis does not follow it.
   std::mutex& native() { return mu_; }
 

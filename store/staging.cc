@@ -28,7 +28,7 @@ constexpr auto kReleaseWait = std::chrono::seconds(2);
 
 Staging::Staging(const Config& cfg, MetaStore* meta, OpenTable* files, LocalChunks* chunks,
                  ChunkCache* cache, Publisher* publisher, Metrics* metrics, Logger log,
-                 Mutex& ns_mu, MemoryBudget* reorder_budget, ThreadPool* cut_pool,
+                 Namespace* ns, MemoryBudget* reorder_budget, ThreadPool* cut_pool,
                  const PayloadScannerFactory& scanners, std::string boot_id, Hooks hooks)
     : cfg_(cfg),
       meta_(meta),
@@ -38,7 +38,7 @@ Staging::Staging(const Config& cfg, MetaStore* meta, OpenTable* files, LocalChun
       publisher_(publisher),
       metrics_(metrics),
       log_(std::move(log)),
-      ns_mu_(ns_mu),
+      ns_(ns),
       reorder_budget_(reorder_budget),
       cut_pool_(cut_pool),
       scanners_(scanners),
@@ -194,7 +194,7 @@ Status Staging::StageCommit(uint64_t ino, OpenFile& f, bool durable) {
   StagedRecord r{s.name, static_cast<uint64_t>(st.st_size), MtimeNs(st), DataBytes(st), durable,
                  boot_id_};
   Status committed = [&]() -> Status {
-    MutexLock ns(&ns_mu_);
+    MutexLock ns(&ns_->mu());
     ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
     RETURN_IF_ERROR(txn.GetInode(ino).status());
     RETURN_IF_ERROR(txn.PutStaged(ino, r));
@@ -268,7 +268,7 @@ void Staging::ScheduleSeal(uint64_t ino) {
       Status st = f ? Seal(ino, *f) : Status::Ok();
       if (!st.ok()) log_->error("inode {}: sealing its staged bytes: {}", ino, st.ToString());
     }
-    if (files_->Unpin(ino)) (void)hooks_.reap_if_orphan(ino);
+    if (files_->Unpin(ino)) (void)ns_->ReapIfOrphan(ino);
   });
 }
 
@@ -362,7 +362,7 @@ Status Staging::Seal(uint64_t ino, OpenFile& f, bool wait_release) {
         RETURN_IF_ERROR(cache_->SyncChunks(ids));
         synced = true;
       }
-      MutexLock ns(&ns_mu_);
+      MutexLock ns(&ns_->mu());
       ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
       ASSIGN_OR_RETURN(auto now, txn.GetStaged(ino));
       if (!now || now->name != rec->name) return Status::Ok();  // unlinked, or staged anew
@@ -370,7 +370,7 @@ Status Staging::Seal(uint64_t ino, OpenFile& f, bool wait_release) {
         durable = true;
         continue;
       }
-      RETURN_IF_ERROR(hooks_.commit_manifest(txn, ino, *finished, now->mtime_ns, synced, &freed));
+      RETURN_IF_ERROR(ns_->CommitManifestTxn(txn, ino, *finished, now->mtime_ns, synced, &freed));
       RETURN_IF_ERROR(txn.Commit());
       break;
     }
@@ -434,7 +434,7 @@ Status Staging::EnsureSealed(uint64_t ino) {
   }
   auto f = files_->Pin(ino);
   Status st = Seal(ino, *f, /*wait_release=*/true);
-  if (files_->Unpin(ino)) (void)hooks_.reap_if_orphan(ino);
+  if (files_->Unpin(ino)) (void)ns_->ReapIfOrphan(ino);
   return st;
 }
 
@@ -467,6 +467,7 @@ bool Staging::StagedSurvives(const StagedRecord& r, bool clean) const {
 }
 
 Status Staging::RecoverStaged(MetaStore::Txn& txn, bool clean, std::vector<ChunkId>* freed) {
+  ns_->mu().AssertHeld();  // the caller holds it (Store::Recover)
   std::vector<std::pair<uint64_t, StagedRecord>> staged;
   RETURN_IF_ERROR(txn.ForEachStaged(
       [&](uint64_t ino, const StagedRecord& r) { staged.emplace_back(ino, r); }));
@@ -485,7 +486,7 @@ Status Staging::RecoverStaged(MetaStore::Txn& txn, bool clean, std::vector<Chunk
     if (!rec.ok()) continue;
     if (rec->generation == 0) {
       // A new file whose only bytes were lost with the machine: absent, as if never closed.
-      RETURN_IF_ERROR(hooks_.remove_unborn(txn, *rec, freed));
+      RETURN_IF_ERROR(ns_->RemoveUnborn(txn, *rec, freed));
     }
     log_->warn("inode {}: bytes closed without fsync before a machine crash are gone ({}); the "
                "file keeps its previous version", ino, present ? "another boot" : "staging file lost");

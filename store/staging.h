@@ -23,9 +23,10 @@
 // decides under the file's lock, counting the handles served through the daemon.
 //
 // The state of one staged file lives in its OpenFile (store/open_file.h: Stage, writing_fd,
-// released, seal_mu), so an entry of the open-file table is pinned while a seal runs. What only
-// the store above can do (commit a manifest in the namespace, reap an orphan, check the local
-// tier's room, queue retention) it asks through `Hooks`.
+// released, seal_mu), so an entry of the open-file table is pinned while a seal runs. A seal
+// commits its manifest, and recovery and the last release remove files, through the Namespace
+// below (store/namespace.h); what only the store above can do (check the local tier's room,
+// queue retention) it asks through `Hooks`.
 //
 // Thread-safe. Which lock guards what:
 //   OpenFile::seal_mu  one seal of a file at a time: held for the whole of Seal (reading and
@@ -38,24 +39,22 @@
 //                  WaitFailedRelease wait on it, at most kReleaseWait.
 //   OpenFile::qmu  f.writing_fd (TrackWriters), f.committed_size and f.committed_data (Seal),
 //                  taken under mu: read by GetAttr without mu.
-//   ns_mu_         the store's namespace lock (a reference to Store's ns_mu_, not owned): taken by
-//                  StageCommit and Seal around their write transactions. RecoverStaged runs
-//                  inside the caller's transaction with it held, and Hooks::commit_manifest and
-//                  Hooks::remove_unborn are called with it held (REQUIRES: ns_mu_ held, written
-//                  in comments: clang's analysis cannot tell this reference and Store's ns_mu_
-//                  are one lock).
+//   ns_->mu()      the namespace lock (Namespace's): taken by StageCommit and Seal around their
+//                  write transactions (Namespace::CommitManifestTxn runs under it);
+//                  RecoverStaged runs inside the caller's transaction with it held.
 //   stage_epoch_   atomic (Stage::epoch values), bumped under the file's mu.
 //   seals_stopped_ atomic: set by StopSeals; ScheduleSeal and queued seals test it first.
 //   seal_pool_     made by the constructor, reset (joined) only by StopSeals, which Store::Close
 //                  calls once no request can come any more; its queue has its own lock, a leaf.
 //   boot_id_       const. resume_seals_: Store::Open only (RecoverStaged, then ResumeSeals).
-// Lock order: seal_mu -> mu -> qmu, and mu -> ns_mu_ -> the LMDB writer -> the Publisher's
-// unpublished_mu_ (Hooks::commit_manifest), as in store/store.h. Under mu (no ns_mu_) a
+// Lock order: seal_mu -> mu -> qmu, and mu -> the namespace lock -> the LMDB writer -> the
+// Publisher's unpublished_mu_ (CommitManifestTxn), as in store/store.h. Under mu (without the
+// namespace lock) a
 // staged-file call also takes the open-file table's lock (MarkStale; Pin in ScheduleSeal), the
 // seal pool's (ScheduleSeal) and ChunkCache's (SyncChunks); Hooks::check_room takes none. After a
 // seal's mu is released: LocalChunks' holds_mu_ (ReleaseHolds, Reclaim), the tiers' (Kick) and
-// Hooks::note_committed (the retention passes' queue lock). Hooks::reap_if_orphan is called with
-// no lock held (it takes ns_mu_). Held across waits: a file's seal_mu and mu across its own
+// Hooks::note_committed (the retention passes' queue lock). Namespace::ReapIfOrphan is called
+// with no lock held (it takes the namespace lock). Held across waits: a file's seal_mu and mu across its own
 // staging file's fdatasync and chunk syncs, and seal_mu across a wait for a writer's release.
 #pragma once
 
@@ -80,6 +79,7 @@
 #include "store/manifest.h"
 #include "store/memory_budget.h"
 #include "store/meta_store.h"
+#include "store/namespace.h"
 #include "store/open_file.h"
 #include "store/open_table.h"
 #include "store/publisher.h"
@@ -93,29 +93,16 @@ class Staging {
     // Whether the local tier has room for the daemon's own writes now (Store::CheckRoom(0));
     // kNoSpace when not. Called under a file's mu; takes no lock.
     std::function<Status()> check_room;
-    // REQUIRES: ns_mu_ held, inside txn. The commit's metadata: m replaces ino's manifest (mtime,
-    // a new generation), its staged record and new-file mark go, and the remote tiers are told.
-    // `durable`: m's chunks are synced (Store::CommitManifestTxn).
-    std::function<Status(MetaStore::Txn& txn, uint64_t ino, const Manifest& m, int64_t mtime,
-                         bool durable, std::vector<ChunkId>* freed)>
-        commit_manifest;
-    // REQUIRES: ns_mu_ held, inside txn, at recovery. Removes a new file's entry and inode
-    // (Store::RemoveUnborn).
-    std::function<Status(MetaStore::Txn& txn, const InodeRecord& rec, std::vector<ChunkId>* freed)>
-        remove_unborn;
-    // Deletes ino if it is an orphan whose last open went away (Store::ReapIfOrphan). Called
-    // with no lock held.
-    std::function<Status(uint64_t ino)> reap_if_orphan;
     // A seal committed ino's new version (the retention passes, Store's RetentionPass). Called
     // with no lock held.
     std::function<void(uint64_t ino)> note_committed;
   };
 
-  // cfg, meta, files, chunks, cache, publisher, metrics, ns_mu, reorder_budget, cut_pool
+  // cfg, meta, files, chunks, cache, publisher, metrics, ns, reorder_budget, cut_pool
   // (optional) and scanners outlive this. boot_id: this boot's (CurrentBootId). The seal pool
   // gets cfg.write_threads threads.
   Staging(const Config& cfg, MetaStore* meta, OpenTable* files, LocalChunks* chunks,
-          ChunkCache* cache, Publisher* publisher, Metrics* metrics, Logger log, Mutex& ns_mu,
+          ChunkCache* cache, Publisher* publisher, Metrics* metrics, Logger log, Namespace* ns,
           MemoryBudget* reorder_budget, ThreadPool* cut_pool,
           const PayloadScannerFactory& scanners, std::string boot_id, Hooks hooks);
   // Joins the seal pool (StopSeals normally did).
@@ -146,14 +133,15 @@ class Staging {
   // REQUIRES: ino's mu not held.
   Result<bool> ChangeStaged(uint64_t ino, const std::function<int(int fd)>& fn, bool bytes);
   // Seals whatever is staged for ino and not open for writing now (Store::EnsureSealed). Ok at
-  // once when nothing is staged. REQUIRES: no lock of ino held, ns_mu_ not held.
+  // once when nothing is staged. REQUIRES: no lock of ino held, the namespace lock not held.
   Status EnsureSealed(uint64_t ino);
   // EnsureSealed of every staged file (Store::SealAll).
   Status SealAll();
 
-  // At open (REQUIRES: ns_mu_ held, inside txn): drops staged records whose bytes did not
-  // survive (see StagedRecord) and remembers the inodes whose staged bytes are to be sealed,
-  // which ResumeSeals queues. `clean`: the last stop was clean (it synced every staging file).
+  // At open (REQUIRES: inside txn, the namespace lock held; a comment: clang cannot tell the
+  // caller's Namespace is ns_): drops staged records whose bytes did not survive (see
+  // StagedRecord) and remembers the inodes whose staged bytes are to be sealed, which
+  // ResumeSeals queues. `clean`: the last stop was clean (it synced every staging file).
   Status RecoverStaged(MetaStore::Txn& txn, bool clean, std::vector<ChunkId>* freed);
   // Recovery's rule for a staged record: its staging file is there whole, and its bytes reached
   // the disk (fsync, this boot, or a clean stop since). Fallbacks::Recover asks it too.
@@ -191,7 +179,7 @@ class Staging {
   Publisher* const publisher_;
   Metrics* const metrics_;
   const Logger log_;
-  Mutex& ns_mu_;
+  Namespace* const ns_;  // its lock and the commit's metadata (below staging)
   // What seals give their FileWriters: the reorder windows' memory, the cut threads (may be
   // null) and the format scanners, the store's, shared with its sessions.
   MemoryBudget* const reorder_budget_;

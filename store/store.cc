@@ -152,19 +152,9 @@ Result<std::unique_ptr<Store>> Store::Open(const Config& cfg, PayloadScannerFact
   s->scanners_ = std::move(scanners);
   s->staging_ = std::make_unique<Staging>(
       s->cfg_, s->meta_.get(), &s->files_, s->chunks_.get(), s->cache_.get(), s->publisher_.get(),
-      &s->metrics_, s->log_, ns->mu(), &s->reorder_budget_, s->cut_pool_.get(), s->scanners_,
-      boot_id,
+      &s->metrics_, s->log_, ns, &s->reorder_budget_, s->cut_pool_.get(), s->scanners_, boot_id,
       Staging::Hooks{
           .check_room = [p] { return p->CheckRoom(0); },
-          .commit_manifest = [ns](MetaStore::Txn& txn, uint64_t ino, const Manifest& m,
-                                  int64_t mtime, bool durable, std::vector<ChunkId>* freed)
-              REQUIRES(ns->mu()) {
-                return ns->CommitManifestTxn(txn, ino, m, mtime, durable, freed);
-              },
-          .remove_unborn = [ns](MetaStore::Txn& txn, const InodeRecord& rec,
-                                std::vector<ChunkId>* freed)
-              REQUIRES(ns->mu()) { return ns->RemoveUnborn(txn, rec, freed); },
-          .reap_if_orphan = [ns](uint64_t ino) { return ns->ReapIfOrphan(ino); },
           .note_committed = [p](uint64_t ino) { p->retention_->NoteCommitted(ino); },
       });
   Status st = s->Recover(clean);
