@@ -1,5 +1,5 @@
 // OpenFile: the state of one file the store has in use, shared by its code for file bytes
-// (store_files.cc), staged files (store/staging.h) and the namespace: the writer of the session
+// (store/file_sessions.h), staged files (store/staging.h) and the namespace: the writer of the session
 // not yet committed, its write queue, the staging file of passthrough handles, and what GetAttr
 // shows meanwhile. An entry lives in the OpenTable (store/open_table.h) while the file is open or
 // pinned (a seal, a change through a handle); users hold it by shared_ptr.

@@ -83,10 +83,10 @@ class Prefetcher {
   bool Add(uint64_t root, bool recursive) EXCLUDES(mu_);
   // Drops the jobs for `root` itself; the chunks being fetched now finish.
   void Cancel(uint64_t root) EXCLUDES(mu_);
-  // Chunks a reader of a cold file reaches next (Store::FetchSoon). A job that holds the first
-  // of them moves its cursor there, to go on with what that reader reads next; and they are
-  // fetched before any job's chunks, into the RAM tier (the reader takes them from there, or
-  // joins the fetch when it gets there first). The oldest of these wishes are dropped past
+  // Chunks a reader of a cold file reaches next (FileSessions::Hooks::fetch_soon). A job that
+  // holds the first of them moves its cursor there, to go on with what that reader reads next;
+  // and they are fetched before any job's chunks, into the RAM tier (the reader takes them from
+  // there, or joins the fetch when it gets there first). The oldest of these wishes are dropped past
   // kMaxUrgent, as their reader has moved on.
   void ReaderWants(const std::vector<std::pair<ChunkId, uint64_t>>& chunks) EXCLUDES(mu_);
   // Whether a job for `root` is queued or running.

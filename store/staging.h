@@ -90,8 +90,8 @@ class Staging {
  public:
   // What staging asks of the store above it.
   struct Hooks {
-    // Whether the local tier has room for the daemon's own writes now (Store::CheckRoom(0));
-    // kNoSpace when not. Called under a file's mu; takes no lock.
+    // Whether the local tier has room for the daemon's own writes now
+    // (FileSessions::CheckRoom(0)); kNoSpace when not. Called under a file's mu; takes no lock.
     std::function<Status()> check_room;
     // A seal committed ino's new version (the retention passes, Store's RetentionPass). Called
     // with no lock held.

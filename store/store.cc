@@ -4,7 +4,6 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <linux/falloc.h>
 #include <spdlog/spdlog.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -137,7 +136,7 @@ Result<std::unique_ptr<Store>> Store::Open(const Config& cfg, PayloadScannerFact
       s->cfg_.cache_dir, s->meta_.get(), s->cache_.get(), s->chunks_.get(), s->publisher_.get(),
       &s->files_, s->log_, boot_id, s->cfg_.settle_interval_s,
       Namespace::Hooks{
-          .show = [p](uint64_t ino, InodeRecord* rec) { ApplyOverlay(p->TakeOverlay(ino), rec); },
+          .show = [p](uint64_t ino, InodeRecord* rec) { p->sessions_->Show(ino, rec); },
       });
   Namespace* ns = s->ns_.get();
   s->sync_ = std::make_unique<NamespaceSync>(
@@ -154,7 +153,17 @@ Result<std::unique_ptr<Store>> Store::Open(const Config& cfg, PayloadScannerFact
       s->cfg_, s->meta_.get(), &s->files_, s->chunks_.get(), s->cache_.get(), s->publisher_.get(),
       &s->metrics_, s->log_, ns, &s->reorder_budget_, s->cut_pool_.get(), s->scanners_, boot_id,
       Staging::Hooks{
-          .check_room = [p] { return p->CheckRoom(0); },
+          .check_room = [p] { return p->sessions_->CheckRoom(0); },
+          .note_committed = [p](uint64_t ino) { p->retention_->NoteCommitted(ino); },
+      });
+  s->sessions_ = std::make_unique<FileSessions>(
+      s->cfg_, s->meta_.get(), s->cache_.get(), s->chunks_.get(), &s->files_, ns,
+      s->staging_.get(), s->publisher_.get(), &s->metrics_, s->log_, &s->reorder_budget_,
+      s->cut_pool_.get(), s->scanners_,
+      FileSessions::Hooks{
+          .fetch_soon = [p](const std::vector<std::pair<ChunkId, uint64_t>>& chunks) {
+            if (p->remote_tiers() > 0) p->prefetcher().ReaderWants(chunks);
+          },
           .note_committed = [p](uint64_t ino) { p->retention_->NoteCommitted(ino); },
       });
   Status st = s->Recover(clean);
@@ -195,17 +204,14 @@ Store::Store(Config cfg, std::unique_ptr<IoEngine> engine, std::unique_ptr<Chunk
       cache_(std::move(cache)),
       meta_(std::move(meta)),
       lock_fd_(lock_fd),
-      queue_budget_(cfg_.write_memory_bytes / 2),
       reorder_budget_(cfg_.write_memory_bytes / 2),
-      cut_pool_(cfg_.cut_threads ? std::make_unique<ThreadPool>(cfg_.cut_threads) : nullptr),
-      read_pool_(std::make_unique<ThreadPool>(cfg_.read_threads)),
-      write_pool_(std::make_unique<ThreadPool>(cfg_.write_threads)) {}
+      cut_pool_(cfg_.cut_threads ? std::make_unique<ThreadPool>(cfg_.cut_threads) : nullptr) {}
 
 Store::Gauges Store::gauges() {
   Gauges g;
   g.cache = cache_->usage();
-  g.write_queue_bytes = queue_budget_.used();
-  g.write_queue_limit = queue_budget_.limit();
+  g.write_queue_bytes = sessions_->queue_budget().used();
+  g.write_queue_limit = sessions_->queue_budget().limit();
   const LocalChunks::Usage puts = chunks_->usage();
   g.put_copy_bytes = puts.put_copy_bytes;
   g.put_copy_limit = puts.put_copy_limit;
@@ -294,19 +300,7 @@ Status Store::Close() {
   // Uploads still queued stay in LMDB and resume at the next mount.
   StopSync();
   publisher_->StopTiers();
-  Status first;
-  const std::vector<std::pair<uint64_t, std::shared_ptr<OpenFile>>> open = files_.All();
-  for (auto& [ino, f] : open) {
-    WaitDrained(*f);
-    std::lock_guard lock(f->mu);
-    if (f->stage && f->stage->writers > 0) {
-      Status st = staging_->StageCommit(ino, *f, false);  // a writer still open at the stop
-      if (!st.ok() && first.ok()) first = st;
-    }
-    Status st = CommitOrDrop(ino, *f, false);
-    if (!st.ok() && first.ok()) first = st;
-  }
-  for (auto& [ino, f] : open) RunAfterCommit(ino, *f);
+  Status first = sessions_->CommitAll();
   Status st = cache_->Sync();
   if (!st.ok() && first.ok()) first = st;
   st = meta_->Sync();
@@ -369,12 +363,7 @@ Result<InodeRecord> Store::Lookup(uint64_t parent, std::string_view name) {
   return GetAttr(ino);
 }
 
-Result<InodeRecord> Store::GetAttr(uint64_t ino) {
-  const OverlayState o = TakeOverlay(ino);  // before the read: see ApplyOverlay
-  ASSIGN_OR_RETURN(InodeRecord rec, ns_->GetAttr(ino));
-  ApplyOverlay(o, &rec);
-  return rec;
-}
+Result<InodeRecord> Store::GetAttr(uint64_t ino) { return sessions_->GetAttr(ino); }
 
 Result<InodeRecord> Store::ClearModeBits(uint64_t ino, uint32_t bits) {
   return ns_->ClearModeBits(ino, bits);
@@ -382,47 +371,7 @@ Result<InodeRecord> Store::ClearModeBits(uint64_t ino, uint32_t bits) {
 
 Result<InodeRecord> Store::SetAttr(uint64_t ino, const SetAttrRequest& req, uint64_t fh) {
   const int64_t now = NowNs();
-  bool staged_live = false;  // the size changed in a staging file the kernel uses now
-  if (req.size) {
-    {
-      ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
-      ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(ino));
-      if (S_ISDIR(rec.mode)) return Status(Code::kIsDir, "truncate of a directory");
-      if (!S_ISREG(rec.mode)) return Invalid("truncate of a special file");
-    }
-    ASSIGN_OR_RETURN(staged_live, staging_->ChangeStaged(ino, [&](int fd) {
-                       return ::ftruncate(fd, static_cast<off_t>(*req.size)) == 0 ? 0 : errno;
-                     }, true));
-    if (!staged_live) RETURN_IF_ERROR(EnsureSealed(ino));
-  }
-  if (req.size && !staged_live) {
-    auto f = files_.Pin(ino);
-    WaitDrained(*f);
-    Status st = [&]() -> Status {
-      std::lock_guard lock(f->mu);
-      RETURN_IF_ERROR(EnsureWriter(ino, *f));
-      RETURN_IF_ERROR(f->writer->Truncate(*req.size));
-      bool alone;
-      {
-        std::lock_guard q(f->qmu);
-        if (!f->dirty) f->data_bytes = f->committed_data;
-        f->size = f->writer->size();
-        f->data_bytes = std::min(f->data_bytes.load(), f->size.load());
-        f->mtime_ns = now;
-        f->dirty = true;
-        if (fh) f->session.insert(fh);
-      }
-      // No handle has it open (a seal's pin is none).
-      alone = f->cached_opens == 0 && (!f->stage || f->stage->handles.empty());
-      // ftruncate is part of its handle's session, committed at its close; truncate(2) by path
-      // commits at once unless the file is open, then with its session or last release.
-      if (fh || !alone) return Status::Ok();
-      return CommitOrDrop(ino, *f, false);
-    }();
-    RunAfterCommit(ino, *f);
-    if (files_.Unpin(ino)) RETURN_IF_ERROR(ns_->ReapIfOrphan(ino));
-    RETURN_IF_ERROR(st);
-  }
+  if (req.size) RETURN_IF_ERROR(sessions_->Truncate(ino, *req.size, fh, now));
   if (req.mtime_ns) {
     // ... and a live staging file's, which its next commit reads.
     const int64_t t = *req.mtime_ns == SetAttrRequest::kNow ? now : *req.mtime_ns;
@@ -434,37 +383,7 @@ Result<InodeRecord> Store::SetAttr(uint64_t ino, const SetAttrRequest& req, uint
 }
 
 Status Store::PunchHole(uint64_t ino, uint64_t offset, uint64_t len, uint64_t fh) {
-  ASSIGN_OR_RETURN(bool staged, staging_->ChangeStaged(ino, [&](int fd) {
-                     return ::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                                        static_cast<off_t>(offset), static_cast<off_t>(len)) == 0
-                                ? 0
-                                : errno;
-                   }, true));
-  if (staged) return Status::Ok();
-  RETURN_IF_ERROR(EnsureSealed(ino));
-  {
-    ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
-    ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(ino));
-    if (!S_ISREG(rec.mode)) return Invalid("a hole in a file that is not regular");
-    // The file moves to a staging file of its size on the cache disk: room for it first.
-    RETURN_IF_ERROR(AdmitWrite(rec.size));
-  }
-  auto f = files_.Pin(ino);
-  WaitDrained(*f);  // after the writes queued before it
-  Status st = [&]() -> Status {
-    std::lock_guard lock(f->mu);
-    RETURN_IF_ERROR(EnsureWriter(ino, *f));
-    RETURN_IF_ERROR(f->writer->PunchHole(offset, len));
-    std::lock_guard q(f->qmu);
-    // The punched bytes still count until the commit.
-    if (!f->dirty) f->data_bytes = f->committed_data;
-    f->mtime_ns = NowNs();
-    f->dirty = true;
-    if (fh) f->session.insert(fh);
-    return Status::Ok();
-  }();
-  if (files_.Unpin(ino)) RETURN_IF_ERROR(ns_->ReapIfOrphan(ino));
-  return st;
+  return sessions_->PunchHole(ino, offset, len, fh);
 }
 
 Result<InodeRecord> Store::MakeNode(uint64_t parent, std::string_view name, uint32_t mode,
@@ -529,7 +448,7 @@ Status Store::Rename(uint64_t parent, std::string_view name, uint64_t new_parent
     if (seal_first) {
       RETURN_IF_ERROR(EnsureSealed(seal_first));
     } else if (durable_first) {
-      RETURN_IF_ERROR(MakeDurable(durable_first));
+      RETURN_IF_ERROR(sessions_->MakeDurable(durable_first));
     } else {
       return Status::Ok();
     }
@@ -563,6 +482,50 @@ Status Store::EnsureSealed(uint64_t ino) { return staging_->EnsureSealed(ino); }
 
 Status Store::SealAll() { return staging_->SealAll(); }
 
+// --- file bytes: FileSessions (store/file_sessions.h) ---
+
+Status Store::Open(uint64_t ino, bool truncate, uint64_t* fh, bool* keep_cache, bool write,
+                   int* passthrough_fd) {
+  return sessions_->Open(ino, truncate, fh, keep_cache, write, passthrough_fd);
+}
+
+Status Store::Release(uint64_t ino, uint64_t fh) { return sessions_->Release(ino, fh); }
+
+Status Store::Write(uint64_t ino, uint64_t offset, const uint8_t* data, size_t len,
+                    uint64_t fh) {
+  return sessions_->Write(ino, offset, data, len, fh);
+}
+
+Status Store::Read(uint64_t ino, uint64_t offset, size_t len, std::vector<ReadSlice>* out) {
+  return sessions_->Read(ino, offset, len, out);
+}
+
+Result<std::optional<uint64_t>> Store::Seek(uint64_t ino, uint64_t offset, bool data) {
+  return sessions_->Seek(ino, offset, data);
+}
+
+Status Store::Flush(uint64_t ino, uint64_t fh) { return sessions_->Flush(ino, fh); }
+
+Status Store::Fsync(uint64_t ino, uint64_t fh) { return sessions_->Fsync(ino, fh); }
+
+Result<bool> Store::Busy(uint64_t ino) { return sessions_->Busy(ino); }
+
+Result<std::shared_ptr<const Manifest>> Store::CommittedManifest(uint64_t ino) {
+  return sessions_->CommittedManifest(ino);
+}
+
+Status Store::ReadCommitted(const Manifest& m, uint64_t offset, uint64_t len,
+                            std::vector<ReadSlice>* out) {
+  return sessions_->ReadCommitted(m, offset, len, out);
+}
+
+void Store::WarmCommitted(const std::shared_ptr<const Manifest>& m, uint64_t offset,
+                          uint64_t len) {
+  sessions_->WarmCommitted(m, offset, len);
+}
+
+Result<Store::ChunkUsage> Store::Usage(const Manifest& m) { return sessions_->Usage(m); }
+
 
 Result<struct statvfs> Store::StatFs() {
   struct statvfs st;
@@ -591,10 +554,6 @@ Status Store::Prefetch(uint64_t ino, bool recursive) {
   if (remote_tiers() == 0) return Status::Ok();
   prefetcher().Add(ino, recursive);
   return Status::Ok();
-}
-
-void Store::FetchSoon(const std::vector<std::pair<ChunkId, uint64_t>>& chunks) {
-  if (remote_tiers() > 0) prefetcher().ReaderWants(chunks);
 }
 
 void Store::CancelPrefetch(uint64_t ino) { prefetcher().Cancel(ino); }
@@ -627,7 +586,7 @@ Status Store::LoadPins() { return prefetcher().LoadPins(); }
 
 Status Store::WarmCheckpoint(uint64_t ino, uint64_t dir, bool recursive) {
   if (remote_tiers() == 0) return Status::Ok();
-  ASSIGN_OR_RETURN(auto m, CommittedManifest(ino));
+  ASSIGN_OR_RETURN(auto m, sessions_->CommittedManifest(ino));
   const auto& extents = m->extents();
   const bool all_local = std::all_of(extents.begin(), extents.end(), [&](const Extent& e) {
     return e.hole() || cache_->OnDisk(e.id);

@@ -19,28 +19,21 @@
 // and the settle thread's settle_mu_ (store/fallbacks.h; the fallbacks' changes run under the
 // namespace lock, and their settle pass takes it), the sync thread's stop_mu_
 // (store/namespace_sync.h), the seal pool's queue (store/staging.h; seals are queued under a
-// file's mu).
+// file's mu), and the write queues' budget and the read and write pools' queues
+// (store/file_sessions.h; a file's writes and readahead are queued under its mu or qmu).
 // Reads of metadata use LMDB read transactions and take no store lock.
 //
 // Waits: no lock that another file's operation could need (the namespace lock, the open-file
 // table's, holds_mu_, a file's qmu, which stat takes) is held across a wait for room, a backend
-// request or an fsync. A writer waits for room with no lock (Write); a commit's after-effects
-// (Reclaim, which syncs LMDB; waking the uploaders; retention) run after the file's mu is
-// released (RunAfterCommit), and a namespace change's after the namespace lock is
-// (Namespace::Mutate).
+// request or an fsync. A writer waits for room with no lock (FileSessions::Write); a commit's
+// after-effects (Reclaim, which syncs LMDB; waking the uploaders; retention) run after the
+// file's mu is released (FileSessions::RunAfterCommit), and a namespace change's after the
+// namespace lock is (Namespace::Mutate).
 // The exception is LMDB's own commit, which syncs inside the namespace lock: LMDB has one writer
 // anyway. A file's own mu and seal_mu may be held across its own chunk syncs (fsync, a durable
 // seal).
 //
-// Writes are acknowledged once copied into the file's bounded queue; pool threads chunk, hash and
-// store them behind the writer, so the application and the daemon work in parallel. An error
-// found there is returned by the file's next write, flush or fsync; a write that the local tier
-// has no room for is refused at once (AdmitWrite).
-//
-// Durability: closing a file (Flush) commits its manifest after its chunks are written to the
-// local tier's files, so a crash of the daemon never loses or tears a closed file. Fsync also
-// syncs the chunks before the commit and the metadata after it, so the file survives a crash of
-// the machine too.
+// Writes, sessions and durability: store/file_sessions.h.
 #pragma once
 
 #include <sys/statvfs.h>
@@ -74,6 +67,7 @@
 #include "common/thread_pool.h"
 #include "store/chunk_refs.h"
 #include "store/fallbacks.h"
+#include "store/file_sessions.h"
 #include "store/file_writer.h"
 #include "store/journal.h"
 #include "store/local_chunks.h"
@@ -153,53 +147,26 @@ class Store final {
   Status RemoveXattr(uint64_t ino, std::string_view name);
   Result<struct statvfs> StatFs();
 
-  // --- file bytes ---
-  // Every Open is paired with one Release. An unlinked file lives on until its last Release.
-  //
-  // Sessions: the bytes written since a file's last commit form one session, committed whole or
-  // not at all. Each open gets a handle (*fh); a handle that writes (or truncates) joins the
-  // session, and only a flush, fsync or release through a handle of the session commits it (and
-  // reports its errors), so a reader's or another process's close never commits a half-written
-  // checkpoint. The last release commits whatever is left. Handle 0 stands for "any": calls
-  // with it act as a member of the session.
-  //
-  // truncate (open(2) with O_TRUNC): the file's bytes are dropped in its writer, committed like
-  // any write, so a crash before then leaves the previous version. *keep_cache: whether the
-  // kernel may keep the pages it has cached for the file.
-  //
-  // Passthrough (store/staging.h): when `passthrough_fd` is given (the mount can open files in
-  // FUSE passthrough mode) the store may serve this handle from a staging file on the local
-  // tier, which the kernel then reads and writes itself; *passthrough_fd is set to its
-  // descriptor (owned by the store, open until this handle's Release), else to -1. `write`: the
-  // handle may write.
+  // --- file bytes: FileSessions (store/file_sessions.h) ---
+  // Every Open is paired with one Release; sessions, truncate, *keep_cache and passthrough_fd
+  // are described there.
   Status Open(uint64_t ino, bool truncate = false, uint64_t* fh = nullptr,
               bool* keep_cache = nullptr, bool write = false, int* passthrough_fd = nullptr);
   Status Release(uint64_t ino, uint64_t fh = 0);
   Status Write(uint64_t ino, uint64_t offset, const uint8_t* data, size_t len, uint64_t fh = 0);
   Status Read(uint64_t ino, uint64_t offset, size_t len, std::vector<ReadSlice>* out);
-  // lseek(2)'s SEEK_DATA (data) and SEEK_HOLE: the holes of the committed manifest, or of the
-  // staging file the kernel writes; bytes the daemon is being given count as data throughout
-  // (no hole but the end). nullopt: offset at or past the end, or no data after it (ENXIO).
   Result<std::optional<uint64_t>> Seek(uint64_t ino, uint64_t offset, bool data);
+  Status Flush(uint64_t ino, uint64_t fh = 0);
+  Status Fsync(uint64_t ino, uint64_t fh = 0);
 
-  // --- what a file holds, for describing it (fs/ serves user.ckptfs.* attributes with these) ---
-  // The file's committed bytes as they are now (writes not yet committed are not included),
-  // without opening it. Immutable: read it with ReadCommitted.
+  // --- what a file holds, for describing it (fs/ serves user.ckptfs.* attributes with these;
+  // store/file_sessions.h) ---
   Result<std::shared_ptr<const Manifest>> CommittedManifest(uint64_t ino);
-  // Bytes of a manifest from CommittedManifest. kNotFound when one of its chunks has been reclaimed
-  // since (the file changed): take a new snapshot.
   Status ReadCommitted(const Manifest& m, uint64_t offset, uint64_t len,
                        std::vector<ReadSlice>* out);
-  // Loads the chunks of m that hold bytes [offset, offset + len) into the RAM tier in the
-  // background (readahead for readers of committed snapshots, such as views). Returns at once.
   void WarmCommitted(const std::shared_ptr<const Manifest>& m, uint64_t offset, uint64_t len);
-  struct ChunkUsage {
-    uint64_t chunks = 0, bytes = 0;                // the manifest's chunks (holes excluded)
-    uint64_t shared_chunks = 0, shared_bytes = 0;  // of those, referenced elsewhere too
-  };
+  using ChunkUsage = FileSessions::ChunkUsage;
   Result<ChunkUsage> Usage(const Manifest& m);
-  // Commits the file's session if fh belongs to it (close(2)).
-  Status Flush(uint64_t ino, uint64_t fh = 0);
   // Staged files (written in passthrough mode): the close of a writer commits the staging file
   // itself as the file's new bytes (one LMDB transaction, no copy), and a background seal then
   // cuts it into chunks, commits the manifest and removes it. Until then the inode record and
@@ -209,8 +176,6 @@ class Store final {
   Status EnsureSealed(uint64_t ino);
   // Seals every staged file that no writer has open now (EnsureSealed of each).
   Status SealAll();
-  // Flush, and makes the file's committed bytes durable (fsync(2)).
-  Status Fsync(uint64_t ino, uint64_t fh = 0);
   // Makes durable the newest version of every file committed without fsync (an fsync of each of
   // its chunk files, not of the whole disk), and drops the fallbacks that covered them. A thread
   // does it every settle_interval; tests call it directly. After a machine crash a file reads as
@@ -344,65 +309,9 @@ class Store final {
   RemoteTier& sync_tier() { return publisher_->sync_tier(); }
   Backend& sync_backend() { return publisher_->sync_backend(); }
 
-  // What GetAttr shows for a file with uncommitted bytes, taken before reading LMDB (a commit
-  // lands in LMDB before it clears the mark), then applied to the record read.
-  struct OverlayState {
-    bool dirty = false;
-    uint64_t size = 0;
-    int64_t mtime_ns = 0;
-    uint64_t data_bytes = 0;  // st_blocks' bytes (OpenFile::data_bytes, or the staging file's)
-    // The staging file the kernel writes in passthrough mode (OpenFile::writing_fd), if any.
-    std::shared_ptr<const int> staged;
-  };
-  OverlayState TakeOverlay(uint64_t ino);
-  static void ApplyOverlay(const OverlayState& o, InodeRecord* rec);
-  // Whether handle fh takes part in f's session (fh 0: always). REQUIRES: f.qmu not held.
-  bool InSession(OpenFile& f, uint64_t fh);
-  Status EnsureWriter(uint64_t ino, OpenFile& f);
-  // Chunks off the local tier that a reader reaches next: a prefetch job holding the first of
-  // them goes on from there; else they are fetched into the RAM tier ahead of any job.
-  void FetchSoon(const std::vector<std::pair<ChunkId, uint64_t>>& chunks);
-  // After a read of m over extents [first, last]: when the reader is sequential, or extent
-  // `first` was off the local tier, brings the next readahead_chunks chunks into the RAM tier in
-  // the background (through FetchSoon for those off the local tier). REQUIRES: f.mu held.
-  void ReadAhead(OpenFile& f, const std::shared_ptr<const Manifest>& m, size_t first, size_t last);
-  // Refuses a write of len bytes with kNoSpace when the local tier could not hold it on top of
-  // the bytes already acknowledged and not yet stored, so that a full disk fails the write(2)
-  // itself instead of a close(2) that many programs never check.
-  Status AdmitWrite(size_t len);
-  // AdmitWrite's check of the cache filesystem's free space, alone (no wait for uploads).
-  Status CheckRoom(size_t len);
-  // Applies f's queued writes (a pool task).
-  void Drain(uint64_t ino, const std::shared_ptr<OpenFile>& f);
-  // Waits until every queued write of f is applied. REQUIRES: f.mu not held.
-  void WaitDrained(OpenFile& f);
-  // REQUIRES: f.mu held, f's queue drained. Commits f's writer, if any. durable: sync chunks
-  // before, metadata after. Its after-effects wait in f for RunAfterCommit.
-  Status Commit(uint64_t ino, OpenFile& f, bool durable);
-  // REQUIRES: f.mu not held. Runs what commits of f left to do: reclaims the chunks they freed
-  // (an LMDB sync), wakes the uploaders, queues retention. Every caller of Commit or CommitOrDrop
-  // calls it once it has released f.mu.
-  void RunAfterCommit(uint64_t ino, OpenFile& f);
-  // Makes ino's committed version durable and drops its fallback (fsync(2) after its commit).
-  Status SettleCommitted(uint64_t ino);
-  // Makes ino's newest committed version durable without committing a session: a staged record
-  // is synced and recorded durable (as fsync does: the kernel's writes since are in it), a closed
-  // staged file is sealed, and then SettleCommitted. For a rename that cannot seal the file it
-  // replaces (see Rename).
-  Status MakeDurable(uint64_t ino);
-  // Commit, unless a write since the last commit failed: then drops the writer and returns that
-  // error (the file keeps its committed bytes). REQUIRES: as Commit.
-  Status CommitOrDrop(uint64_t ino, OpenFile& f, bool durable);
-  // A file made by CreateFile that no commit has kept yet (nothing was written) is kept, and
-  // published: at its creator's close (fh, which FUSE's flush runs before close returns), at an
-  // fsync or at the last release (fh 0: any).
-  Status KeepCreated(uint64_t ino, OpenFile& f, uint64_t fh = 0);
-  // Waits until the local tier has room for `len` more bytes of chunks the backend does not
-  // hold yet (cache_size); kNoSpace after remote_timeout.
-  Status WaitForRoom(size_t len);
-
   const Config cfg_;
-  PayloadScannerFactory scanners_;  // set once in Open, before any file is written
+  // The writers' and the seals' format scanners: set once in Open, before any file is written.
+  PayloadScannerFactory scanners_;
   Metrics metrics_;
   Logger log_;
   std::unique_ptr<IoEngine> engine_;
@@ -411,16 +320,13 @@ class Store final {
   int lock_fd_;
   bool closed_ = false;
 
-  // write_memory: half for every file's queued writes (Write waits for room), half for every
-  // reorder window (FileWriter spills to staging when it finds none). Declared before the open
-  // files and the pools, so they outlive every writer and task that uses them.
-  MemoryBudget queue_budget_;
+  // write_memory: half for every file's queued writes (FileSessions' queue_budget_), half for
+  // every reorder window (FileWriter spills to staging when it finds none). Declared before the
+  // open files and the pools, so it outlives every writer and task that uses it.
   MemoryBudget reorder_budget_;
   // The files in use (store/open_table.h), with the handle numbers and the files whose pages
   // the kernel may cache stale.
   OpenTable files_;
-  std::atomic<uint64_t> unstored_bytes_{0};  // acknowledged writes still in queues
-  std::atomic<bool> full_logged_{false};
   // The remote tiers: their backends, workers and queues (store/publisher.h); made in Open
   // before Recover (whose commits queue through it), the tiers attached after it. Declared
   // before the pools and threads that publish through it (seals, retention, reads that restore
@@ -452,8 +358,12 @@ class Store final {
   // the namespace, its lock and fallbacks, the open files, and through its hooks TellChange),
   // so that it is destroyed, its thread joined, before they go.
   std::unique_ptr<NamespaceSync> sync_;
-  std::unique_ptr<ThreadPool> read_pool_;
-  std::unique_ptr<ThreadPool> write_pool_;
+  // The open files' sessions (store/file_sessions.h), with the write queues' budget and the read
+  // and write pools; made in Open after staging_ (below it), before Recover. Declared here, after
+  // everything its pools' tasks use, so that they are joined (the write pool first) before it
+  // goes; before staging_, whose hooks reach it (check_room) and whose seal pool is joined
+  // first.
+  std::unique_ptr<FileSessions> sessions_;
   // Staged files and their seals (store/staging.h); made in Open before Recover (which recovers
   // the staged records through it). Its seal pool is stopped first at Close (what is left
   // resumes at the next mount). Declared after what its seals use (the cut pool, the local

@@ -1,4 +1,4 @@
-// File bytes: open, write, read, flush, truncate (store/store_files.cc).
+// File bytes: open, write, read, flush, truncate (store/file_sessions.cc).
 #include <gtest/gtest.h>
 
 #include <string>

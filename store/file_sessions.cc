@@ -1,5 +1,9 @@
-// Store: file bytes — open files, writes, reads and commits.
+// FileSessions: the bytes of open files (store/file_sessions.h).
+#include "store/file_sessions.h"
+
 #include <spdlog/spdlog.h>
+#include <fcntl.h>
+#include <linux/falloc.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -9,28 +13,59 @@
 #include <chrono>
 #include <cstring>
 #include <thread>
+#include <unordered_map>
+#include <utility>
 
 #include "store/remote_tier.h"
-#include "store/store.h"
 
 namespace ckptfs {
 
-Result<bool> Store::Busy(uint64_t ino) {
-  if (files_.Find(ino)) return true;
+FileSessions::FileSessions(const Config& cfg, MetaStore* meta, ChunkCache* cache,
+                           LocalChunks* chunks, OpenTable* files, Namespace* ns, Staging* staging,
+                           Publisher* publisher, Metrics* metrics, Logger log,
+                           MemoryBudget* reorder_budget, ThreadPool* cut_pool,
+                           const PayloadScannerFactory& scanners, Hooks hooks)
+    : cfg_(cfg),
+      meta_(meta),
+      cache_(cache),
+      chunks_(chunks),
+      files_(files),
+      ns_(ns),
+      staging_(staging),
+      publisher_(publisher),
+      metrics_(metrics),
+      log_(std::move(log)),
+      reorder_budget_(reorder_budget),
+      cut_pool_(cut_pool),
+      scanners_(scanners),
+      hooks_(std::move(hooks)),
+      queue_budget_(cfg.write_memory_bytes / 2),
+      read_pool_(std::make_unique<ThreadPool>(cfg.read_threads)),
+      write_pool_(std::make_unique<ThreadPool>(cfg.write_threads)) {}
+
+Result<InodeRecord> FileSessions::GetAttr(uint64_t ino) {
+  const OverlayState o = TakeOverlay(ino);  // before the read: see ApplyOverlay
+  ASSIGN_OR_RETURN(InodeRecord rec, ns_->GetAttr(ino));
+  ApplyOverlay(o, &rec);
+  return rec;
+}
+
+Result<bool> FileSessions::Busy(uint64_t ino) {
+  if (files_->Find(ino)) return true;
   ASSIGN_OR_RETURN(InodeRecord rec, GetAttr(ino));
   if (!S_ISDIR(rec.mode)) return false;
   bool busy = false;
   ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
   RETURN_IF_ERROR(txn.WalkTree(ino, true, [&](const DirEntry& e) -> Status {
-    if (!busy && files_.Find(e.ino)) busy = true;
+    if (!busy && files_->Find(e.ino)) busy = true;
     return Status::Ok();
   }));
   return busy;
 }
 
-Store::OverlayState Store::TakeOverlay(uint64_t ino) {
+FileSessions::OverlayState FileSessions::TakeOverlay(uint64_t ino) {
   OverlayState o;
-  if (auto f = files_.Find(ino)) {
+  if (auto f = files_->Find(ino)) {
     std::lock_guard q(f->qmu);
     o.dirty = f->dirty;
     o.size = f->size;
@@ -49,30 +84,30 @@ Store::OverlayState Store::TakeOverlay(uint64_t ino) {
   return o;
 }
 
-void Store::ApplyOverlay(const OverlayState& o, InodeRecord* rec) {
+void FileSessions::ApplyOverlay(const OverlayState& o, InodeRecord* rec) {
   if (!o.dirty) return;
   rec->size = o.size;
   rec->data_bytes = o.data_bytes;
   rec->mtime_ns = rec->ctime_ns = o.mtime_ns;
 }
 
-bool Store::InSession(OpenFile& f, uint64_t fh) {
+bool FileSessions::InSession(OpenFile& f, uint64_t fh) {
   if (fh == 0) return true;
   std::lock_guard q(f.qmu);
   return f.session.count(fh) > 0;
 }
 
-Status Store::Open(uint64_t ino, bool truncate, uint64_t* fh, bool* keep_cache, bool write,
+Status FileSessions::Open(uint64_t ino, bool truncate, uint64_t* fh, bool* keep_cache, bool write,
                    int* passthrough_fd) {
   // Without passthrough every byte is read from chunks: staged bytes are sealed first.
   if (passthrough_fd) {
     *passthrough_fd = -1;
   } else {
-    RETURN_IF_ERROR(EnsureSealed(ino));
+    RETURN_IF_ERROR(staging_->EnsureSealed(ino));
   }
   // Pinned before the inode is read: an Unlink from now on keeps the file as an orphan.
-  auto f = files_.Pin(ino);
-  const uint64_t handle = files_.NewHandle();
+  auto f = files_->Pin(ino);
+  const uint64_t handle = files_->NewHandle();
   bool seal_first = false;
   Status st = [&]() -> Status {
     std::unique_lock lock(f->mu);  // no commit of this file runs meanwhile
@@ -111,24 +146,24 @@ Status Store::Open(uint64_t ino, bool truncate, uint64_t* fh, bool* keep_cache, 
     return Status::Ok();
   }();
   if (!st.ok() || seal_first) {
-    if (files_.Unpin(ino)) (void)ns_->ReapIfOrphan(ino);
+    if (files_->Unpin(ino)) (void)ns_->ReapIfOrphan(ino);
     if (!st.ok()) return st;
     // A writer of staged bytes: they are sealed first, then it takes the daemon's path.
-    RETURN_IF_ERROR(EnsureSealed(ino));
+    RETURN_IF_ERROR(staging_->EnsureSealed(ino));
     return Open(ino, truncate, fh, keep_cache, write, nullptr);
   }
   if (fh) *fh = handle;
   if (keep_cache && passthrough_fd && *passthrough_fd >= 0) {
     *keep_cache = false;  // the kernel refuses it with passthrough (no page cache of its own)
   } else if (keep_cache) {
-    *keep_cache = !files_.TakeStale(ino);
+    *keep_cache = !files_->TakeStale(ino);
   }
   return Status::Ok();
 }
 
-Status Store::Release(uint64_t ino, uint64_t fh) {
+Status FileSessions::Release(uint64_t ino, uint64_t fh) {
   Status st;
-  const std::shared_ptr<OpenFile> f = files_.Find(ino);
+  const std::shared_ptr<OpenFile> f = files_->Find(ino);
   if (f) {
     auto staged = staging_->ReleaseStaged(ino, *f, fh);
     if (!staged.ok()) st = staged.status();
@@ -145,7 +180,7 @@ Status Store::Release(uint64_t ino, uint64_t fh) {
     Status flushed = Flush(ino, last ? 0 : fh);
     if (st.ok()) st = flushed;
   }
-  if (files_.Unpin(ino)) {
+  if (files_->Unpin(ino)) {
     // The last handle is gone (two releases at once may both have seen another open): a new
     // file that no commit kept is kept now.
     if (f) {
@@ -158,7 +193,7 @@ Status Store::Release(uint64_t ino, uint64_t fh) {
   return st;
 }
 
-Status Store::KeepCreated(uint64_t ino, OpenFile& f, uint64_t fh) {
+Status FileSessions::KeepCreated(uint64_t ino, OpenFile& f, uint64_t fh) {
   std::lock_guard lock(f.mu);
   if (!f.unborn || (fh != 0 && fh != f.creator_fh)) return Status::Ok();
   RETURN_IF_ERROR(ns_->KeepCreated(ino));
@@ -166,7 +201,7 @@ Status Store::KeepCreated(uint64_t ino, OpenFile& f, uint64_t fh) {
   return Status::Ok();
 }
 
-Status Store::EnsureWriter(uint64_t ino, OpenFile& f) {
+Status FileSessions::EnsureWriter(uint64_t ino, OpenFile& f) {
   if (f.writer) return Status::Ok();
   Manifest base;
   if (f.manifest) {
@@ -180,16 +215,16 @@ Status Store::EnsureWriter(uint64_t ino, OpenFile& f) {
     std::lock_guard q(f.qmu);
     f.committed_data = base.DataBytes();
   }
-  f.writer = std::make_unique<FileWriter>(std::move(base), chunks_.get(), cfg_.chunking,
-                                          cfg_.reorder_bytes, &metrics_, scanners_,
-                                          &reorder_budget_);
-  f.writer->CutAhead(cut_pool_.get(), cfg_.cut_threads + 1);
+  f.writer = std::make_unique<FileWriter>(std::move(base), chunks_, cfg_.chunking,
+                                          cfg_.reorder_bytes, metrics_, scanners_,
+                                          reorder_budget_);
+  f.writer->CutAhead(cut_pool_, cfg_.cut_threads + 1);
   return Status::Ok();
 }
 
-Status Store::Write(uint64_t ino, uint64_t offset, const uint8_t* data, size_t len,
+Status FileSessions::Write(uint64_t ino, uint64_t offset, const uint8_t* data, size_t len,
                     uint64_t fh) {
-  auto f = files_.Find(ino);
+  auto f = files_->Find(ino);
   if (!f) return Internal("write to inode " + std::to_string(ino) + " that is not open");
   // Daemon-wide back-pressure first (not under the file's lock: its queue must keep draining).
   queue_budget_.Take(len);
@@ -242,7 +277,7 @@ namespace {
 constexpr size_t kLargeWrite = 128 << 10;
 }  // namespace
 
-Status Store::WaitForRoom(size_t len) {
+Status FileSessions::WaitForRoom(size_t len) {
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::milliseconds(static_cast<int64_t>(cfg_.remote_timeout_s * 1000));
   for (bool logged = false;;) {
@@ -264,12 +299,12 @@ Status Store::WaitForRoom(size_t len) {
   }
 }
 
-Status Store::AdmitWrite(size_t len) {
-  if (remote_tiers() > 0 && cfg_.cache_bytes > 0) RETURN_IF_ERROR(WaitForRoom(len));
+Status FileSessions::AdmitWrite(size_t len) {
+  if (publisher_->tiers() > 0 && cfg_.cache_bytes > 0) RETURN_IF_ERROR(WaitForRoom(len));
   return CheckRoom(len);
 }
 
-Status Store::CheckRoom(size_t len) {
+Status FileSessions::CheckRoom(size_t len) {
   struct statvfs vfs;
   if (::statvfs(cfg_.cache_dir.c_str(), &vfs) != 0) {
     return Status::FromErrno(errno, "statvfs " + cfg_.cache_dir);
@@ -295,7 +330,7 @@ Status Store::CheckRoom(size_t len) {
   return st;
 }
 
-void Store::Drain(uint64_t ino, const std::shared_ptr<OpenFile>& f) {
+void FileSessions::Drain(uint64_t ino, const std::shared_ptr<OpenFile>& f) {
   for (;;) {
     QueuedWrite w;
     {
@@ -323,13 +358,13 @@ void Store::Drain(uint64_t ino, const std::shared_ptr<OpenFile>& f) {
   }
 }
 
-void Store::WaitDrained(OpenFile& f) {
+void FileSessions::WaitDrained(OpenFile& f) {
   std::unique_lock q(f.qmu);
   f.qcv.wait(q, [&] { return !f.draining && f.queue.empty(); });
 }
 
-Status Store::Read(uint64_t ino, uint64_t offset, size_t len, std::vector<ReadSlice>* out) {
-  auto f = files_.Find(ino);
+Status FileSessions::Read(uint64_t ino, uint64_t offset, size_t len, std::vector<ReadSlice>* out) {
+  auto f = files_->Find(ino);
   if (!f) return Internal("read of inode " + std::to_string(ino) + " that is not open");
   for (int attempt = 0;; ++attempt) {
     std::shared_ptr<const Manifest> m;
@@ -369,7 +404,7 @@ Status Store::Read(uint64_t ino, uint64_t offset, size_t len, std::vector<ReadSl
   }
 }
 
-void Store::ReadAhead(OpenFile& f, const std::shared_ptr<const Manifest>& m, size_t first,
+void FileSessions::ReadAhead(OpenFile& f, const std::shared_ptr<const Manifest>& m, size_t first,
                       size_t last) {
   if (f.prefetched_for != m.get()) {
     f.prefetched_for = m.get();
@@ -384,7 +419,7 @@ void Store::ReadAhead(OpenFile& f, const std::shared_ptr<const Manifest>& m, siz
   // reading ahead in vain, and a reader that jumps (torch.load going from record to record)
   // would otherwise wait for every chunk of each record in turn.
   const Extent& at = m->extents()[first];
-  const bool cold = remote_tiers() > 0 && !at.hole() && !cache_->OnDisk(at.id);
+  const bool cold = publisher_->tiers() > 0 && !at.hole() && !cache_->OnDisk(at.id);
   if (!sequential && !cold) return;
   const size_t until = std::min(last + cfg_.readahead_chunks, m->extents().size() - 1);
   const size_t from = sequential ? std::max(f.prefetched_upto + 1, last + 1) : last + 1;
@@ -392,7 +427,7 @@ void Store::ReadAhead(OpenFile& f, const std::shared_ptr<const Manifest>& m, siz
   for (size_t i = from; i <= until; ++i) {
     const Extent& e = m->extents()[i];
     if (e.hole()) continue;
-    if (remote_tiers() > 0 && !cache_->OnDisk(e.id)) {
+    if (publisher_->tiers() > 0 && !cache_->OnDisk(e.id)) {
       fetch.emplace_back(e.id, e.len);
       continue;
     }
@@ -400,12 +435,12 @@ void Store::ReadAhead(OpenFile& f, const std::shared_ptr<const Manifest>& m, siz
     // gets there first wait for this load instead of starting its own.
     read_pool_->Submit([this, m, id = e.id, len = e.len] { (void)cache_->Get(id, len); });
   }
-  if (!fetch.empty()) FetchSoon(fetch);
+  if (!fetch.empty()) hooks_.fetch_soon(fetch);
   f.prefetched_upto = std::max(f.prefetched_upto, until);
 }
 
-Status Store::Flush(uint64_t ino, uint64_t fh) {
-  auto f = files_.Find(ino);
+Status FileSessions::Flush(uint64_t ino, uint64_t fh) {
+  auto f = files_->Find(ino);
   if (!f) return Status::Ok();
   {
     // A passthrough writer's close commits its staging file as the file's new bytes.
@@ -430,15 +465,15 @@ Status Store::Flush(uint64_t ino, uint64_t fh) {
   return fh != 0 ? KeepCreated(ino, *f, fh) : Status::Ok();
 }
 
-Status Store::Fsync(uint64_t ino, uint64_t fh) {
-  if (auto f = files_.Find(ino)) {
+Status FileSessions::Fsync(uint64_t ino, uint64_t fh) {
+  if (auto f = files_->Find(ino)) {
     // Staged bytes: the staging file is synced, then its record (StageCommit).
     std::lock_guard lock(f->mu);
     if (f->stage && (f->stage->writers > 0 || f->stage->dirty)) {
       RETURN_IF_ERROR(staging_->StageCommit(ino, *f, true));
     }
   }
-  if (auto f = files_.Find(ino); f && InSession(*f, fh)) {
+  if (auto f = files_->Find(ino); f && InSession(*f, fh)) {
     WaitDrained(*f);
     Status st;
     {
@@ -449,31 +484,31 @@ Status Store::Fsync(uint64_t ino, uint64_t fh) {
     RETURN_IF_ERROR(st);
   }
   // A new file fsync'd with nothing written is kept too.
-  if (auto f = files_.Find(ino)) RETURN_IF_ERROR(KeepCreated(ino, *f));
+  if (auto f = files_->Find(ino)) RETURN_IF_ERROR(KeepCreated(ino, *f));
   // A file committed earlier by close(2) is made durable here too, and needs no fallback.
   RETURN_IF_ERROR(SettleCommitted(ino));
   // durability=remote: fsync returns once the tiers named by durability_tier (default: every
   // tier) hold the committed version.
-  if (remote_tiers() > 0 && cfg_.durability == "remote") {
+  if (publisher_->tiers() > 0 && cfg_.durability == "remote") {
     ASSIGN_OR_RETURN(InodeRecord rec, GetAttr(ino));
     if (!S_ISREG(rec.mode)) return Status::Ok();
     // One deadline for all: the tiers upload side by side.
     const auto deadline = std::chrono::steady_clock::now() +
                           std::chrono::duration<double>(cfg_.remote_timeout_s);
-    for (size_t t = 0; t < remote_tiers(); ++t) {
+    for (size_t t = 0; t < publisher_->tiers(); ++t) {
       const auto& want = cfg_.durability_tiers;
       if (!want.empty() && std::find(want.begin(), want.end(), static_cast<int>(t)) == want.end()) {
         continue;
       }
       const double left = std::max(
           0.0, std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count());
-      RETURN_IF_ERROR(remote(t)->WaitPublished(ino, rec.generation, left));
+      RETURN_IF_ERROR(publisher_->remote(t)->WaitPublished(ino, rec.generation, left));
     }
   }
   return Status::Ok();
 }
 
-Status Store::SettleCommitted(uint64_t ino) {
+Status FileSessions::SettleCommitted(uint64_t ino) {
   std::optional<FallbackRecord> fb;
   {
     ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
@@ -484,20 +519,21 @@ Status Store::SettleCommitted(uint64_t ino) {
   return meta_->Sync();
 }
 
-Status Store::MakeDurable(uint64_t ino) {
+Status FileSessions::MakeDurable(uint64_t ino) {
   bool live = false;
-  if (auto f = files_.Find(ino)) {
+  if (auto f = files_->Find(ino)) {
     std::lock_guard lock(f->mu);
     if (f->stage && f->stage->recorded) {
       live = true;  // the kernel may still write it: synced and recorded as fsync does
       if (!f->stage->durable) RETURN_IF_ERROR(staging_->StageCommit(ino, *f, true));
     }
   }
-  if (!live) RETURN_IF_ERROR(EnsureSealed(ino));  // staged and closed: its chunks, committed
+  // Staged and closed: its chunks, committed.
+  if (!live) RETURN_IF_ERROR(staging_->EnsureSealed(ino));
   return SettleCommitted(ino);
 }
 
-Status Store::CommitOrDrop(uint64_t ino, OpenFile& f, bool durable) {
+Status FileSessions::CommitOrDrop(uint64_t ino, OpenFile& f, bool durable) {
   Status failed;
   {
     std::lock_guard q(f.qmu);
@@ -515,14 +551,14 @@ Status Store::CommitOrDrop(uint64_t ino, OpenFile& f, bool durable) {
       f.EndSession();
     }
     chunks_->ReleaseHolds(writer->held());
-    files_.MarkStale(ino);  // the kernel may cache the dropped bytes
+    files_->MarkStale(ino);  // the kernel may cache the dropped bytes
   }
   log_->warn("inode {}: a write failed ({}); the file keeps its previously committed bytes", ino,
              failed.ToString());
   return failed;
 }
 
-Status Store::Commit(uint64_t ino, OpenFile& f, bool durable) {
+Status FileSessions::Commit(uint64_t ino, OpenFile& f, bool durable) {
   if (!f.writer) return Status::Ok();
   std::unique_ptr<FileWriter> writer = std::move(f.writer);
   const int64_t mtime = f.mtime_ns.load();
@@ -539,8 +575,8 @@ Status Store::Commit(uint64_t ino, OpenFile& f, bool durable) {
   const uint64_t committed_data = st.ok() ? finished->DataBytes() : 0;
   if (st.ok()) {
     committed = std::make_shared<const Manifest>(std::move(*finished));
-    metrics_.file_commits.Add(1);
-    metrics_.file_commit_bytes.Add(committed_size);
+    metrics_->file_commits.Add(1);
+    metrics_->file_commit_bytes.Add(committed_size);
     if (durable) st = meta_->Sync();
   } else {
     freed.clear();
@@ -559,7 +595,7 @@ Status Store::Commit(uint64_t ino, OpenFile& f, bool durable) {
     }
     f.EndSession();
   }
-  if (!st.ok()) files_.MarkStale(ino);
+  if (!st.ok()) files_->MarkStale(ino);
   chunks_->ReleaseHolds(writer->held());
   // Reclaim (which syncs LMDB), the uploaders and retention run once the caller has released
   // f.mu (RunAfterCommit): a stat or open of this file must not wait for them.
@@ -568,7 +604,7 @@ Status Store::Commit(uint64_t ino, OpenFile& f, bool durable) {
   return st;
 }
 
-void Store::RunAfterCommit(uint64_t ino, OpenFile& f) {
+void FileSessions::RunAfterCommit(uint64_t ino, OpenFile& f) {
   std::vector<ChunkId> freed;
   bool committed;
   {
@@ -579,11 +615,11 @@ void Store::RunAfterCommit(uint64_t ino, OpenFile& f) {
   chunks_->Reclaim(freed);
   if (committed) {
     publisher_->Kick();
-    retention_->NoteCommitted(ino);
+    hooks_.note_committed(ino);
   }
 }
 
-Result<std::optional<uint64_t>> Store::Seek(uint64_t ino, uint64_t offset, bool data) {
+Result<std::optional<uint64_t>> FileSessions::Seek(uint64_t ino, uint64_t offset, bool data) {
   const OverlayState o = TakeOverlay(ino);
   if (const auto& staged = o.staged) {  // its file position is not used: the kernel and the store read at offsets
     const off_t at = ::lseek(*staged, static_cast<off_t>(offset), data ? SEEK_DATA : SEEK_HOLE);
@@ -599,9 +635,9 @@ Result<std::optional<uint64_t>> Store::Seek(uint64_t ino, uint64_t offset, bool 
   return m->Seek(offset, data);
 }
 
-Result<std::shared_ptr<const Manifest>> Store::CommittedManifest(uint64_t ino) {
-  RETURN_IF_ERROR(EnsureSealed(ino));
-  if (auto f = files_.Find(ino)) {
+Result<std::shared_ptr<const Manifest>> FileSessions::CommittedManifest(uint64_t ino) {
+  RETURN_IF_ERROR(staging_->EnsureSealed(ino));
+  if (auto f = files_->Find(ino)) {
     std::lock_guard lock(f->mu);
     if (f->manifest) return f->manifest;
   }
@@ -612,13 +648,13 @@ Result<std::shared_ptr<const Manifest>> Store::CommittedManifest(uint64_t ino) {
   return std::make_shared<const Manifest>(m ? std::move(*m) : Manifest());
 }
 
-Status Store::ReadCommitted(const Manifest& m, uint64_t offset, uint64_t len,
+Status FileSessions::ReadCommitted(const Manifest& m, uint64_t offset, uint64_t len,
                             std::vector<ReadSlice>* out) {
   return ReadManifest(
       m, offset, len, [this](const ChunkId& id, size_t l) { return cache_->Get(id, l); }, out);
 }
 
-void Store::WarmCommitted(const std::shared_ptr<const Manifest>& m, uint64_t offset,
+void FileSessions::WarmCommitted(const std::shared_ptr<const Manifest>& m, uint64_t offset,
                           uint64_t len) {
   if (len == 0 || offset >= m->size()) return;
   const size_t last = m->Find(std::min(m->size(), offset + len) - 1);
@@ -629,7 +665,7 @@ void Store::WarmCommitted(const std::shared_ptr<const Manifest>& m, uint64_t off
   }
 }
 
-Result<Store::ChunkUsage> Store::Usage(const Manifest& m) {
+Result<FileSessions::ChunkUsage> FileSessions::Usage(const Manifest& m) {
   std::unordered_map<ChunkId, uint64_t, ChunkIdHash> uses;  // references from this manifest
   ChunkUsage u;
   for (const Extent& e : m.extents()) {
@@ -648,6 +684,98 @@ Result<Store::ChunkUsage> Store::Usage(const Manifest& m) {
     }
   }
   return u;
+}
+
+Status FileSessions::Truncate(uint64_t ino, uint64_t size, uint64_t fh, int64_t now) {
+  {
+    ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
+    ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(ino));
+    if (S_ISDIR(rec.mode)) return Status(Code::kIsDir, "truncate of a directory");
+    if (!S_ISREG(rec.mode)) return Invalid("truncate of a special file");
+  }
+  // The size changed in a staging file the kernel uses now: committed with it.
+  ASSIGN_OR_RETURN(bool staged_live, staging_->ChangeStaged(ino, [&](int fd) {
+                     return ::ftruncate(fd, static_cast<off_t>(size)) == 0 ? 0 : errno;
+                   }, true));
+  if (staged_live) return Status::Ok();
+  RETURN_IF_ERROR(staging_->EnsureSealed(ino));
+  auto f = files_->Pin(ino);
+  WaitDrained(*f);
+  Status st = [&]() -> Status {
+    std::lock_guard lock(f->mu);
+    RETURN_IF_ERROR(EnsureWriter(ino, *f));
+    RETURN_IF_ERROR(f->writer->Truncate(size));
+    bool alone;
+    {
+      std::lock_guard q(f->qmu);
+      if (!f->dirty) f->data_bytes = f->committed_data;
+      f->size = f->writer->size();
+      f->data_bytes = std::min(f->data_bytes.load(), f->size.load());
+      f->mtime_ns = now;
+      f->dirty = true;
+      if (fh) f->session.insert(fh);
+    }
+    // No handle has it open (a seal's pin is none).
+    alone = f->cached_opens == 0 && (!f->stage || f->stage->handles.empty());
+    // ftruncate is part of its handle's session, committed at its close; truncate(2) by path
+    // commits at once unless the file is open, then with its session or last release.
+    if (fh || !alone) return Status::Ok();
+    return CommitOrDrop(ino, *f, false);
+  }();
+  RunAfterCommit(ino, *f);
+  if (files_->Unpin(ino)) RETURN_IF_ERROR(ns_->ReapIfOrphan(ino));
+  return st;
+}
+
+Status FileSessions::PunchHole(uint64_t ino, uint64_t offset, uint64_t len, uint64_t fh) {
+  ASSIGN_OR_RETURN(bool staged, staging_->ChangeStaged(ino, [&](int fd) {
+                     return ::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                                        static_cast<off_t>(offset), static_cast<off_t>(len)) == 0
+                                ? 0
+                                : errno;
+                   }, true));
+  if (staged) return Status::Ok();
+  RETURN_IF_ERROR(staging_->EnsureSealed(ino));
+  {
+    ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
+    ASSIGN_OR_RETURN(InodeRecord rec, txn.GetInode(ino));
+    if (!S_ISREG(rec.mode)) return Invalid("a hole in a file that is not regular");
+    // The file moves to a staging file of its size on the cache disk: room for it first.
+    RETURN_IF_ERROR(AdmitWrite(rec.size));
+  }
+  auto f = files_->Pin(ino);
+  WaitDrained(*f);  // after the writes queued before it
+  Status st = [&]() -> Status {
+    std::lock_guard lock(f->mu);
+    RETURN_IF_ERROR(EnsureWriter(ino, *f));
+    RETURN_IF_ERROR(f->writer->PunchHole(offset, len));
+    std::lock_guard q(f->qmu);
+    // The punched bytes still count until the commit.
+    if (!f->dirty) f->data_bytes = f->committed_data;
+    f->mtime_ns = NowNs();
+    f->dirty = true;
+    if (fh) f->session.insert(fh);
+    return Status::Ok();
+  }();
+  if (files_->Unpin(ino)) RETURN_IF_ERROR(ns_->ReapIfOrphan(ino));
+  return st;
+}
+
+Status FileSessions::CommitAll() {
+  Status first;
+  const std::vector<std::pair<uint64_t, std::shared_ptr<OpenFile>>> open = files_->All();
+  for (auto& [ino, f] : open) {
+    WaitDrained(*f);
+    std::lock_guard lock(f->mu);
+    if (f->stage && f->stage->writers > 0) {
+      Status st = staging_->StageCommit(ino, *f, false);  // a writer still open at the stop
+      if (!st.ok() && first.ok()) first = st;
+    }
+    Status st = CommitOrDrop(ino, *f, false);
+    if (!st.ok() && first.ok()) first = st;
+  }
+  for (auto& [ino, f] : open) RunAfterCommit(ino, *f);
+  return first;
 }
 
 }  // namespace ckptfs
