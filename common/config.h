@@ -74,7 +74,7 @@ struct Config {
   bool writeback_cache = false;
   // FUSE passthrough (needs libfuse 3.17, a kernel with it, root, and no writeback cache): a file
   // created or truncated by open(2) is written by the kernel into a staging file of the local
-  // tier and cut into chunks after its close (store/store_staged.cc). Off, or where unavailable
+  // tier and cut into chunks after its close (store/staging.h). Off, or where unavailable
   // (logged at mount), every byte goes through the daemon.
   bool passthrough = true;
   // The remote tiers (store/remote_tier.h), nearest first (--backend given once per tier). Empty:
