@@ -5,7 +5,7 @@
 #include <random>
 #include <thread>
 
-#include "common/chunk_id.h"
+#include "store/summed_text.h"
 
 namespace ckptfs {
 namespace {
@@ -16,33 +16,6 @@ constexpr int kSeqDigits = 20;  // decimal, zero-padded: byte order is number or
 uint64_t RandomInstance() {
   std::random_device rd;
   return (uint64_t{rd()} << 32) ^ rd();
-}
-
-// The value of line "name=value\n" in body; empty when absent.
-std::string Field(std::string_view body, std::string_view name) {
-  size_t at = 0;
-  while (at < body.size()) {
-    size_t end = body.find('\n', at);
-    if (end == std::string_view::npos) end = body.size();
-    std::string_view line = body.substr(at, end - at);
-    if (line.size() > name.size() && line.substr(0, name.size()) == name &&
-        line[name.size()] == '=') {
-      return std::string(line.substr(name.size() + 1));
-    }
-    at = end + 1;
-  }
-  return {};
-}
-
-// The body without its last line "sum=<XXH3-128 of the bytes before it>\n" when that line is
-// there and right; empty otherwise (bytes damaged in the bucket or on the way).
-std::string_view Verified(std::string_view body) {
-  const size_t at = body.rfind("\nsum=");
-  if (at == std::string_view::npos || body.empty() || body.back() != '\n') return {};
-  std::string_view covered = body.substr(0, at + 1);
-  std::string_view sum = body.substr(at + 5, body.size() - at - 6);
-  if (covered.rfind(kMagic, 0) != 0) return {};
-  return ChunkId::Of(covered.data(), covered.size()).Hex() == sum ? covered : std::string_view{};
 }
 
 }  // namespace
@@ -69,9 +42,8 @@ uint64_t NamespaceJournal::SeqOf(std::string_view key) {
 }
 
 std::string NamespaceJournal::Body(const std::string& key, uint64_t nonce) const {
-  std::string b = std::string(kMagic) + "key=" + key + "\nwriter=" + writer_ + "\nnonce=" +
-                  std::to_string(instance_) + "-" + std::to_string(nonce) + "\n";
-  return b + "sum=" + ChunkId::Of(b.data(), b.size()).Hex() + "\n";
+  return WithSum(std::string(kMagic) + "key=" + key + "\nwriter=" + writer_ + "\nnonce=" +
+                 std::to_string(instance_) + "-" + std::to_string(nonce) + "\n");
 }
 
 Result<uint64_t> NamespaceJournal::LastAfter(uint64_t after) {
@@ -191,7 +163,7 @@ Result<NamespaceJournal::Batch> NamespaceJournal::ReadAfter(uint64_t cursor, siz
         if (b.last > head_hint_) head_hint_ = b.last;
         return b;
       }
-      key = Field(Verified(*body), "key");  // damaged on the way: read it again
+      key = TextField(VerifiedBody(*body, kMagic), "key");  // damaged on the way: read it again
     }
     if (key.empty()) {  // gone since the listing (truncated), or damaged for good
       b.gap = true;
@@ -215,7 +187,7 @@ Result<bool> NamespaceJournal::CreatesAreExclusive() {
   return again;
 }
 
-Result<uint64_t> NamespaceJournal::Truncate(uint64_t keep) {
+Result<uint64_t> NamespaceJournal::Truncate(uint64_t keep, uint64_t keep_after) {
   if (keep == 0) keep = 1;
   std::vector<uint64_t> seqs;
   RETURN_IF_ERROR(backend_->List(std::string(kPrefix), "", [&](const ObjectInfo& o) {
@@ -224,8 +196,11 @@ Result<uint64_t> NamespaceJournal::Truncate(uint64_t keep) {
   }));
   if (seqs.size() <= keep) return uint64_t{0};
   const size_t drop = seqs.size() - keep;
-  for (size_t i = 0; i < drop; ++i) RETURN_IF_ERROR(backend_->Delete(Key(seqs[i])));
-  return uint64_t{drop};
+  uint64_t dropped = 0;
+  for (size_t i = 0; i < drop && seqs[i] <= keep_after; ++i, ++dropped) {
+    RETURN_IF_ERROR(backend_->Delete(Key(seqs[i])));
+  }
+  return dropped;
 }
 
 }  // namespace ckptfs

@@ -60,8 +60,9 @@ class NamespaceJournal {
   Result<bool> CreatesAreExclusive();
 
   // Deletes the entries older than the newest `keep` (keep >= 1: the newest always stays, so
-  // that numbers are never taken twice). Returns how many went.
-  Result<uint64_t> Truncate(uint64_t keep);
+  // that numbers are never taken twice), but none after `keep_after` (the journal entry of the
+  // newest record snapshot: a mount reads the entries after it). Returns how many went.
+  Result<uint64_t> Truncate(uint64_t keep, uint64_t keep_after = UINT64_MAX);
 
  private:
   std::string Body(const std::string& key, uint64_t nonce) const;
