@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "store/chunk_refs.h"
+#include "store/snapshot.h"
 #include "store/staged_meta.h"
 
 namespace ckptfs {
@@ -146,6 +147,16 @@ Status NamespaceSync::SyncFromRemote(const Progress& progress, bool* listed) {
   const auto now = std::chrono::steady_clock::now();
   const bool due = !journal ||
                    now - last_full_sync_ >= std::chrono::duration<double>(cfg_.sync_full_interval_s);
+  if (journal && !journal_cursor_ && synced_.empty()) {
+    // A new mount: the bucket's snapshot and the journal after it, when they can be trusted.
+    bool used = false;
+    Status st = SnapshotSync(progress, &used);
+    if (used) {
+      if (listed) *listed = true;
+      last_full_sync_ = now;
+      return st;
+    }
+  }
   if (journal_cursor_ && !due) {
     bool gap = false;
     Status st = JournalSync(&gap);
@@ -277,37 +288,13 @@ Status NamespaceSync::FullSync(const Progress& progress, bool* listed) {
     auto known = synced_.find(key);
     if (known != synced_.end() && known->second == version) continue;
     if (key.rfind("dirs/", 0) == 0) {
-      Status st = ApplyRemoteDir(key.substr(5));
-      note(st, key);
-      if (st.ok()) synced_[key] = version;
+      note(ApplySeen(key, version, std::string(), 0), key);
       continue;
     }
     const uint64_t gc_generation = sync_tier().gc_generation();
     auto bytes = sync_backend().GetObject(key);
-    if (!bytes.ok()) {
-      if (bytes.status().code() != Code::kNotFound) note(bytes.status(), key);
-      continue;
-    }
-    auto rec = FileRecord::Decode(*bytes);
-    if (!rec.ok()) {
-      // Not applied. Read again at the next pass (the damage may have been on the way), but
-      // reported once per version of the object.
-      const std::string damaged = "damaged " + version;
-      if (known == synced_.end() || known->second != damaged) {
-        log_->error("{} in {}: {}", key, sync_backend().Describe(), rec.status().ToString());
-      }
-      synced_[key] = damaged;
-      RetryKey(key);
-      continue;
-    }
-    Status st = ApplyRemoteFile(key.substr(6), *rec, gc_generation);
-    if (st.ok() || st.code() == Code::kExists) {
-      synced_[key] = version;
-    } else if (st.code() != Code::kBusy) {
-      note(st, key);
-    } else {
-      RetryKey(key);
-    }
+    if (!bytes.ok() && bytes.status().code() == Code::kNotFound) continue;
+    note(ApplySeen(key, version, std::move(bytes), gc_generation), key);
   }
   // Keys gone since the last pass: another node deleted or moved them. Files first, then the
   // directories, deepest first (they sort after their parents), so that emptied ones can go.
@@ -325,6 +312,93 @@ Status NamespaceSync::FullSync(const Progress& progress, bool* listed) {
     note(ApplyRemoteRmdir(*d), "dirs/" + *d);
   }
   return first;
+}
+
+Status NamespaceSync::ApplySeen(const std::string& key, const std::string& version,
+                                Result<std::string> bytes, uint64_t gc_generation) {
+  if (key.rfind("dirs/", 0) == 0) {
+    RETURN_IF_ERROR(ApplyRemoteDir(key.substr(5)));
+    synced_[key] = version;
+    return Status::Ok();
+  }
+  if (!bytes.ok()) return bytes.status();
+  auto rec = FileRecord::Decode(*bytes);
+  if (!rec.ok()) {
+    // Not applied. Read again at the next pass (the damage may have been on the way), but
+    // reported once per version of the object.
+    const std::string damaged = "damaged " + version;
+    auto known = synced_.find(key);
+    if (known == synced_.end() || known->second != damaged) {
+      log_->error("{} in {}: {}", key, sync_backend().Describe(), rec.status().ToString());
+    }
+    synced_[key] = damaged;
+    RetryKey(key);
+    return Status::Ok();
+  }
+  Status st = ApplyRemoteFile(key.substr(6), *rec, gc_generation);
+  if (st.ok() || st.code() == Code::kExists) {
+    synced_[key] = version;
+    return Status::Ok();
+  }
+  if (st.code() != Code::kBusy) return st;
+  RetryKey(key);
+  return Status::Ok();
+}
+
+Status NamespaceSync::SnapshotSync(const Progress& progress, bool* used) {
+  *used = false;
+  Backend& backend = sync_backend();
+  auto newest = NamespaceSnapshot::Newest(backend);
+  if (!newest.ok()) {
+    log_->warn("the record snapshot in {} cannot be used ({}): listing the bucket",
+               backend.Describe(), newest.status().ToString());
+    return Status::Ok();
+  }
+  if (!*newest) return Status::Ok();
+  const NamespaceSnapshot::Manifest& m = **newest;
+  // Undoes what a snapshot that proves unusable half way applied: a full listing follows, which
+  // must read every key again and delete what the bucket no longer holds.
+  auto give_up = [&]() REQUIRES(pass_mu_) {
+    journal_cursor_.reset();
+    for (auto& [key, version] : synced_) version.clear();
+  };
+  const uint64_t total = m.entries();
+  uint64_t done = 0;
+  Status first;
+  for (const NamespaceSnapshot::Part& part : m.parts) {
+    Status st = NamespaceSnapshot::ReadPart(
+        backend, part, [&](NamespaceSnapshot::Entry&& e) REQUIRES(pass_mu_) {
+          if (progress && ++done % 256 == 0) progress(done, total);
+          // Its records are as old as the snapshot: chunks they name may have been collected
+          // since (a record replaced after J), so they mark no chunk as held by the bucket.
+          Status applied = ApplySeen(e.key, e.version, std::move(e.record), kNoMarks);
+          if (!applied.ok()) {
+            RetryKey(e.key);
+            if (first.ok()) first = Status(applied.code(), e.key + ": " + applied.message());
+          }
+          return Status::Ok();
+        });
+    if (!st.ok()) {
+      log_->warn("the record snapshot {} in {} cannot be used ({}): listing the bucket", m.dir,
+                 backend.Describe(), st.ToString());
+      give_up();
+      return Status::Ok();
+    }
+  }
+  // Every change after J is read again from the bucket: the journal decides.
+  journal_cursor_ = m.journal;
+  bool gap = false;
+  Status st = JournalSync(&gap);
+  if (gap) {
+    log_->info("the journal in {} was truncated past the entry of record snapshot {}: listing "
+               "the bucket", backend.Describe(), m.dir);
+    give_up();
+    return Status::Ok();
+  }
+  *used = true;
+  log_->info("read the record snapshot {} of {} ({} keys, journal entry {}) and the journal "
+             "after it", m.dir, backend.Describe(), total, m.journal);
+  return first.ok() ? st : first;
 }
 
 Status NamespaceSync::ApplyRemoteRmdir(const std::string& path) {

@@ -3,7 +3,9 @@
 // namespace's change journal (store/journal.h, Publisher::journal()) after the entry it last read,
 // or from a full listing of both trees (the first pass, every sync_full_interval, after a gap in
 // the journal, and every pass when the backend's creates are not exclusive or
-// sync_full_interval is 0), and applies each changed record to the local namespace in LMDB: a
+// sync_full_interval is 0), and applies each changed record to the local namespace in LMDB (a
+// new mount reads the bucket's record snapshot and the journal after it instead of the listing,
+// when there is one it can trust: store/snapshot.h): a
 // file another node published, replaced or deleted, a directory made or removed. A file open
 // here, with bytes staged here, or with local changes not yet published and newer than the
 // remote version, is left alone (kBusy: tried again at a later pass). A thread runs a pass every
@@ -121,12 +123,24 @@ class NamespaceSync {
   // (*gap: the entries after the cursor are gone; relist).
   Status FullSync(const Progress& progress, bool* listed) REQUIRES(pass_mu_);
   Status JournalSync(bool* gap) REQUIRES(pass_mu_);
+  // A new mount's first pass from the bucket's newest record snapshot and the journal after it
+  // (store/snapshot.h). *used false: there is none, or it cannot be trusted (damaged, or the
+  // journal was truncated past it); nothing is remembered of it then, and the caller lists.
+  Status SnapshotSync(const Progress& progress, bool* used) REQUIRES(pass_mu_);
+  // Applies `key` as a listing or a snapshot found it at `version`, with its record's bytes
+  // (files/ keys; `bytes` read after `gc_generation` was taken) and remembers the version in
+  // synced_. Returns the error to report; the caller queues the key for the journal passes then.
+  // Damaged records and files busy here are queued for them without an error.
+  Status ApplySeen(const std::string& key, const std::string& version, Result<std::string> bytes,
+                   uint64_t gc_generation) REQUIRES(pass_mu_);
   // Applies the bucket's current state of one key (files/<path> or dirs/<path>).
   Status SyncKey(const std::string& key) REQUIRES(pass_mu_);
   // Queues key for the journal passes to try again (once).
   void RetryKey(const std::string& key) REQUIRES(pass_mu_);
   // The applies: each one write transaction under ns_mu_ (taken here: REQUIRES not held).
-  // `gc_generation`: RemoteTier::gc_generation() before the record was read.
+  // `gc_generation`: RemoteTier::gc_generation() before the record was read; kNoMarks: the
+  // record marks none of its chunks as held by the tier.
+  static constexpr uint64_t kNoMarks = UINT64_MAX;
   Status ApplyRemoteFile(const std::string& path, const FileRecord& r, uint64_t gc_generation);
   Status ApplyRemoteDelete(const std::string& path);
   Status ApplyRemoteDir(const std::string& path);
