@@ -2,8 +2,13 @@
 // returns the process exit status, printing errors to stderr.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
+
+#include "backends/backend.h"
+#include "common/status.h"
 
 namespace ckptfs {
 
@@ -29,6 +34,13 @@ int Retain(const std::vector<std::string>& args);
 // ckptfs gc --backend URL [--s3-endpoint URL] (--dry-run | --grace DURATION): counts, or
 // deletes in a round, the backend's chunks no file record references (docs/gc.md).
 int Gc(const std::vector<std::string>& args);
+
+// ckptfs snapshot --backend URL [--s3-endpoint URL] [--keep N] [--part-size MIB]: writes a record
+// snapshot of the backend's namespace for new mounts (store/snapshot.h, docs/journal.md).
+int Snapshot(const std::vector<std::string>& args);
+// Writes one and prints what it wrote (ckptfs snapshot, ckptfs gc); *journal (optional): its
+// journal entry.
+Status WriteSnapshot(Backend& b, size_t keep, uint64_t part_bytes, uint64_t* journal);
 
 // ckptfs status [MOUNTPOINT|PATH] [--json]: the daemon's pid, version, uptime, options, tiers and
 // their health, local tier use, what waits for upload, recent errors.

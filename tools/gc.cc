@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -73,9 +74,11 @@ int Gc(const std::vector<std::string>& args) {
           "under $TMPDIR) plus 16 bytes per condemned chunk.\n"
           "The namespace's change journal (docs/journal.md) is cut to its newest N entries\n"
           "(--journal-keep, default 100000); a mount that has read less than that lists the\n"
-          "bucket once instead.\n"
-          "Exit status: 0 done, 1 a record could not be read (nothing was deleted) or some\n"
-          "condemned chunks were left for the next round, 2 bad arguments or a backend error.\n",
+          "bucket once instead. After a round it writes a record snapshot for new mounts\n"
+          "(as `ckptfs snapshot` does) and keeps every journal entry after it.\n"
+          "Exit status: 0 done, 1 a record could not be read (nothing was deleted), some\n"
+          "condemned chunks were left for the next round or the snapshot was not written,\n"
+          "2 bad arguments or a backend error.\n",
           kUsage);
       return 0;
     }
@@ -145,9 +148,18 @@ int Gc(const std::vector<std::string>& args) {
   }
   std::printf("references read  %lu; at most %zu chunk ids in memory at once\n", n(r.references),
               r.peak_ids);
+  int snapshot_failed = 0;
   if (!dry_run) {
+    // A record snapshot for new mounts first, then the journal cut: never past the snapshot's
+    // entry, since a mount reads the entries after it.
+    uint64_t snapshot_journal = UINT64_MAX;
+    if (Status st = WriteSnapshot(b, 2, uint64_t{8} << 20, &snapshot_journal); !st.ok()) {
+      std::printf("snapshot         not written: %s\n", st.ToString().c_str());
+      snapshot_failed = 1;
+      snapshot_journal = UINT64_MAX;
+    }
     NamespaceJournal journal(&b, "gc");
-    auto dropped = journal.Truncate(journal_keep);
+    auto dropped = journal.Truncate(journal_keep, snapshot_journal);
     if (!dropped.ok()) return Error("cutting the journal: " + dropped.status().ToString());
     std::printf("journal entries  %lu dropped (the newest %lu kept)\n", n(*dropped),
                 n(journal_keep));
@@ -171,7 +183,7 @@ int Gc(const std::vector<std::string>& args) {
     std::printf("%s\n", r.error.c_str());
     return 1;
   }
-  return 0;
+  return snapshot_failed;
 }
 
 }  // namespace ckptfs

@@ -51,6 +51,7 @@ constexpr const char* kUsage = R"(usage:
   ckptfs fsck [PATH] [--deep] [--repair] [--json]
   ckptfs retain ROOT --keep-last N [--keep-every K] [--dry-run]
   ckptfs gc --backend URL [--s3-endpoint URL] --dry-run
+  ckptfs snapshot --backend URL [--s3-endpoint URL] [--keep N] [--part-size MIB]
 
 mount options (-o): ram_cache=SIZE, write_queue=SIZE, write_memory=SIZE, write_threads=N,
   cut_threads=N, reorder_buffer=SIZE,
@@ -434,11 +435,13 @@ int main(int argc, char** argv) {
   }
   std::string cmd = args[0];
   args.erase(args.begin());
-  // `ckptfs CMD --help`: the commands that do not answer it themselves (fsck, retain and gc do).
+  // `ckptfs CMD --help`: the commands that do not answer it themselves (fsck, retain, gc and
+  // snapshot do).
   const bool help = std::find_if(args.begin(), args.end(), [](const std::string& a) {
                       return a == "--help" || a == "-h";
                     }) != args.end();
-  if (help && cmd != "fsck" && cmd != "retain" && cmd != "gc") {
+  if (help && cmd != "fsck" && cmd != "retain" && cmd != "gc" &&
+      cmd != "snapshot") {
     const std::string text = ckptfs::CommandHelp(cmd);
     if (text.empty()) {
       ckptfs::Fail("unknown command '" + cmd + "'\n" + ckptfs::kUsage);
@@ -457,6 +460,7 @@ int main(int argc, char** argv) {
   if (cmd == "fsck") return ckptfs::Fsck(args);
   if (cmd == "retain") return ckptfs::Retain(args);
   if (cmd == "gc") return ckptfs::Gc(args);
+  if (cmd == "snapshot") return ckptfs::Snapshot(args);
   // mount(8) with an fstab line of type fuse.ckptfs runs mount.fuse3, which runs
   // `ckptfs SOURCE MOUNTPOINT -o OPTIONS`.
   args.insert(args.begin(), cmd);
