@@ -186,3 +186,72 @@ def test_a_node_that_fell_behind_a_truncated_journal_lists_the_bucket(make_mount
         wait_true(lambda: exists(b / name), f"{name} on b", 60)
         assert read_file(b / name) == read_file(a / name)
     assert "truncated past what this node read" in b.log()
+    # gc wrote a record snapshot before the cut, and kept the entries after it: a fresh mount
+    # reads it and sees every file.
+    assert "snapshot records 12 files" in p.stdout, p.stdout
+    c = mount_on(make_mount, remote, "c", options=REMOTE_CHUNKS)
+    assert "read the record snapshot" in c.log()
+    for name in names:
+        assert read_file(c / name) == read_file(a / name)
+
+
+def tree(root):
+    """{relative path: bytes} of every file under root, directories with a trailing '/'."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel = os.path.relpath(dirpath, root)
+        for d in dirnames:
+            out[os.path.normpath(os.path.join(rel, d)) + "/"] = b""
+        for f in filenames:
+            out[os.path.normpath(os.path.join(rel, f))] = read_file(os.path.join(dirpath, f))
+    return out
+
+
+def settled_gets(remote, sub):
+    """GETs radosgw logged under sub, once its log has stopped growing."""
+    last = remote.requests("GET", sub)
+    for _ in range(30):
+        time.sleep(1)
+        now = remote.requests("GET", sub)
+        if now == last:
+            return now
+        last = now
+    return last
+
+
+@pytest.mark.timeout(300)
+def test_a_new_mount_reads_the_record_snapshot_and_the_journal_after_it(make_mount, new_remote):  # noqa: F811
+    # Node a saves 24 files; `ckptfs snapshot` packs their records; a then saves, replaces and
+    # deletes files and makes and removes directories. A fresh mount b sees exactly a's
+    # namespace, and radosgw's log shows it read only the records changed after the snapshot.
+    from conftest import CKPTFS_BIN, run
+    remote = new_remote("s3")
+    a = mount_on(make_mount, remote, "a", options=REMOTE_CHUNKS)
+    (a / "run").mkdir()
+    (a / "run" / "old").mkdir()
+    names = [f"run/f{i:02d}.bin" for i in range(24)]
+    for i, name in enumerate(names):
+        (a / name).write_bytes(os.urandom(2000 + i))
+    wait_state([a / n for n in names])
+    p = run([CKPTFS_BIN, "snapshot", *remote.mount_args], check=False,
+            env={**os.environ, **remote.env}, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "snapshot records 24 files" in p.stdout, p.stdout
+    assert remote.objects("snapshot/"), "no snapshot in the bucket"
+
+    (a / "run" / "g.bin").write_bytes(os.urandom(3000))
+    (a / "run" / "f01.bin").write_bytes(os.urandom(3001))
+    os.unlink(a / "run" / "f02.bin")
+    (a / "run" / "new").mkdir()
+    os.rmdir(a / "run" / "old")
+    wait_state([a / "run" / "g.bin", a / "run" / "f01.bin"])
+    wait_true(lambda: "files/run/f02.bin" not in remote.objects("files/")
+              and "dirs/run/old" not in remote.objects("dirs/"), "the deletions in the bucket", 60)
+    before = len(settled_gets(remote, "files/"))
+
+    b = mount_on(make_mount, remote, "b", options=REMOTE_CHUNKS)
+    assert tree(b.mnt) == tree(a.mnt)
+    assert "read the record snapshot" in b.log()
+    read = settled_gets(remote, "files/")[before:]
+    assert set(read) <= {"files/run/g.bin", "files/run/f01.bin", "files/run/f02.bin"}, read
+    assert len(read) <= 3, read
