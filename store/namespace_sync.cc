@@ -234,7 +234,7 @@ Status NamespaceSync::SyncKey(const std::string& key) {
     auto h = sync_backend().Head(key);
     if (h.ok()) {
       RETURN_IF_ERROR(ApplyRemoteDir(key.substr(5)));
-      synced_[key] = h->version.empty() ? std::to_string(h->size) : h->version;
+      synced_[key] = ListedVersion(*h);
       return Status::Ok();
     }
     if (h.status().code() != Code::kNotFound) return h.status();
@@ -271,7 +271,7 @@ Status NamespaceSync::FullSync(const Progress& progress, bool* listed) {
   std::map<std::string, std::string> seen;
   for (const char* tree : {"dirs/", "files/"}) {
     RETURN_IF_ERROR(sync_backend().List(tree, "", [&](const ObjectInfo& o) {
-      seen[o.key] = o.version.empty() ? std::to_string(o.size) : o.version;
+      seen[o.key] = ListedVersion(o);
       return true;
     }));
   }
