@@ -5,7 +5,8 @@ import pytest
 
 from conftest import CKPTFS_BIN
 
-COMMANDS = ["mount", "umount", "status", "stats", "inspect", "prefetch", "fsck", "retain", "gc"]
+COMMANDS = ["mount", "umount", "status", "stats", "inspect", "prefetch", "fsck", "retain", "gc",
+            "snapshot"]
 
 
 def ckptfs(*args):
@@ -23,7 +24,8 @@ def test_every_command_answers_help(cmd):
         assert "Exit status" in r.stdout
 
 
-@pytest.mark.parametrize("cmd", ["mount", "umount", "status", "prefetch", "fsck", "retain", "gc"])
+@pytest.mark.parametrize("cmd", ["mount", "umount", "status", "prefetch", "fsck", "retain", "gc",
+                                 "snapshot"])
 def test_an_unknown_option_is_a_usage_error(cmd):
     r = ckptfs(cmd, "/tmp", "--no-such-option")
     assert r.returncode == 2, (r.stdout, r.stderr)
