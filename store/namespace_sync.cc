@@ -191,6 +191,10 @@ Status NamespaceSync::JournalSync(bool* gap) {
     *gap = true;
     return Status::Ok();
   }
+  return ApplyBatch(b);
+}
+
+Status NamespaceSync::ApplyBatch(const NamespaceJournal::Batch& b) {
   // Each key once, at its last place, in journal order (a directory's removal comes after its
   // files'): the bucket's state now is what gets applied. Keys that failed before go first.
   std::vector<std::string> keys;
@@ -356,12 +360,21 @@ Status NamespaceSync::SnapshotSync(const Progress& progress, bool* used) {
   }
   if (!*newest) return Status::Ok();
   const NamespaceSnapshot::Manifest& m = **newest;
-  // Undoes what a snapshot that proves unusable half way applied: a full listing follows, which
-  // must read every key again and delete what the bucket no longer holds.
-  auto give_up = [&]() REQUIRES(pass_mu_) {
-    journal_cursor_.reset();
-    for (auto& [key, version] : synced_) version.clear();
-  };
+  // The journal after J first: a hole sends the mount to the listing before any part is read,
+  // and the keys named after J are left to the journal's own pass (the bucket's state now), not
+  // set back to the snapshot's older state in between.
+  auto batch = publisher_->journal()->ReadAfter(m.journal);
+  if (!batch.ok()) {
+    log_->warn("the journal in {} after record snapshot {} cannot be read ({}): listing the bucket",
+               backend.Describe(), m.dir, batch.status().ToString());
+    return Status::Ok();
+  }
+  if (batch->gap) {
+    log_->info("the journal in {} was truncated past the entry of record snapshot {}: listing "
+               "the bucket", backend.Describe(), m.dir);
+    return Status::Ok();
+  }
+  const std::set<std::string> named(batch->keys.begin(), batch->keys.end());
   const uint64_t total = m.entries();
   uint64_t done = 0;
   Status first;
@@ -369,6 +382,7 @@ Status NamespaceSync::SnapshotSync(const Progress& progress, bool* used) {
     Status st = NamespaceSnapshot::ReadPart(
         backend, part, [&](NamespaceSnapshot::Entry&& e) REQUIRES(pass_mu_) {
           if (progress && ++done % 256 == 0) progress(done, total);
+          if (named.count(e.key)) return Status::Ok();
           // Its records are as old as the snapshot: chunks they name may have been collected
           // since (a record replaced after J), so they mark no chunk as held by the bucket.
           Status applied = ApplySeen(e.key, e.version, std::move(e.record), kNoMarks);
@@ -381,20 +395,15 @@ Status NamespaceSync::SnapshotSync(const Progress& progress, bool* used) {
     if (!st.ok()) {
       log_->warn("the record snapshot {} in {} cannot be used ({}): listing the bucket", m.dir,
                  backend.Describe(), st.ToString());
-      give_up();
+      // What it applied is kept, but the listing that follows must read every key again and
+      // delete what the bucket no longer holds.
+      for (auto& [key, version] : synced_) version.clear();
       return Status::Ok();
     }
   }
   // Every change after J is read again from the bucket: the journal decides.
   journal_cursor_ = m.journal;
-  bool gap = false;
-  Status st = JournalSync(&gap);
-  if (gap) {
-    log_->info("the journal in {} was truncated past the entry of record snapshot {}: listing "
-               "the bucket", backend.Describe(), m.dir);
-    give_up();
-    return Status::Ok();
-  }
+  Status st = ApplyBatch(*batch);
   *used = true;
   log_->info("read the record snapshot {} of {} ({} keys, journal entry {}) and the journal "
              "after it", m.dir, backend.Describe(), total, m.journal);

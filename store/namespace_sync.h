@@ -123,9 +123,14 @@ class NamespaceSync {
   // (*gap: the entries after the cursor are gone; relist).
   Status FullSync(const Progress& progress, bool* listed) REQUIRES(pass_mu_);
   Status JournalSync(bool* gap) REQUIRES(pass_mu_);
+  // Applies the keys of a batch read after the cursor (and those queued to retry), and moves the
+  // cursor to its end.
+  Status ApplyBatch(const NamespaceJournal::Batch& b) REQUIRES(pass_mu_);
   // A new mount's first pass from the bucket's newest record snapshot and the journal after it
-  // (store/snapshot.h). *used false: there is none, or it cannot be trusted (damaged, or the
-  // journal was truncated past it); nothing is remembered of it then, and the caller lists.
+  // (store/snapshot.h): the journal's batch after J is read first, the snapshot's keys it does
+  // not name are applied, then the batch. *used false: there is none, or it cannot be trusted
+  // (damaged, or the journal was truncated past it); no version noted from it is remembered
+  // then, and the caller lists.
   Status SnapshotSync(const Progress& progress, bool* used) REQUIRES(pass_mu_);
   // Applies `key` as a listing or a snapshot found it at `version`, with its record's bytes
   // (files/ keys; `bytes` read after `gc_generation` was taken) and remembers the version in
