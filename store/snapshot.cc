@@ -187,8 +187,8 @@ Status NamespaceSnapshot::ReadPart(Backend& backend, const Part& p,
   std::string bytes(p.size, '\0');
   ASSIGN_OR_RETURN(size_t n, backend.GetExact(p.key, bytes.data(), bytes.size()));
   if (n != p.size) {
-    return Corrupt("snapshot part " + p.key + ": " + std::to_string(n) + " bytes, the manifest says " +
-                   std::to_string(p.size));
+    return Corrupt("snapshot part " + p.key + ": " + std::to_string(n) +
+                   " bytes, the manifest says " + std::to_string(p.size));
   }
   if (ChunkId::Of(bytes.data(), bytes.size()).Hex() != p.sum) {
     return Corrupt("snapshot part " + p.key + ": its sum does not check");
@@ -238,7 +238,8 @@ Result<NamespaceSnapshot::Written> NamespaceSnapshot::Write(Backend& backend,
     if (in_part == 0) return Status::Ok();
     char name[32];
     std::snprintf(name, sizeof name, "part-%06zu", w.manifest.parts.size());
-    Part p{w.manifest.dir + name, part.size(), in_part, ChunkId::Of(part.data(), part.size()).Hex()};
+    Part p{w.manifest.dir + name, part.size(), in_part,
+           ChunkId::Of(part.data(), part.size()).Hex()};
     RETURN_IF_ERROR(backend.Put(p.key, part.data(), part.size()));
     w.bytes += part.size();
     w.manifest.parts.push_back(std::move(p));
@@ -287,7 +288,9 @@ Result<NamespaceSnapshot::Written> NamespaceSnapshot::Write(Backend& backend,
     PutU32(&part, static_cast<uint32_t>(record.size()));
     part += record;
     ++in_part;
-    if (part.size() >= opts.part_bytes || part.size() >= kMaxPartBytes / 2) RETURN_IF_ERROR(flush());
+    if (part.size() >= opts.part_bytes || part.size() >= kMaxPartBytes / 2) {
+      RETURN_IF_ERROR(flush());
+    }
   }
   RETURN_IF_ERROR(flush());
   // Last: a snapshot exists for readers only once its manifest does.
