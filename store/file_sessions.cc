@@ -452,14 +452,7 @@ Status FileSessions::Flush(uint64_t ino, uint64_t fh) {
     }
   }
   if (InSession(*f, fh)) {
-    WaitDrained(*f);
-    Status st;
-    {
-      std::lock_guard lock(f->mu);
-      st = CommitOrDrop(ino, *f, false);
-    }
-    RunAfterCommit(ino, *f);
-    RETURN_IF_ERROR(st);
+    RETURN_IF_ERROR(CommitSession(ino, *f, false));
   }
   // The creator's close keeps a new file it wrote nothing to (its release comes later, async).
   return fh != 0 ? KeepCreated(ino, *f, fh) : Status::Ok();
@@ -474,14 +467,7 @@ Status FileSessions::Fsync(uint64_t ino, uint64_t fh) {
     }
   }
   if (auto f = files_->Find(ino); f && InSession(*f, fh)) {
-    WaitDrained(*f);
-    Status st;
-    {
-      std::lock_guard lock(f->mu);
-      st = CommitOrDrop(ino, *f, true);
-    }
-    RunAfterCommit(ino, *f);
-    RETURN_IF_ERROR(st);
+    RETURN_IF_ERROR(CommitSession(ino, *f, true));
   }
   // A new file fsync'd with nothing written is kept too.
   if (auto f = files_->Find(ino)) RETURN_IF_ERROR(KeepCreated(ino, *f));
@@ -531,6 +517,17 @@ Status FileSessions::MakeDurable(uint64_t ino) {
   // Staged and closed: its chunks, committed.
   if (!live) RETURN_IF_ERROR(staging_->EnsureSealed(ino));
   return SettleCommitted(ino);
+}
+
+Status FileSessions::CommitSession(uint64_t ino, OpenFile& f, bool durable) {
+  WaitDrained(f);
+  Status st;
+  {
+    std::lock_guard lock(f.mu);
+    st = CommitOrDrop(ino, f, durable);
+  }
+  RunAfterCommit(ino, f);
+  return st;
 }
 
 Status FileSessions::CommitOrDrop(uint64_t ino, OpenFile& f, bool durable) {

@@ -211,6 +211,9 @@ class FileSessions {
   // Commit, unless a write since the last commit failed: then drops the writer and returns that
   // error (the file keeps its committed bytes). REQUIRES: as Commit.
   Status CommitOrDrop(uint64_t ino, OpenFile& f, bool durable);
+  // Flush's and Fsync's commit of f's session: waits for its queue, CommitOrDrop under f.mu,
+  // then RunAfterCommit. REQUIRES: f.mu not held.
+  Status CommitSession(uint64_t ino, OpenFile& f, bool durable);
   // REQUIRES: f.mu not held. Runs what commits of f left to do: reclaims the chunks they freed
   // (an LMDB sync), wakes the uploaders, queues retention. Every caller of Commit or CommitOrDrop
   // calls it once it has released f.mu.
