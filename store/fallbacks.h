@@ -98,7 +98,10 @@ class Fallbacks {
                  std::vector<ChunkId>* freed);
 
   // Makes durable the newest version of every file committed without fsync (an fsync of each of
-  // its chunk files), and drops the fallbacks that covered them (Store::Settle). Takes ns_mu_.
+  // its chunk files, not of the whole disk), and drops the fallbacks that covered them
+  // (Store::Settle). After a machine crash a file reads as its newest version whose chunks are
+  // whole, or as the one before it that was durable (a version closed since then may be lost,
+  // never torn or unreadable). Takes ns_mu_.
   Status Settle() EXCLUDES(ns_mu_);
   // Drops the fallbacks in `covered` (ino, touch) still as they were, whose newest versions
   // were synced since they were read. Takes ns_mu_ (REQUIRES: not held), then reclaims the

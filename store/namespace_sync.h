@@ -94,12 +94,19 @@ class NamespaceSync {
   NamespaceSync(const NamespaceSync&) = delete;
   NamespaceSync& operator=(const NamespaceSync&) = delete;
 
-  // One pass (Store::SyncFromRemote). `listed` (optional): whether the backend's listing
-  // succeeded (the errors returned then are of single entries). Waits for a pass running on
-  // another thread to end first.
+  // One pass: applies every file another node published, replaced or deleted since the last
+  // pass. A file open here, or with local changes not yet published and newer than the remote
+  // version, is left alone. `progress`, when given, is told (entries applied or found current,
+  // entries listed) as the pass goes, at most every 256 entries. `listed` (optional): whether
+  // the backend's listing succeeded (the errors returned then are of single entries). Waits
+  // for a pass running on another thread to end first.
   Status SyncFromRemote(const Progress& progress, bool* listed) EXCLUDES(pass_mu_);
-  // The first pass, retried with backoff until it succeeds or timeout_s has passed
-  // (Store::InitialSync).
+  // The first pass, before the mount serves: retried with backoff until it succeeds or
+  // timeout_s has passed, so that a mount never serves a namespace that does not yet hold what
+  // the backend held when it started (a job would find an empty checkpoint directory and start
+  // from scratch). Ok at once without remote tiers. Entries that cannot be applied for good (a
+  // name that is no file name, ...) are logged and do not hold the mount; a listing or a record
+  // that cannot be read is retried. Errors: the last pass's, naming the backend.
   Status InitialSync(double timeout_s, const Progress& progress) EXCLUDES(pass_mu_);
   // Starts the thread that runs a pass every sync_interval (nothing without remote tiers, with
   // sync_interval 0, or when it runs already).

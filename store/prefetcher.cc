@@ -75,7 +75,12 @@ bool Prefetcher::Pending(uint64_t root) {
                      [&](const auto& j) { return j->root == root && !j->cancelled; });
 }
 
-bool Prefetcher::ShouldWarm(uint64_t dir) {
+bool Prefetcher::ShouldWarm(uint64_t dir, const Manifest& m) {
+  const auto& extents = m.extents();
+  if (std::all_of(extents.begin(), extents.end(),
+                  [&](const Extent& e) { return e.hole() || cache_->OnDisk(e.id); })) {
+    return false;
+  }
   MutexLock lock(&mu_);
   const auto now = Clock::now();
   const auto interval = std::chrono::seconds(kWarmIntervalS);

@@ -79,7 +79,10 @@ class Prefetcher {
   // Idempotent; Add afterwards queues nothing.
   void Stop() EXCLUDES(mu_);
 
-  // Queues a job; false when one for (root, recursive) is pending already, or after Stop.
+  // Queues a job (the chunks of file `root`, or of every file under directory `root`, all
+  // levels when `recursive`, pulled onto the disk tier; a chunk being fetched holds one buffer,
+  // nothing is kept in the RAM tier). Returns at once: false when one for (root, recursive) is
+  // pending already, or after Stop.
   bool Add(uint64_t root, bool recursive) EXCLUDES(mu_);
   // Drops the jobs for `root` itself; the chunks being fetched now finish.
   void Cancel(uint64_t root) EXCLUDES(mu_);
@@ -91,15 +94,19 @@ class Prefetcher {
   void ReaderWants(const std::vector<std::pair<ChunkId, uint64_t>>& chunks) EXCLUDES(mu_);
   // Whether a job for `root` is queued or running.
   bool Pending(uint64_t root) EXCLUDES(mu_);
-  // The predictive throttle: true at most once per directory per kWarmIntervalS.
-  bool ShouldWarm(uint64_t dir) EXCLUDES(mu_);
+  // Predictive prefetch: whether to warm `dir`, the checkpoint of a file opened for reading
+  // whose manifest is `m`: when not all of m's chunks are on the disk tier, at most once per
+  // directory per kWarmIntervalS.
+  bool ShouldWarm(uint64_t dir, const Manifest& m) EXCLUDES(mu_);
 
   // Recomputes the chunks the pinned inodes hold, hands them to the cache, and (fetch) queues a
   // prefetch of each pinned inode that has chunks off the disk tier.
   Status ApplyPins(bool fetch) EXCLUDES(pin_mu_, mu_);
   // Pins `ino` or not in the in-memory set (the attribute is the caller's business).
   void NotePin(uint64_t ino, bool pin) EXCLUDES(pin_mu_);
-  // Finds the inodes with kPinXattr (one walk of the namespace), then ApplyPins(true).
+  // Finds the inodes with kPinXattr (one walk of the namespace), then ApplyPins(true). While
+  // pins exist they are applied again every few seconds, so that files written, synced or
+  // replaced under a pinned directory are kept and fetched too.
   Status LoadPins() EXCLUDES(pin_mu_, mu_);
 
  private:

@@ -110,8 +110,12 @@ class Publisher {
   void HoldUnpublished(uint64_t ino, uint64_t generation, const Manifest& m);
   void ReleaseUnpublished(uint64_t ino);
 
-  // The file's state as user.ckptfs.state and user.ckptfs.tiers show it (see Store). `dirty`:
-  // the file has bytes not yet committed, taken before this call reads LMDB.
+  // The file's state as user.ckptfs.state shows it: "local" (no backend, or bytes not
+  // committed yet), "uploading" (committed, a remote tier does not hold this version yet) or
+  // "remote" (every tier holds it); and as user.ckptfs.tiers does, per tier, nearest first:
+  // {"tiers":[{"backend":URL,"state":S},...]}, S one of "local", "uploading", "remote", or
+  // "dropped" (past that tier's keep= policy). `dirty`: the file has bytes not yet committed,
+  // taken before this call reads LMDB.
   Result<std::string> RemoteState(uint64_t ino, bool dirty);
   Result<std::string> TierStates(uint64_t ino, bool dirty);
 

@@ -132,10 +132,12 @@ class Staging {
   // committed and sealed like a close when no writer has it open). False, untouched, otherwise.
   // REQUIRES: ino's mu not held.
   Result<bool> ChangeStaged(uint64_t ino, const std::function<int(int fd)>& fn, bool bytes);
-  // Seals whatever is staged for ino and not open for writing now (Store::EnsureSealed). Ok at
-  // once when nothing is staged. REQUIRES: no lock of ino held, the namespace lock not held.
+  // Seals whatever is staged for ino and not open for writing now, so that its manifest is
+  // current (until then the inode record and manifest describe the previous version; GetAttr
+  // shows the staged size). Ok at once when nothing is staged. REQUIRES: no lock of ino held,
+  // the namespace lock not held.
   Status EnsureSealed(uint64_t ino);
-  // EnsureSealed of every staged file (Store::SealAll).
+  // EnsureSealed of every staged file that no writer has open now.
   Status SealAll();
 
   // At open (REQUIRES: inside txn, the namespace lock held; a comment: clang cannot tell the

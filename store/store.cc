@@ -1,53 +1,23 @@
-// Store: opening, recovery, shutdown, the namespace's forwards and the operations that mix it
-// with open files (store/namespace.h), and the prefetch API's forwards to the Prefetcher.
+// Store: the composition root. Opening (the components made in order, recovery, the tiers),
+// shutdown, and the forwards and short compositions of the API to the components.
 #include "store/store.h"
 
-#include <dirent.h>
-#include <fcntl.h>
 #include <spdlog/spdlog.h>
-#include <sys/file.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <chrono>
-#include <cstdio>
-#include <exception>
-#include <fstream>
-#include <optional>
 #include <utility>
 
 #include "backends/timed_backend.h"
 #include "cache/fault_io_engine.h"
+#include "store/recovery.h"
 #include "store/remote_tier.h"
-#include "store/tree_walk.h"
 
 namespace ckptfs {
 namespace {
 
 constexpr uint64_t kMetaMapBytes = 64ull << 30;  // address space only; the file grows as needed
-
-Status MakeDirs(const std::string& path) {
-  for (size_t i = 1; i <= path.size(); ++i) {
-    if (i == path.size() || path[i] == '/') {
-      std::string p = path.substr(0, i);
-      if (::mkdir(p.c_str(), 0755) != 0 && errno != EEXIST) {
-        return Status::FromErrno(errno, "mkdir " + p);
-      }
-    }
-  }
-  return Status::Ok();
-}
-
-void RemoveDirContents(const std::string& dir) {
-  if (DIR* d = ::opendir(dir.c_str())) {
-    while (dirent* e = ::readdir(d)) {
-      if (e->d_name[0] != '.') ::unlinkat(::dirfd(d), e->d_name, 0);
-    }
-    ::closedir(d);
-  }
-}
 
 // Whether file ino has bytes not yet committed (the Publisher's `dirty`), read before the
 // Publisher reads LMDB.
@@ -70,46 +40,24 @@ Result<std::unique_ptr<Store>> Store::Open(const Config& cfg, PayloadScannerFact
   if (tiers.size() > static_cast<size_t>(kMaxTiers)) {
     return Invalid("at most " + std::to_string(kMaxTiers) + " remote tiers");
   }
-  const std::string& dir = cfg.cache_dir;
-  RETURN_IF_ERROR(MakeDirs(dir));
-  RETURN_IF_ERROR(MakeDirs(dir + "/staging"));
-  RETURN_IF_ERROR(MakeDirs(dir + "/passthrough"));
-  std::string lock_path = dir + "/lock";
-  int lock_fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  if (lock_fd < 0) return Status::FromErrno(errno, "open " + lock_path);
-  if (::flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
-    int err = errno;
-    ::close(lock_fd);
-    if (err == EWOULDBLOCK) {
-      return Status(Code::kBusy, "cache directory " + dir + " is in use by another ckptfs daemon");
-    }
-    return Status::FromErrno(err, "lock " + lock_path);
-  }
-  auto fail = [&](Status st) {
-    ::close(lock_fd);
-    return st;
-  };
-  // A clean stop leaves this marker; its absence means the last daemon died.
-  std::string clean_path = dir + "/clean";
-  bool existed = ::access((dir + "/meta").c_str(), F_OK) == 0;
-  bool clean = !existed || ::access(clean_path.c_str(), F_OK) == 0;
-  ::unlink(clean_path.c_str());
-
+  ASSIGN_OR_RETURN(std::unique_ptr<CacheDir> dir, CacheDir::Open(cfg.cache_dir));
   IoEngineOptions io;
   io.kind = cfg.io_engine;
   auto engine = MakeIoEngine(io);
-  if (!engine.ok()) return fail(engine.status());
+  if (!engine.ok()) return engine.status();
   if (!cfg.cache_faults.empty()) {
     auto spec = CacheFaultSpec::Parse(cfg.cache_faults);
-    if (!spec.ok()) return fail(spec.status());
+    if (!spec.ok()) return spec.status();
     GetLogger("store")->warn("injecting cache disk faults: {}", spec->ToString());
     *engine = std::make_unique<FaultIoEngine>(std::move(*engine), *spec);
   }
-  auto meta = MetaStore::Open(dir + "/meta", kMetaMapBytes);
-  if (!meta.ok()) return fail(meta.status());
-  std::unique_ptr<Store> s(new Store(cfg, std::move(*engine), nullptr, std::move(*meta), lock_fd));
+  auto meta = MetaStore::Open(cfg.cache_dir + "/meta", kMetaMapBytes);
+  if (!meta.ok()) return meta.status();
+  const bool clean = dir->clean();
+  std::unique_ptr<Store> s(
+      new Store(cfg, std::move(*engine), nullptr, std::move(*meta), std::move(dir)));
   const std::string boot_id = CurrentBootId();
-  auto cache = ChunkCache::Open(dir, s->engine_.get(), cfg.ram_cache_bytes, &s->metrics_);
+  auto cache = ChunkCache::Open(cfg.cache_dir, s->engine_.get(), cfg.ram_cache_bytes, &s->metrics_);
   if (!cache.ok()) {
     s->closed_ = true;
     return cache.status();
@@ -166,7 +114,9 @@ Result<std::unique_ptr<Store>> Store::Open(const Config& cfg, PayloadScannerFact
           },
           .note_committed = [p](uint64_t ino) { p->retention_->NoteCommitted(ino); },
       });
-  Status st = s->Recover(clean);
+  Status st = RecoverAtOpen({s->cfg_.cache_dir, *s->dir_, *s->meta_, *s->cache_, *s->ns_,
+                             *s->staging_, s->log_},
+                            clean);
   if (!st.ok()) {
     s->closed_ = true;
     return st;
@@ -189,21 +139,18 @@ Result<std::unique_ptr<Store>> Store::Open(const Config& cfg, PayloadScannerFact
   }
   s->staging_->ResumeSeals();
   s->ns_->fallbacks().Start();
-  std::string pid = std::to_string(::getpid()) + "\n";
-  if (::ftruncate(lock_fd, 0) == 0) {
-    [[maybe_unused]] ssize_t n = ::pwrite(lock_fd, pid.data(), pid.size(), 0);
-  }
+  s->dir_->NoteOwner();
   return s;
 }
 
 Store::Store(Config cfg, std::unique_ptr<IoEngine> engine, std::unique_ptr<ChunkCache> cache,
-             std::unique_ptr<MetaStore> meta, int lock_fd)
-    : cfg_(std::move(cfg)),
+             std::unique_ptr<MetaStore> meta, std::unique_ptr<CacheDir> dir)
+    : dir_(std::move(dir)),
+      cfg_(std::move(cfg)),
       log_(GetLogger("store")),
       engine_(std::move(engine)),
       cache_(std::move(cache)),
       meta_(std::move(meta)),
-      lock_fd_(lock_fd),
       reorder_budget_(cfg_.write_memory_bytes / 2),
       cut_pool_(cfg_.cut_threads ? std::make_unique<ThreadPool>(cfg_.cut_threads) : nullptr) {}
 
@@ -238,51 +185,6 @@ Store::Gauges Store::gauges() {
 Store::~Store() {
   Status st = Close();
   if (!st.ok()) log_->error("closing the store: {}", st.ToString());
-  ::close(lock_fd_);
-}
-
-Status Store::Recover(bool clean) {
-  RemoveDirContents(cfg_.cache_dir + "/staging");
-  MutexLock lock(&ns_->mu());
-  ASSIGN_OR_RETURN(auto txn, meta_->Begin(true));
-  // The root, then the files unlinked while open or created and never kept (the namespace's).
-  std::vector<ChunkId> freed;
-  ASSIGN_OR_RETURN(const Namespace::Recovered orphans, ns_->Recover(txn, &freed));
-  // Files whose newest version a machine crash may have lost (store/fallbacks.h), then staged
-  // files (store/staging.h), sealed once the store is open.
-  Fallbacks::RecoverHooks hooks;
-  hooks.staged_survives = [this](const StagedRecord& r, bool c) {
-    return staging_->StagedSurvives(r, c);
-  };
-  hooks.stage_path = [this](const std::string& name) { return StagePath(cfg_.cache_dir, name); };
-  hooks.remove_unborn = [this](MetaStore::Txn& t, const InodeRecord& rec,
-                               std::vector<ChunkId>* f) REQUIRES(ns_->mu()) {
-    return ns_->RemoveUnborn(t, rec, f);
-  };
-  hooks.queue_remote = [this](MetaStore::Txn& t, const std::string& op) REQUIRES(ns_->mu()) {
-    return ns_->QueueRemote(t, op);
-  };
-  RETURN_IF_ERROR(ns_->fallbacks().Recover(txn, clean, hooks, &freed));
-  RETURN_IF_ERROR(staging_->RecoverStaged(txn, clean, &freed));
-  std::unordered_map<ChunkId, uint64_t, ChunkIdHash> referenced;
-  if (!clean) {
-    RETURN_IF_ERROR(txn.ForEachChunk(
-        [&](const ChunkId& id, const ChunkRecord& r) { referenced.emplace(id, r.len); }));
-  }
-  RETURN_IF_ERROR(txn.Commit());
-  if (!freed.empty()) RETURN_IF_ERROR(meta_->Sync());
-  for (const ChunkId& id : freed) RETURN_IF_ERROR(cache_->Remove(id));
-  if (!clean) {
-    // Chunks written for files whose commit never happened.
-    uint64_t removed = 0;
-    RETURN_IF_ERROR(cache_->ForEach([&](const ChunkId& id, uint64_t) {
-      if (!referenced.count(id) && cache_->Remove(id).ok()) ++removed;
-    }));
-    log_->warn("recovered from an unclean stop: {} files unlinked while open, {} new files never "
-               "closed, and {} unreferenced chunks removed",
-               orphans.orphans - orphans.unborn, orphans.unborn, removed);
-  }
-  return Status::Ok();
 }
 
 Status Store::Close() {
@@ -305,10 +207,7 @@ Status Store::Close() {
   if (!st.ok() && first.ok()) first = st;
   st = meta_->Sync();
   if (!st.ok() && first.ok()) first = st;
-  if (first.ok()) {
-    int fd = ::open((cfg_.cache_dir + "/clean").c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
-    if (fd >= 0) ::close(fd);
-  }
+  if (first.ok()) dir_->MarkClean();
   return first;
 }
 
@@ -526,7 +425,6 @@ void Store::WarmCommitted(const std::shared_ptr<const Manifest>& m, uint64_t off
 
 Result<Store::ChunkUsage> Store::Usage(const Manifest& m) { return sessions_->Usage(m); }
 
-
 Result<struct statvfs> Store::StatFs() {
   struct statvfs st;
   if (::statvfs(cfg_.cache_dir.c_str(), &st) != 0) {
@@ -587,11 +485,7 @@ Status Store::LoadPins() { return prefetcher().LoadPins(); }
 Status Store::WarmCheckpoint(uint64_t ino, uint64_t dir, bool recursive) {
   if (remote_tiers() == 0) return Status::Ok();
   ASSIGN_OR_RETURN(auto m, sessions_->CommittedManifest(ino));
-  const auto& extents = m->extents();
-  const bool all_local = std::all_of(extents.begin(), extents.end(), [&](const Extent& e) {
-    return e.hole() || cache_->OnDisk(e.id);
-  });
-  if (all_local || !prefetcher().ShouldWarm(dir)) return Status::Ok();
+  if (!prefetcher().ShouldWarm(dir, *m)) return Status::Ok();
   log_->debug("inode {} opened with chunks off the local tier: warming directory {}", ino, dir);
   return Prefetch(dir, recursive);
 }

@@ -37,56 +37,39 @@
 #pragma once
 
 #include <sys/statvfs.h>
-#include <unistd.h>
 
-#include <atomic>
-#include <chrono>
-#include <condition_variable>
-#include <deque>
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <set>
 #include <string>
 #include <string_view>
-#include <thread>
-#include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include "backends/backend.h"
 #include "cache/chunk_cache.h"
-#include "cache/io_engine.h"
 #include "common/config.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/mutex.h"
 #include "common/thread_pool.h"
-#include "store/chunk_refs.h"
-#include "store/fallbacks.h"
+#include "store/cache_dir.h"
 #include "store/file_sessions.h"
-#include "store/file_writer.h"
-#include "store/journal.h"
 #include "store/local_chunks.h"
 #include "store/meta_store.h"
 #include "store/namespace.h"
 #include "store/namespace_sync.h"
-#include "store/open_file.h"
 #include "store/open_table.h"
 #include "store/fsck.h"
 #include "store/prefetcher.h"
 #include "store/publisher.h"
 #include "store/retention_pass.h"
-#include "store/staged_meta.h"
 #include "store/staging.h"
 
 namespace ckptfs {
 
 class RemoteTier;
-struct FileRecord;
 
 class Store final {
  public:
@@ -167,28 +150,16 @@ class Store final {
   void WarmCommitted(const std::shared_ptr<const Manifest>& m, uint64_t offset, uint64_t len);
   using ChunkUsage = FileSessions::ChunkUsage;
   Result<ChunkUsage> Usage(const Manifest& m);
-  // Staged files (written in passthrough mode): the close of a writer commits the staging file
-  // itself as the file's new bytes (one LMDB transaction, no copy), and a background seal then
-  // cuts it into chunks, commits the manifest and removes it. Until then the inode record and
-  // manifest describe the previous version; GetAttr shows the staged size. Seals whatever is
-  // staged for ino and not open for writing now, so that its manifest is current (views, the
-  // computed attributes and truncate by path call it). Ok at once when nothing is staged.
+  // Staged files (passthrough writes) and their seals: store/staging.h. Views, the computed
+  // attributes and truncate by path seal a file first, so that its manifest is current.
   Status EnsureSealed(uint64_t ino);
-  // Seals every staged file that no writer has open now (EnsureSealed of each).
   Status SealAll();
-  // Makes durable the newest version of every file committed without fsync (an fsync of each of
-  // its chunk files, not of the whole disk), and drops the fallbacks that covered them. A thread
-  // does it every settle_interval; tests call it directly. After a machine crash a file reads as
-  // its newest version whose chunks are whole, or as the one before it that was durable (a
-  // version closed since then may be lost, never torn or unreadable).
+  // Makes durable every version committed without fsync (store/fallbacks.h); a thread does it
+  // every settle_interval, tests call it directly.
   Status Settle();
 
-  // --- the remote tier ---
-  // "local" (no backend, or bytes not committed yet), "uploading" (committed, a remote tier
-  // does not hold this version yet) or "remote" (every tier holds it): user.ckptfs.state.
+  // --- the remote tiers: user.ckptfs.state and user.ckptfs.tiers (store/publisher.h) ---
   Result<std::string> RemoteState(uint64_t ino);
-  // Per tier, nearest first: {"tiers":[{"backend":URL,"state":S},...]} (user.ckptfs.tiers), S
-  // one of "local", "uploading", "remote", or "dropped" (past that tier's keep= policy).
   Result<std::string> TierStates(uint64_t ino);
 
   // Remote tier `tier` (nearest first); null without one.
@@ -196,79 +167,57 @@ class Store final {
   size_t remote_tiers() const { return publisher_->tiers(); }
 
   // --- what other nodes publish (the namespace sync) ---
-  // Told, from the sync thread, that parent/name now names ino (0: nothing), so that the kernel
-  // drops what it cached of both. Set once, before the backend's first sync pass can run.
+  // Told, from the sync thread and retention, that parent/name now names ino (0: nothing), so
+  // that the kernel drops what it cached of both. Set once, before the first sync pass can run.
   using ChangeListener = std::function<void(uint64_t parent, const std::string& name, uint64_t ino)>;
   void SetChangeListener(ChangeListener fn);
-  // One pass: lists the backend's files and applies every file another node published, replaced
-  // or deleted since the last pass. A file open here, or with local changes not yet published
-  // and newer than the remote version, is left alone. The sync thread runs a pass every
-  // sync_interval; tests call it directly.
-  // `progress`, when given, is told (entries applied or found current, entries listed) as the
-  // pass goes, at most every 256 entries.
+  // The passes (store/namespace_sync.h): one now, the first one before the mount serves, and
+  // the thread that runs one every sync_interval (started after SetChangeListener; Close stops
+  // it).
   using SyncProgress = NamespaceSync::Progress;
-  // `listed` (optional) tells whether the backend's listing succeeded: the errors returned then
-  // are of single entries.
   Status SyncFromRemote(const SyncProgress& progress = nullptr, bool* listed = nullptr);
-  // The first pass, before the mount serves: retried with backoff until it succeeds or
-  // `timeout_s` has passed, so that a mount never serves a namespace that does not yet hold what
-  // the backend held when it started (a job would find an empty checkpoint directory and start
-  // from scratch). Ok at once without a backend. Entries that cannot be applied for good (a
-  // name that is no file name, ...) are logged and do not hold the mount; a listing or a record
-  // that cannot be read is retried. Errors: the last pass's, naming the backend.
   Status InitialSync(double timeout_s, const SyncProgress& progress);
-  // Starts the thread that runs SyncFromRemote every sync_interval (after SetChangeListener);
-  // Close stops it.
   void StartSync();
   void StopSync();
 
   // --- prefetch hints and pins (store/prefetcher.h): user.ckptfs.prefetch, .cached and .pin ---
-  // The work runs on a few threads of its own (made on first use); a chunk being fetched holds
-  // one buffer, nothing is kept in the RAM tier. Thread-safe.
   static constexpr std::string_view kPinXattr = Prefetcher::kPinXattr;
+  static constexpr int kWarmIntervalS = Prefetcher::kWarmIntervalS;
   // On a run directory: "keep_last=N[,keep_every=K]", applied after each checkpoint commits
   // (store/retention_pass.h).
   static constexpr std::string_view kRetainXattr = RetentionPass::kRetainXattr;
-  // Pulls every chunk of file `ino`, or of every file under directory `ino` (all levels when
-  // `recursive`, else its own files), onto the local disk tier in the background. Returns at
-  // once; a request for an `ino` already pending is not queued twice. Without a backend every
-  // chunk is local already and nothing is queued.
+  // Pulls the chunks of file `ino`, or of the files under directory `ino` (all levels when
+  // `recursive`), onto the local disk tier in the background (Prefetcher::Add); without a
+  // backend every chunk is local already and nothing is queued.
   Status Prefetch(uint64_t ino, bool recursive = true);
-  // Drops the prefetch work queued for `ino` itself; the chunks being fetched now finish.
   void CancelPrefetch(uint64_t ino);
-  // Whether prefetch work for `ino` is queued or running.
   bool Prefetching(uint64_t ino);
+  // Stops the prefetch threads, before Close (no chunk is written behind its final sync).
+  void StopPrefetch();
+  // Of file `ino`, or of every file under directory `ino`, as committed (CountCached); staged
+  // files are sealed first.
+  using CacheUsage = ckptfs::CacheUsage;
+  Result<CacheUsage> Cached(uint64_t ino);
+  // Stores (pin) or removes (kNoData if absent) kPinXattr on file or directory `ino`, then
+  // hands the cache the chunks it must keep whatever cache_size says, and prefetches them.
+  Status SetPin(uint64_t ino, bool pin);
+  // Applies the pins found by one walk of the namespace (Prefetcher::LoadPins); once, at open.
+  Status LoadPins();
+  // Predictive prefetch: file `ino`, opened for reading, belongs to the checkpoint under `dir`.
+  // With a backend, and when not all of ino's chunks are local, prefetches `dir`, at most once
+  // per directory per kWarmIntervalS.
+  Status WarmCheckpoint(uint64_t ino, uint64_t dir, bool recursive);
+
   // Whether file `ino`, or any file under directory `ino`, is open now (being written or read):
   // retention leaves such a checkpoint alone.
   Result<bool> Busy(uint64_t ino);
-  using CacheUsage = ckptfs::CacheUsage;  // store/prefetcher.h
-  // Of file `ino`, or of every file under directory `ino`, as committed (one LMDB snapshot, an
-  // in-memory lookup per chunk); staged files are sealed first.
-  Result<CacheUsage> Cached(uint64_t ino);
-
+  // The entry that last linked `ino`: (parent, name); kNotFound for the root.
+  Result<std::pair<uint64_t, std::string>> ParentOf(uint64_t ino);
   // fsck (store/fsck.h): the chunks and records of file `ino`, or of everything under directory
   // `ino`, on every tier; staged files are sealed first.
   using FsckOptions = ckptfs::FsckOptions;
   using FsckReport = ckptfs::FsckReport;
   Result<FsckReport> Fsck(uint64_t ino, const FsckOptions& options);
-  // Stores (pin) or removes (kNoData if absent) the attribute kPinXattr ("1") of file or
-  // directory `ino`, then hands the cache the chunks it must keep whatever cache_size says (of
-  // every pinned file and every file under a pinned directory) and prefetches them.
-  Status SetPin(uint64_t ino, bool pin);
-  // Finds the pinned inodes (one walk of the namespace) and applies their pins. Call once after
-  // Open, before serving. While pins exist they are applied again every few seconds, so that
-  // files written, synced or replaced under a pinned directory are kept and fetched too.
-  Status LoadPins();
-  // Predictive prefetch: file `ino` was opened for reading and belongs to the checkpoint stored
-  // under `dir`. With a backend, and when not all of ino's chunks are local, prefetches `dir`
-  // (see Prefetch), at most once per directory per kWarmIntervalS.
-  static constexpr int kWarmIntervalS = Prefetcher::kWarmIntervalS;
-  Status WarmCheckpoint(uint64_t ino, uint64_t dir, bool recursive);
-  // The entry that last linked `ino`: (parent, name); kNotFound for the root.
-  Result<std::pair<uint64_t, std::string>> ParentOf(uint64_t ino);
-  // Stops the prefetch threads (work still queued is dropped). Before Close, so that no chunk
-  // is written behind its final sync. Idempotent; Prefetch afterwards queues nothing.
-  void StopPrefetch();
 
   // The memory the aligned copies of chunks cut from staging files may hold at once, all cuts
   // together (Gauges::put_copy_*).
@@ -301,82 +250,45 @@ class Store final {
 
  private:
   Store(Config cfg, std::unique_ptr<IoEngine> engine, std::unique_ptr<ChunkCache> cache,
-        std::unique_ptr<MetaStore> meta, int lock_fd);
-  Status Recover(bool clean);
+        std::unique_ptr<MetaStore> meta, std::unique_ptr<CacheDir> dir);
   // Attaches the remote tiers to the publisher, queues what they lack and starts them.
   Status AttachRemote(std::vector<std::unique_ptr<Backend>> tiers);
-  // The tier other nodes' files are synced from: the farthest. REQUIRES: remote tiers.
-  RemoteTier& sync_tier() { return publisher_->sync_tier(); }
-  Backend& sync_backend() { return publisher_->sync_backend(); }
 
+  // Members are declared after what they use, so that each is destroyed (its threads joined)
+  // before what it uses goes; Open makes them in the order below, Close stops their threads.
+  std::unique_ptr<CacheDir> dir_;  // the lock goes last
   const Config cfg_;
-  // The writers' and the seals' format scanners: set once in Open, before any file is written.
-  PayloadScannerFactory scanners_;
+  PayloadScannerFactory scanners_;  // the writers' and seals' format scanners, set in Open
   Metrics metrics_;
   Logger log_;
   std::unique_ptr<IoEngine> engine_;
   std::unique_ptr<ChunkCache> cache_;
   std::unique_ptr<MetaStore> meta_;
-  int lock_fd_;
   bool closed_ = false;
-
-  // write_memory: half for every file's queued writes (FileSessions' queue_budget_), half for
-  // every reorder window (FileWriter spills to staging when it finds none). Declared before the
-  // open files and the pools, so it outlives every writer and task that uses it.
+  // write_memory: half for every file's queued writes (FileSessions), half for every reorder
+  // window (FileWriter spills to staging when it finds none).
   MemoryBudget reorder_budget_;
-  // The files in use (store/open_table.h), with the handle numbers and the files whose pages
-  // the kernel may cache stale.
-  OpenTable files_;
-  // The remote tiers: their backends, workers and queues (store/publisher.h); made in Open
-  // before Recover (whose commits queue through it), the tiers attached after it. Declared
-  // before the pools and threads that publish through it (seals, retention, reads that restore
-  // chunks, prefetch), so it outlives them; its own members stop the tiers' workers and the
-  // restore thread before the backends and the journal they use go.
+  OpenTable files_;  // the files in use, their handles, the pages the kernel may hold stale
+  // The remote tiers (store/publisher.h): made before recovery (whose commits queue through
+  // it), the tiers attached after it; outlives every pool and thread that publishes.
   std::unique_ptr<Publisher> publisher_;
-  // The listener the sync and retention tell what changed under the kernel. A leaf lock: held
-  // only to copy it (TellChange calls it with no lock held).
+  // What the sync and retention tell the kernel changed. A leaf lock, held only to copy it.
   Mutex listener_mu_;
   ChangeListener on_change_ GUARDED_BY(listener_mu_);
   void TellChange(uint64_t parent, const std::string& name, uint64_t ino);
-  // Last members: destroyed first, so their threads are joined before anything they use goes.
-  // chunks_: the local tier's chunks as every FileWriter of the store sees them (its ChunkSink),
-  // and the writers' holds (store/local_chunks.h); made in Open once the cache is open. Its put
-  // threads write the chunks cut from staging files, which seals and commits of staged writers
-  // submit; they are joined after the other pools.
-  // cut_pool_: the threads that find a seal's cut candidates (FileWriter::CutAhead); joined last
-  // (a seal waits for its parts before it ends).
+  // The seals' cut candidates (FileWriter::CutAhead): joined last, a seal waits for its parts.
   std::unique_ptr<ThreadPool> cut_pool_;
-  std::unique_ptr<LocalChunks> chunks_;
-  // The namespace (store/namespace.h): its records' changes, the namespace lock and the files'
-  // fallbacks with their settle thread, which starts once the store is open and stops in Close
-  // before the final syncs. Made in Open with chunks_, before Recover; declared after what it
-  // uses (the metadata, the cache, the local chunks, the publisher, the open files), before
-  // everything that changes the namespace through it.
-  std::unique_ptr<Namespace> ns_;
-  // The namespace sync (store/namespace_sync.h): its passes and its thread, which Close stops.
-  // Made in Open with ns_; declared after everything it uses (the publisher, the local chunks,
-  // the namespace, its lock and fallbacks, the open files, and through its hooks TellChange),
-  // so that it is destroyed, its thread joined, before they go.
+  std::unique_ptr<LocalChunks> chunks_;  // every writer's ChunkSink, holds and put threads
+  std::unique_ptr<Namespace> ns_;  // records, the namespace lock, fallbacks and settle thread
   std::unique_ptr<NamespaceSync> sync_;
-  // The open files' sessions (store/file_sessions.h), with the write queues' budget and the read
-  // and write pools; made in Open after staging_ (below it), before Recover. Declared here, after
-  // everything its pools' tasks use, so that they are joined (the write pool first) before it
-  // goes; before staging_, whose hooks reach it (check_room) and whose seal pool is joined
-  // first.
+  // Sessions before staging_, whose hooks reach them (check_room) and whose seal pool is
+  // joined first; Close stops the seals (what is left resumes at the next mount) and retention
+  // before anything else goes, so staging_'s hooks never reach a retention_ destroyed.
   std::unique_ptr<FileSessions> sessions_;
-  // Staged files and their seals (store/staging.h); made in Open before Recover (which recovers
-  // the staged records through it). Its seal pool is stopped first at Close (what is left
-  // resumes at the next mount). Declared after what its seals use (the cut pool, the local
-  // chunks, the publisher, the open files, the namespace, the budgets), so that it is
-  // destroyed, its pool joined, before they go; retention_, which its hooks reach, goes before
-  // it, but Close has stopped the seals by then (and before Open ends no seal is queued).
   std::unique_ptr<Staging> staging_;
-  // The passes of user.ckptfs.retain (store/retention_pass.h), which a commit that completes a
-  // checkpoint queues; made in Open once the local chunks are, stopped at Close.
   std::unique_ptr<RetentionPass> retention_;
-  // Prefetch work and pins (store/prefetcher.h), made on first use by prefetcher(), after
-  // AttachRemote (its thread count depends on the remote tiers). Declared last: its threads stop
-  // before the cache, the metadata and the backends they fetch through go.
+  // Made on first use, after the tiers are attached (its thread count depends on them); last,
+  // so its threads stop before the cache, the metadata and the backends go.
   Prefetcher& prefetcher();
   std::once_flag prefetch_once_;
   std::unique_ptr<Prefetcher> prefetch_;
