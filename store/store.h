@@ -187,6 +187,11 @@ class Store final {
   // "local" (no backend, or bytes not committed yet), "uploading" (committed, a remote tier
   // does not hold this version yet) or "remote" (every tier holds it): user.ckptfs.state.
   Result<std::string> RemoteState(uint64_t ino);
+  // A chunk for a peer node (peers/peer_server.h): the verified bytes of chunk `id` when a file
+  // here references it with length `len`, from the local tier, or, when `fetch`, from the
+  // remote tiers (sharing the readers' single flight). kNotFound when no file here references
+  // it at that length, or it is not local and not to be fetched. Thread-safe.
+  Result<ChunkRef> PeerChunk(const ChunkId& id, uint64_t len, bool fetch);
   // Per tier, nearest first: {"tiers":[{"backend":URL,"state":S},...]} (user.ckptfs.tiers), S
   // one of "local", "uploading", "remote", or "dropped" (past that tier's keep= policy).
   Result<std::string> TierStates(uint64_t ino);
