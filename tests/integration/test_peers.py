@@ -95,7 +95,8 @@ def test_four_cold_mounts_fetch_each_chunk_from_the_bucket_once_in_all(make_moun
     assert set(gets) == set(chunks)
     assert {c: n for c, n in gets.items() if n > 1} == {}, "a chunk fetched twice from the bucket"
     for i, n in enumerate(nodes):
-        assert f"serving chunks to peers at 127.0.0.1:{ports[i]}" in n.log()
+        # peers=A,B,C,D: the -o list's commas did not cut it short.
+        assert f"serving chunks to peers at 127.0.0.1:{ports[i]} (4 peers given)" in n.log()
         assert "refused" not in n.log()
 
 
@@ -221,10 +222,18 @@ def test_a_request_without_the_buckets_proof_is_refused_and_logged(make_mount,
     assert [l.split()[3] for l in mine] == [f"127.0.0.1:{port}"], listening
 
 
-def test_peers_need_an_s3_bucket(make_mount, new_remote):  # noqa: F811
-    remote = new_remote("file")
-    m = make_mount(options=f"peer_listen=127.0.0.1:{free_ports(1)[0]}", args=remote.mount_args,
-                   mount=False)
-    p = run(m.mount_command(), check=False, timeout=60)
+@pytest.mark.parametrize("kind,options,error", [
+    ("file", "peer_listen=127.0.0.1:{port}", "peers need an s3:// farthest tier"),
+    ("s3", "peer_listen=localhost:{port}", "the host must be an IPv4 address"),
+    ("s3", "peer_listen=127.0.0.1:{port},peers=127.0.0.1", "peers takes HOST:PORT"),
+    ("s3", "peer_listen=127.0.0.1:{port},peer_timeout=0", "peer_timeout must be in"),
+])
+def test_bad_peer_options_fail_the_mount_with_the_reason(make_mount, new_remote, kind, options,
+                                                         error):  # noqa: F811
+    remote = new_remote(kind)
+    m = make_mount(options=options.format(port=free_ports(1)[0]), args=remote.mount_args,
+                   env=remote.env, mount=False)
+    p = run(m.mount_command(), check=False, timeout=60, env=m.environ())
     assert p.returncode != 0
-    assert "peers need an s3:// farthest tier" in p.stderr
+    assert error in p.stderr
+    assert not m.mounted()
