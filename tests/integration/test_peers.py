@@ -137,6 +137,27 @@ def test_a_peer_killed_mid_load_leaves_the_others_exact(make_mount, new_remote):
 
 
 @pytest.mark.timeout(600)
+def test_a_peer_that_does_not_answer_times_out_and_the_loads_complete(make_mount,
+                                                                       new_remote):  # noqa: F811
+    # Node 2 is stopped (SIGSTOP): its kernel still accepts connections, nothing answers.
+    import signal
+    remote = new_remote("s3")
+    want = written_checkpoint(make_mount, remote)
+    ports = free_ports(3)
+    nodes = [make_mount(options=peer_options(ports, i) + ",peer_timeout=1", name=f"t{i}",
+                        args=remote.mount_args, env=remote.env) for i in range(3)]
+    pid = nodes[2].daemon_pid()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        load_at_once(nodes[:2], want)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    slow = f"peer 127.0.0.1:{ports[2]}: chunk "
+    assert any(slow in line and "timed out" in line
+               for n in nodes[:2] for line in n.log().splitlines()), "no node names the slow peer"
+
+
+@pytest.mark.timeout(600)
 def test_a_peer_sending_wrong_bytes_is_caught_and_named(make_mount, new_remote):  # noqa: F811
     remote = new_remote("s3")
     want = written_checkpoint(make_mount, remote)
