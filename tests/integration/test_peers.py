@@ -1,7 +1,8 @@
 # Chunks served node to node (-o peer_listen=, -o peers=; peers/): cold mounts on one radosgw
 # bucket loading one checkpoint fetch each chunk from the bucket once in all, the owner serving
-# the others; a peer killed mid-load, a peer that sends wrong bytes and a request without the
-# bucket's proof each leave the loads exact and the peer named in a log.
+# the others; nodes finding each other through the bucket; a peer killed mid-load, a peer that
+# does not answer, a peer that sends wrong bytes and a request without the bucket's proof each
+# leave the loads exact and the peer named in a log.
 import hashlib
 import hmac
 import os
