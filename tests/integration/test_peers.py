@@ -102,6 +102,31 @@ def test_four_cold_mounts_fetch_each_chunk_from_the_bucket_once_in_all(make_moun
 
 
 @pytest.mark.timeout(600)
+def test_each_node_loading_its_own_rank_stays_at_one_fetch_per_chunk(make_mount,
+                                                                     new_remote):  # noqa: F811
+    from test_remote import mount_on
+    remote = new_remote("s3")
+    writer = mount_on(make_mount, remote, "writer", options=REMOTE_CHUNKS)
+    (writer / "ranks").mkdir()
+    own = {r: tensors(1300 + r, [300_000] * 3) for r in range(4)}
+    for r, sd in own.items():
+        torch.save(sd, writer / "ranks" / f"rank-{r}.pt")
+    wait_state([writer / "ranks" / f"rank-{r}.pt" for r in own])
+    writer.umount()
+    ports = free_ports(4)
+    nodes = [make_mount(options=peer_options(ports, i) + ",warm=file", name=f"o{i}",
+                        args=remote.mount_args, env=remote.env) for i in range(4)]
+    got = {}
+    together(lambda i: got.update(load_all([nodes[i] / "ranks" / f"rank-{i}.pt"], readers=2)),
+             range(4))
+    for i in range(4):
+        assert_loads({0: got[nodes[i] / "ranks" / f"rank-{i}.pt"]}, own[i])
+    gets = chunk_gets(remote)
+    assert len(gets) >= 8
+    assert {c: n for c, n in gets.items() if n > 1} == {}, "a rank's chunk fetched twice"
+
+
+@pytest.mark.timeout(600)
 def test_mounts_find_each_other_through_the_bucket(make_mount, new_remote):  # noqa: F811
     # No peers= at all: each node puts a record of its address under nodes/ every second and
     # lists the others'.
