@@ -25,13 +25,7 @@ std::string ToHex(const unsigned char* p, size_t n) {
 
 using Mac = std::string;  // 32 raw bytes
 
-Mac Hmac(std::string_view key, std::string_view msg) {
-  unsigned char out[EVP_MAX_MD_SIZE];
-  unsigned int n = 0;
-  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
-       reinterpret_cast<const unsigned char*>(msg.data()), msg.size(), out, &n);
-  return Mac(reinterpret_cast<const char*>(out), n);
-}
+Mac Hmac(std::string_view key, std::string_view msg) { return HmacSha256(key, msg); }
 
 bool IsUnreserved(unsigned char c) {
   return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' ||
@@ -144,6 +138,14 @@ std::string CanonicalQuery(const HeaderList& query) {
     out += value;
   }
   return out;
+}
+
+std::string HmacSha256(std::string_view key, std::string_view msg) {
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned int n = 0;
+  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+       reinterpret_cast<const unsigned char*>(msg.data()), msg.size(), out, &n);
+  return std::string(reinterpret_cast<const char*>(out), n);
 }
 
 std::string Sha256Hex(const void* data, size_t len) {

@@ -84,6 +84,8 @@ std::string CanonicalQuery(const HeaderList& query);
 // are kept as they are.
 std::string UriDecode(std::string_view s, bool plus_is_space);
 
+// HMAC-SHA256 of `msg` keyed by `key`: 32 raw bytes.
+std::string HmacSha256(std::string_view key, std::string_view msg);
 // Lower-case hex SHA-256 of data[0..len).
 std::string Sha256Hex(const void* data, size_t len);
 // "20130524T000000Z".

@@ -8,8 +8,14 @@ own cache directory, as eight nodes of a cluster (docs/journal.md). Measured in 
                aggregate throughput against eight parallel boto3 downloads of the same bytes
                (the file, put as a plain object), each then torch.load-ed from memory
   storm-own    the same with each mount loading its own rank file (-o warm=file)
+  peers        radosgw's port behind a --link (1600mbit each way; bench/link.py), peer traffic
+               unshaped: one cold mount loading a checkpoint of --peers-mib alone, then eight
+               cold mounts loading it at once without peers and with them (-o peer_listen=,
+               peers=): the bytes radosgw sent over the checkpoint's size, and the storm's time
+               over the time of the node alone. Goals with peers: bytes <= 1.1, time <= 1.3.
 
-  /usr/bin/python3 bench/bench_nodes.py [--mib 256]
+  /usr/bin/python3 bench/bench_nodes.py [--mib 256] [--peers-mib 256] [--link 1600mbit]
+                                        [--only peers]
 """
 import argparse
 import io
@@ -21,12 +27,15 @@ import sys
 import threading
 import time
 
+import socket
+
 import boto3
 import torch
 from boto3.s3.transfer import TransferConfig
 
 import benchjson  # noqa: E402  (bench/, the script's own folder)
 from bench_remote import drop_caches, mount_bucket, start_rgw, teardown, wait_state
+from link import Link  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NODES = 8
@@ -61,12 +70,71 @@ def at_once(jobs):
     return time.perf_counter() - t0
 
 
+def free_ports(n):
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def umount_all(ckptfs, mounts):
+    for m in mounts:
+        subprocess.run([ckptfs, "umount", m], stdout=subprocess.DEVNULL)
+    mounts.clear()
+
+
+def peer_storms(args, mount, mounts, endpoint, out):
+    """The peers phase (see the module's doc)."""
+    w = mount("pwriter")
+    os.makedirs(os.path.join(w, "peers"))
+    path = os.path.join(w, "peers", "model.pt")
+    torch.save(tensors(args.peers_mib, 99), path)
+    wait_state(path, "remote")
+    size = os.path.getsize(path)
+    umount_all(args.bin, mounts)
+    link = Link(args.link, Link.port_of(endpoint))
+
+    def storm(tag, n, peers):
+        addrs = [f"127.0.0.1:{p}" for p in free_ports(n)]
+        cold = [mount(f"p/{tag}{i}", (f"peer_listen={addrs[i]},peers=" + ",".join(addrs))
+                      if peers else "") for i in range(n)]
+        drop_caches()
+        before = link.bytes_sent()[0]
+        t = at_once([lambda i=i: torch.load(os.path.join(cold[i], "peers", "model.pt"))
+                     for i in range(n)])
+        sent = link.bytes_sent()[0] - before
+        umount_all(args.bin, mounts)
+        return t, sent / size
+
+    with link:
+        t1, b1 = storm("alone", 1, False)
+        print(f"peers    one node alone: {t1:.1f} s, radosgw sent {b1:.2f} x the checkpoint "
+              f"({size / 2**20:.0f} MiB; {link.describe()})", flush=True)
+        for tag, peers in (("off", False), ("on", True)):
+            t, b = storm(tag, NODES, peers)
+            print(f"peers-{tag:3s} 8 nodes at once: radosgw sent {b:.2f} x the checkpoint, storm "
+                  f"{t:.1f} s = {t / t1:.2f} x one node alone"
+                  + ("   goals <= 1.1, <= 1.3" if peers else ""), flush=True)
+            out.add(f"peers-{tag}-bytes", b, subject="store bytes", baseline="checkpoint size",
+                    better="lower", goal=1.1 if peers else None)
+            out.add(f"peers-{tag}-time", t / t1, subject="8-node storm", baseline="one node",
+                    better="lower", goal=1.3 if peers else None, subject_s=t, baseline_s=t1)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mib", type=int, default=256, help="size of each checkpoint file")
     ap.add_argument("--dir", default="/var/tmp/ckptfs-nodes")
     ap.add_argument("--bin", default=os.environ.get("CKPTFS_BIN",
                                                     os.path.join(ROOT, "build/tools/ckptfs")))
+    ap.add_argument("--peers-mib", type=int, default=256,
+                    help="size of the checkpoint the peers phase loads")
+    ap.add_argument("--link", default="1600mbit",
+                    help="the peers phase: radosgw's port behind a link of this rate each way")
+    ap.add_argument("--only", choices=("all", "peers"), default="all")
     benchjson.add_argument(ap)
     args = ap.parse_args()
     out = benchjson.Results("nodes", args.json)
@@ -83,6 +151,10 @@ def main():
             return mount_bucket(args.bin, work, name, env["AWS_ENDPOINT_URL"], mounts,
                                 [options] if options else [])
 
+        if args.only == "peers":
+            peer_storms(args, mount, mounts, env["AWS_ENDPOINT_URL"], out)
+            out.write()
+            return 0
         # Commit -> visible on the other seven.
         nodes = [mount(f"n{i}") for i in range(NODES)]
         os.makedirs(os.path.join(nodes[0], "ckpt"))
@@ -154,6 +226,8 @@ def main():
                   f"{gb / t_plain:.2f} GB/s in {t_plain:.1f} s)", flush=True)
             out.add(f"storm-{case}", t_plain / t_mount, subject="mount", baseline="boto3",
                     goal=1.0, subject_s=t_mount, baseline_s=t_plain)
+        umount_all(args.bin, mounts)
+        peer_storms(args, mount, mounts, env["AWS_ENDPOINT_URL"], out)
         out.write()
     finally:
         teardown(args.bin, mounts, rgw)

@@ -17,12 +17,21 @@ Status Config::Validate() {
   if (!(c.min_bytes >= 4096 && c.min_bytes < c.avg_bytes && c.avg_bytes < c.max_bytes)) {
     return Invalid("chunk sizes must satisfy 4096 <= min < avg < max");
   }
-  if (c.max_bytes > (64u << 20)) return Invalid("chunk maximum size is at most 64 MiB");
+  if (c.max_bytes > kMaxChunkBytes) return Invalid("chunk maximum size is at most 64 MiB");
   if (c.piece_bytes != 0 && (c.piece_bytes < 4096 || c.piece_bytes > c.max_bytes)) {
     return Invalid("tensor piece size must be in 4K..chunk maximum");
   }
   if (durability != "local" && durability != "remote") {
     return Invalid("durability must be 'local' or 'remote', not '" + durability + "'");
+  }
+  if ((!peer_listen.empty() || !peers.empty()) && backends.empty()) {
+    return Invalid("peer_listen and peers need a backend (--backend s3://...)");
+  }
+  if (!(peer_timeout_s > 0 && peer_timeout_s <= 600)) {
+    return Invalid("peer_timeout must be in (0, 600] seconds");
+  }
+  if (!(peer_heartbeat_s >= 1 && peer_heartbeat_s <= 3600)) {
+    return Invalid("peer_heartbeat must be in [1, 3600] seconds");
   }
   if (backends.empty() && (durability == "remote" || cache_bytes > 0)) {
     return Invalid("durability=remote and cache_size need a backend (--backend URL)");

@@ -23,6 +23,9 @@ struct ChunkingOptions {
   bool tensor_boundaries = true;
 };
 
+// The largest chunk any node cuts (chunk_max).
+inline constexpr uint64_t kMaxChunkBytes = 64ull << 20;
+
 struct Config {
   // Where the local tier keeps chunks (chunks/), metadata (meta/), the log and the pid file.
   // Empty: DefaultCacheDir(mountpoint).
@@ -135,6 +138,20 @@ struct Config {
   bool views_visible = false;
   // Where the Prometheus exporter listens (-o metrics=127.0.0.1:9567); empty: no exporter.
   std::string metrics_address;
+  // Chunks served node to node (peers/, README "Chunks served node to node"). Where this node's
+  // peer endpoint listens (-o peer_listen=IPV4:PORT, that address only; empty: none), and the
+  // other nodes' endpoints (-o peers=HOST:PORT,HOST:PORT; given as one value, separated by
+  // ':'-free commas in a config file, or by '+' on a command line: see mount_options.cc). A
+  // chunk's owner fetches it from the farthest tier, the others fetch it from the owner. They
+  // need an s3:// farthest tier: requests are proven with a key derived from its secret key.
+  std::string peer_listen;
+  std::vector<std::string> peers;
+  // How long a peer may take to connect and between parts of its answer (-o peer_timeout=).
+  double peer_timeout_s = 10;
+  // Whether peers are also found through the bucket: each node keeps a record of its address
+  // under nodes/, put anew every peer_heartbeat (-o peer_discovery=0: the peers given only).
+  bool peer_discovery = true;
+  double peer_heartbeat_s = 10;
 
   // Options handed to libfuse as given (-o allow_other, ...).
   std::vector<std::string> fuse_options;

@@ -74,6 +74,12 @@ class LocalChunks final : public ChunkSink {
   // manifest whose chunks are gone). Errors are logged; the chunks concerned stay on disk.
   void Reclaim(const std::vector<ChunkId>& ids);
 
+  // A chunk for a peer node (peers/peer_server.h): the verified bytes of chunk `id` when a file
+  // here references it with length `len`, from the local tier, or, when `fetch`, from the
+  // remote tiers (sharing the readers' single flight). kNotFound when no file here references
+  // it at that length, or it is not local and not to be fetched.
+  Result<ChunkRef> Referenced(const ChunkId& id, uint64_t len, bool fetch);
+
   // What the metrics exporter shows of the puts, read now.
   struct Usage {
     uint64_t put_copy_bytes = 0, put_copy_limit = 0, put_copy_peak = 0;

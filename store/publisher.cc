@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/timed_backend.h"
 #include "common/utf8.h"
 #include "store/tier_policy.h"
 
@@ -45,6 +46,10 @@ Publisher::Publisher(const Config& cfg, MetaStore* meta, ChunkCache* cache, Metr
 Status Publisher::Attach(std::vector<std::unique_ptr<Backend>> tiers) {
   ASSIGN_OR_RETURN(std::string node, NodeId(cfg_.cache_dir));
   node_id_ = node;
+  static_assert(kMetricTiers == kMaxTiers);
+  for (size_t t = 0; t < tiers.size(); ++t) {  // every request timed, by tier
+    tiers[t] = std::make_unique<TimedBackend>(std::move(tiers[t]), metrics_, static_cast<int>(t));
+  }
   backends_ = std::move(tiers);
   const int n = static_cast<int>(backends_.size());
   {

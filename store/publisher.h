@@ -62,7 +62,8 @@ class Publisher {
 
   // Takes the chain of remote tiers (nearest first, at most kMaxTiers): moves each tier's state
   // in LMDB to where its backend stands in the chain now, hands the chain to the chunk cache,
-  // and makes the tiers (not started). Once, at open, before QueueUnpublished and Start.
+  // and makes the tiers (not started), every request of each timed (TimedBackend). Once, at
+  // open, before QueueUnpublished and Start.
   Status Attach(std::vector<std::unique_ptr<Backend>> tiers);
   // At open, after Attach: queues every file whose committed version a tier does not hold, and
   // holds its chunks. REQUIRES: the caller holds the namespace lock (the transaction is one of

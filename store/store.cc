@@ -9,7 +9,6 @@
 #include <cerrno>
 #include <utility>
 
-#include "backends/timed_backend.h"
 #include "cache/fault_io_engine.h"
 #include "store/recovery.h"
 #include "store/remote_tier.h"
@@ -122,11 +121,6 @@ Result<std::unique_ptr<Store>> Store::Open(const Config& cfg, PayloadScannerFact
     return st;
   }
   if (!tiers.empty()) {
-    static_assert(kMetricTiers == kMaxTiers);
-    for (size_t t = 0; t < tiers.size(); ++t) {  // every request timed, by tier
-      tiers[t] = std::make_unique<TimedBackend>(std::move(tiers[t]), &s->metrics_,
-                                                static_cast<int>(t));
-    }
     st = s->AttachRemote(std::move(tiers));
     if (!st.ok()) {
       s->closed_ = true;
@@ -227,6 +221,10 @@ Result<std::string> Store::RemoteState(uint64_t ino) {
 
 Result<std::string> Store::TierStates(uint64_t ino) {
   return publisher_->TierStates(ino, Uncommitted(files_, ino));
+}
+
+Result<ChunkRef> Store::PeerChunk(const ChunkId& id, uint64_t len, bool fetch) {
+  return chunks_->Referenced(id, len, fetch);
 }
 
 Status Store::SyncFromRemote(const SyncProgress& progress, bool* listed) {

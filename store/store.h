@@ -161,6 +161,8 @@ class Store final {
   // --- the remote tiers: user.ckptfs.state and user.ckptfs.tiers (store/publisher.h) ---
   Result<std::string> RemoteState(uint64_t ino);
   Result<std::string> TierStates(uint64_t ino);
+  // A chunk for a peer node (peers/peer_server.h): LocalChunks::Referenced.
+  Result<ChunkRef> PeerChunk(const ChunkId& id, uint64_t len, bool fetch);
 
   // Remote tier `tier` (nearest first); null without one.
   RemoteTier* remote(size_t tier = 0) { return publisher_->remote(tier); }

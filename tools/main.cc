@@ -20,6 +20,8 @@
 #include <vector>
 
 #include "backends/open.h"
+#include "peers/peer_backend.h"
+#include "peers/peer_server.h"
 #include "common/config.h"
 #include "common/log.h"
 #include "formats/payload_scan.h"
@@ -63,6 +65,8 @@ mount options (-o): ram_cache=SIZE, write_queue=SIZE, write_memory=SIZE, write_t
   upload_threads=N, remote_timeout=SECONDS, sync_interval=SECONDS, gc_window=SECONDS, mount_timeout=SECONDS,
   view_rules=FILE, hf_shard_size=SIZE (the hf view's shards, default 5000000000),
   views=hidden|visible, metrics=ADDRESS:PORT (Prometheus exporter, e.g. 127.0.0.1:9567),
+  peer_listen=IPV4:PORT, peers=HOST:PORT[,HOST:PORT...], peer_timeout=SECONDS,
+  peer_discovery=0|1, peer_heartbeat=SECONDS (chunks served node to node; s3:// only),
   config=FILE (more options, one per line), and the flags as options: cache_dir=DIR,
   backend=URL, s3_endpoint=URL, log_level=LEVEL;
   any other option goes to FUSE (e.g. ro, allow_other).
@@ -137,13 +141,43 @@ int RunDaemon(const Config& cfg, int notify_fd) {
     }
     tiers.push_back(std::move(*b));
   }
+  auto fail = [&](const std::string& msg) {
+    log->error("{}", msg);
+    Report(notify_fd, msg);
+    if (notify_fd < 0) std::fprintf(stderr, "ckptfs: %s\n", msg.c_str());
+    return 1;
+  };
+  // Chunks served node to node: the farthest tier asks a chunk's owner first.
+  PeerBackend* peers = nullptr;
+  if (!cfg.peer_listen.empty() || !cfg.peers.empty()) {
+    auto key = PeerKeyOf(cfg.backends.back(), cfg.s3_endpoint);
+    if (!key.ok()) return fail(key.status().ToString());
+    auto wrapped = std::make_unique<PeerBackend>(
+        std::move(tiers.back()),
+        PeerOptions{.self = cfg.peer_listen, .peers = cfg.peers, .key = std::move(*key),
+                    .timeout_s = cfg.peer_timeout_s, .discover = cfg.peer_discovery,
+                    .heartbeat_s = cfg.peer_heartbeat_s});
+    peers = wrapped.get();
+    tiers.back() = std::move(wrapped);
+  }
   auto store = Store::Open(cfg, [] { return NewPayloadScanner(PayloadScanOptions{}); },
                            std::move(tiers));
-  if (!store.ok()) {
-    log->error("cannot open the store: {}", store.status().ToString());
-    Report(notify_fd, store.status().ToString());
-    if (notify_fd < 0) std::fprintf(stderr, "ckptfs: %s\n", store.status().ToString().c_str());
-    return 1;
+  if (!store.ok()) return fail("cannot open the store: " + store.status().ToString());
+  std::unique_ptr<PeerServer> peer_server;
+  if (!cfg.peer_listen.empty()) {
+    Store* st = store->get();
+    auto started = PeerServer::Start(
+        cfg.peer_listen, peers->options().key, kMaxChunkBytes,
+        [st, peers](const ChunkId& id, uint64_t len) -> Result<PeerServer::Chunk> {
+          ASSIGN_OR_RETURN(ChunkRef c, st->PeerChunk(id, len, peers->OwnedHere(id)));
+          return PeerServer::Chunk{.bytes = c->bytes.get(), .keep = c};
+        });
+    if (!started.ok()) {
+      (void)(*store)->Close();
+      return fail(started.status().ToString());
+    }
+    peer_server = std::move(*started);
+    log->info("serving chunks to peers at {} ({} peers given)", cfg.peer_listen, cfg.peers.size());
   }
   if (cfg.sync_interval_s > 0) {
     // Serve only a namespace that holds what the backend held at the start: a job started
@@ -191,6 +225,7 @@ int RunDaemon(const Config& cfg, int notify_fd) {
     if (!reported) Report(notify_fd, st.ToString());
     if (notify_fd < 0) std::fprintf(stderr, "ckptfs: %s\n", st.ToString().c_str());
   }
+  if (peer_server) peer_server->Stop();
   // ServeMount closed the store; scrapes meanwhile read state that stays valid until reset.
   exporter.reset();
   Status closed = (*store)->Close();

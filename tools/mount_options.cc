@@ -68,6 +68,17 @@ Result<std::vector<uint64_t>> Counts(const std::string& val, const std::string& 
   return out;
 }
 
+// "HOST:PORT": a host name or IPv4 address, a port of digits.
+bool IsHostPort(const std::string& s) {
+  const size_t colon = s.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == s.size() || s.size() - colon > 6) {
+    return false;
+  }
+  return s.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-") ==
+             colon &&
+         s.find_first_not_of("0123456789", colon + 1) == std::string::npos;
+}
+
 // Applies one -o option to cfg; options ckptfs does not know go to FUSE.
 Status ApplyOption(const std::string& opt, Config& cfg, GivenKeys& given, int depth) {
   auto eq = opt.find('=');
@@ -90,6 +101,13 @@ Status ApplyOption(const std::string& opt, Config& cfg, GivenKeys& given, int de
     if (val.empty()) return Invalid("cache_dir= needs a directory");
     return (cfg.cache_dir = AbsolutePath(val)), Status::Ok();
   }
+  // peers=A:P,B:P: the -o list's commas split it, so the pieces after the first come here bare.
+  if (key == "peers" || (eq == std::string::npos && !cfg.peers.empty() && IsHostPort(opt))) {
+    const std::string addr = key == "peers" ? val : opt;
+    if (!IsHostPort(addr)) return Invalid("peers takes HOST:PORT[,HOST:PORT...], not '" + addr + "'");
+    return cfg.peers.push_back(addr), Status::Ok();
+  }
+  if (key == "peer_listen") return (cfg.peer_listen = val), Status::Ok();
   if (key == "backend") return cfg.backends.push_back(val), Status::Ok();
   if (key == "s3_endpoint") return (cfg.s3_endpoint = val), Status::Ok();
   if (key == "log_level") return (cfg.log_level = val), Status::Ok();
@@ -134,6 +152,9 @@ Status ApplyOption(const std::string& opt, Config& cfg, GivenKeys& given, int de
     }
     if (key == "cache_size") return size(cfg.cache_bytes);
     if (key == "upload_threads") return (cfg.upload_threads = std::stoul(val)), Status::Ok();
+    if (key == "peer_timeout") return (cfg.peer_timeout_s = std::stod(val)), Status::Ok();
+    if (key == "peer_heartbeat") return (cfg.peer_heartbeat_s = std::stod(val)), Status::Ok();
+    if (key == "peer_discovery") return (cfg.peer_discovery = val != "0"), Status::Ok();
     if (key == "remote_timeout") return (cfg.remote_timeout_s = std::stod(val)), Status::Ok();
     if (key == "sync_interval") return (cfg.sync_interval_s = std::stod(val)), Status::Ok();
     if (key == "settle_interval") return (cfg.settle_interval_s = std::stod(val)), Status::Ok();
