@@ -161,13 +161,7 @@ Status RemoteTier::RevalidateMarks() {
   batch.left = marked.size();
   for (const auto& [id, len] : marked) {
     upload_pool_->Submit([this, &batch, id = id, len = len] {
-      // A few tries each: one failure among many chunks would otherwise start them all again.
-      auto head = backend_->Head(ChunkCache::ObjectKey(id));
-      for (int attempt = 1; attempt < 4 && !head.ok() && head.status().code() == Code::kIo;
-           ++attempt) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(100 * attempt));
-        head = backend_->Head(ChunkCache::ObjectKey(id));
-      }
+      auto head = Tried([&] { return backend_->Head(ChunkCache::ObjectKey(id)); });
       std::lock_guard lock(batch.mu);
       if (!head.ok() && head.status().code() == Code::kNotFound) {
         batch.gone.push_back(id);

@@ -135,8 +135,18 @@ void RemoteTier::Kick() {
 }
 
 void RemoteTier::Loop() {
+  using Clock = std::chrono::steady_clock;
   int failures = 0, gc_failures = 0, busy_waits = 0;
   bool idle_due = true;  // idle work to do once the queue is empty
+  // gc/round is read at least every half window, whatever the queue holds or waits for, so that
+  // a round's condemned chunks are fetched back well within its grace.
+  const auto half_window = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(std::min(1.0, gc_window_s_ / 2)));
+  auto follow_gc = [&] {
+    Status gc = RefreshGc(false);
+    if (!gc.ok() && ++gc_failures % 30 == 3) log_->warn("following gc rounds: {}", gc.ToString());
+    if (gc.ok()) gc_failures = 0;
+  };
   for (;;) {
     uint64_t seq = 0;
     std::string op;
@@ -150,11 +160,7 @@ void RemoteTier::Loop() {
                            : txn.status();
       if (!st.ok()) log_->error("reading the upload queue: {}", st.ToString());
     }
-    // gc/round is read at least every half window, whatever the queue holds, so that a round's
-    // condemned chunks are fetched back well within its grace.
-    Status gc = RefreshGc(false);
-    if (!gc.ok() && ++gc_failures % 30 == 3) log_->warn("following gc rounds: {}", gc.ToString());
-    if (gc.ok()) gc_failures = 0;
+    follow_gc();
     if (seq == 0 && idle_due && idle_work_) {
       Status idle = idle_work_();
       if (!idle.ok()) log_->warn("applying the keep policy of {}: {}", backend_->Describe(), idle.ToString());
@@ -165,9 +171,8 @@ void RemoteTier::Loop() {
     if (seq == 0) {
       ++queue_empty_at_;
       done_cv_.notify_all();
-      // gc/round must be read at least every half window, idle or not.
-      const auto idle = std::chrono::duration<double>(std::min(1.0, gc_window_s_ / 2));
-      work_cv_.wait_for(lock.native(), idle, [&]() REQUIRES(mu_) { return kicked_ || stop_; });
+      work_cv_.wait_for(lock.native(), half_window,
+                        [&]() REQUIRES(mu_) { return kicked_ || stop_; });
       kicked_ = false;
       continue;
     }
@@ -188,7 +193,17 @@ void RemoteTier::Loop() {
       if ((waiting ? busy_waits++ % 50 : failures++ % 10) == 0) {
         log_->warn("upload queue stalled: {}; retrying", st.ToString());
       }
-      work_cv_.wait_for(lock.native(), wait, [&]() REQUIRES(mu_) { return stop_; });
+      // Backing off, too: a round this node does not see active is one whose condemned chunks
+      // it cannot fetch back.
+      for (const auto until = Clock::now() + wait; !stop_ && Clock::now() < until;) {
+        const Clock::duration left = until - Clock::now();
+        work_cv_.wait_for(lock.native(), std::min(left, half_window),
+                          [&]() REQUIRES(mu_) { return stop_; });
+        if (stop_) break;
+        lock.Unlock();
+        follow_gc();
+        lock.Lock();
+      }
       continue;
     }
     if (!st.ok()) log_->error("dropping an upload that cannot succeed: {}", st.ToString());
@@ -285,7 +300,8 @@ Status RemoteTier::PublishFile(uint64_t ino, std::optional<uint64_t> path_epoch)
   fr.origin = origin_;
   fr.manifest = std::move(m);
   const std::string bytes = fr.Encode();
-  RETURN_IF_ERROR(backend_->Put("files/" + path, bytes.data(), bytes.size()));
+  RETURN_IF_ERROR(
+      Tried([&] { return backend_->Put("files/" + path, bytes.data(), bytes.size()); }));
   // Announced before the published mark: a failed append redoes the publish and the append.
   RETURN_IF_ERROR(Announce("files/" + path));
   if (std::chrono::duration<double>(std::chrono::steady_clock::now() - window_start).count() >
@@ -363,14 +379,14 @@ Status RemoteTier::UploadChunks(const Manifest& m,
     upload_pool_->Submit([this, &batch, id = id, len = len] {
       Status st = [&]() -> Status {
         const std::string key = ChunkCache::ObjectKey(id);
-        auto head = backend_->Head(key);
+        auto head = Tried([&] { return backend_->Head(key); });
         if (head.ok() && head->size == len) {
           metrics_->chunk_upload_skips.Add(1);  // another node (or an earlier run) put it
           return Status::Ok();
         }
         if (!head.ok() && head.status().code() != Code::kNotFound) return head.status();
         ASSIGN_OR_RETURN(ChunkRef data, cache_->Get(id, len));
-        RETURN_IF_ERROR(backend_->Put(key, data->bytes.get(), data->size));
+        RETURN_IF_ERROR(Tried([&] { return backend_->Put(key, data->bytes.get(), data->size); }));
         metrics_->chunks_uploaded.Add(1);
         metrics_->chunk_upload_bytes.Add(len);
         return Status::Ok();

@@ -137,6 +137,22 @@ class RemoteTier {
   uint64_t gc_generation() const { return gc_generation_.load(); }
 
  private:
+  // Calls fn, one backend request, up to four times while it fails with kIo (100 ms, 200 ms and
+  // 300 ms apart): one failure among the many requests of a publish or a revalidation would
+  // otherwise start them all again, and a publish's chunks, put but not yet named by its record,
+  // are what the next gc round condemns.
+  static const Status& StatusOf(const Status& st) { return st; }
+  template <class T>
+  static const Status& StatusOf(const Result<T>& r) { return r.status(); }
+  template <class Fn>
+  static auto Tried(Fn fn) -> decltype(fn()) {
+    auto r = fn();
+    for (int attempt = 1; attempt < 4 && StatusOf(r).code() == Code::kIo; ++attempt) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100 * attempt));
+      r = fn();
+    }
+    return r;
+  }
   void Loop();
   Status Process(std::string_view op);
   // path_epoch: the op's (none: an op of store format 2, which never marks the tier as holding

@@ -50,6 +50,19 @@ class GcTest : public test::NodesTest {
     ASSERT_TRUE(a->remote()->Drain(30).ok());
   }
 
+  // Four files of 512 KiB saved on node a and uploaded, whose records are then deleted from
+  // the bucket, as a deletion on another node leaves them: (ino, bytes) of each.
+  void SaveDeletedElsewhere(Store& a, uint64_t seed,
+                            std::vector<std::pair<uint64_t, Bytes>>* files) {
+    for (uint64_t i = 0; i < 4; ++i) {
+      const std::string name = "x" + std::to_string(i);
+      Bytes data = test::RandomBytes(512 << 10, seed + i);
+      files->emplace_back(Write(a, name, data), std::move(data));
+      ASSERT_TRUE(a.remote()->Drain(30).ok());
+      ASSERT_TRUE(mem_.Delete("files/" + name).ok());
+    }
+  }
+
   // The file's bytes read by a node with a cold cache; an error when a chunk is missing.
   Result<Bytes> ReadCold(const std::string& name) {
     auto s = OpenNode("reader-" + std::to_string(++readers_));
@@ -239,19 +252,36 @@ TEST_F(GcTest, AFileNamingACondemnedChunkWaitsForTheRound) {
   EXPECT_EQ(*back, data);
 }
 
+// As below, while the node's upload queue backs off for seconds (a backend refusing its
+// uploads): the node keeps following gc rounds every half window, so it sees the round active
+// and fetches its chunks back before the sweep.
+TEST_F(GcTest, ANodeBackingOffFromFailingUploadsStillFetchesBackCondemnedChunks) {
+  test::SharedBackend* ab = nullptr;
+  auto a = OpenNode("a", &ab, 1 << 20);  // a small local tier: uploaded chunks are evicted
+  std::vector<std::pair<uint64_t, Bytes>> files;
+  ASSERT_NO_FATAL_FAILURE(SaveDeletedElsewhere(*a, 80, &files));
+  std::atomic<bool> refuse{true};
+  ab->fail_put = [&](const std::string& key) { return refuse && key.rfind("chunks/", 0) == 0; };
+  Write(*a, "stuck.pt", test::RandomBytes(64 << 10, 90));
+  // Failures back off 0.1 s doubling: after 4 s the queue waits seconds between tries.
+  std::this_thread::sleep_for(std::chrono::seconds(4));
+  const uint64_t fetched_before = a->metrics().remote_fetches.Get();
+  auto r = Collect(1.0);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_GT(r->deleted, 0u);
+  EXPECT_GT(a->metrics().remote_fetches.Get(), fetched_before);  // evicted copies came back
+  for (const auto& [ino, data] : files) EXPECT_EQ(Read(*a, ino), data);
+  refuse = false;
+  ASSERT_TRUE(a->remote()->Drain(60).ok());
+}
+
 // A node evicted its copies of chunks the backend held; a round condemns them while a file on
 // the node still names them (its record is gone from the bucket). The node fetches them back
 // before the sweep, and can still read the file afterwards.
 TEST_F(GcTest, ANodeFetchesBackCondemnedChunksItsFilesName) {
   auto a = OpenNode("a", nullptr, 1 << 20);  // a small local tier: uploaded chunks are evicted
   std::vector<std::pair<uint64_t, Bytes>> files;
-  for (int i = 0; i < 4; ++i) {
-    const std::string name = "x" + std::to_string(i);
-    Bytes data = test::RandomBytes(512 << 10, 70 + i);
-    files.emplace_back(Write(*a, name, data), std::move(data));
-    ASSERT_TRUE(a->remote()->Drain(30).ok());
-    ASSERT_TRUE(mem_.Delete("files/" + name).ok());  // as a deletion on another node leaves it
-  }
+  ASSERT_NO_FATAL_FAILURE(SaveDeletedElsewhere(*a, 70, &files));
   const uint64_t fetched_before = a->metrics().remote_fetches.Get();
   auto r = Collect(1.0);
   ASSERT_TRUE(r.ok()) << r.status().ToString();

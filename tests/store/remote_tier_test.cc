@@ -11,6 +11,9 @@
 
 #include <atomic>
 #include <functional>
+#include <map>
+#include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -300,6 +303,35 @@ TEST_F(RemoteTierTest, IdenticalBytesFromTwoNodesAreUploadedOnce) {
   EXPECT_EQ(Count("chunks/"), chunks);
   EXPECT_EQ(b->metrics().chunks_uploaded.Get(), 0u);
   EXPECT_EQ(b->metrics().chunk_upload_skips.Get(), chunks);
+}
+
+// A backend that refuses one request of a publish now and then (each chunk's first PUT here):
+// the request is tried again, not the whole publish, so no chunk is asked about twice.
+TEST_F(RemoteTierTest, ARefusedRequestIsTriedAgainWithoutRestartingThePublish) {
+  Shared* ab = nullptr;
+  auto a = OpenStore("a", &ab);
+  std::mutex mu;
+  std::set<std::string> refused;
+  std::map<std::string, int> heads;
+  ab->fail_put = [&](const std::string& key) {
+    std::lock_guard lock(mu);
+    return key.rfind("chunks/", 0) == 0 && refused.insert(key).second;
+  };
+  ab->on_head = [&](const std::string& key) {
+    std::lock_guard lock(mu);
+    ++heads[key];
+  };
+  const Bytes data = test::RandomBytes(1 << 20, 12);
+  const uint64_t ino = Write(*a, kRootIno, "a.pt", data);
+  ASSERT_TRUE(a->remote()->Drain(30).ok());
+  EXPECT_EQ(*a->RemoteState(ino), "remote");
+  std::lock_guard lock(mu);
+  EXPECT_GT(refused.size(), 1u);
+  EXPECT_EQ(refused.size(), Count("chunks/"));
+  for (const auto& [key, n] : heads) EXPECT_EQ(n, 1) << key;
+  auto fresh = OpenStore("fresh");
+  ASSERT_TRUE(fresh->SyncFromRemote().ok());
+  EXPECT_EQ(Read(*fresh, Find(*fresh, {"a.pt"})), data);
 }
 
 TEST_F(RemoteTierTest, LocalChangesNotYetPublishedWinOverAnOlderRemoteVersion) {

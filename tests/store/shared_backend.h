@@ -29,11 +29,13 @@ class SharedBackend : public Backend {
   std::function<void(const std::string& key)> on_head;  // after each Head, before it answers
   std::function<void(const std::string& key)> on_get;   // after each Get, before it answers
   std::function<void(const std::string& key)> on_delete;  // before each Delete
+  // Put fails with kIo while this returns true for its key (set before use).
+  std::function<bool(const std::string& key)> fail_put;
   double fail_rate = 0;                                 // set before use
   uint64_t seed = 0;
 
   Status Put(const std::string& k, const void* d, size_t n) override {
-    if (Fails()) return Status(Code::kIo, "injected fault: put " + k);
+    if (Fails() || (fail_put && fail_put(k))) return Status(Code::kIo, "injected fault: put " + k);
     Status st = m_->Put(k, d, n);
     if (on_put) on_put(k);
     return st;
