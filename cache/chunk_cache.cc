@@ -478,15 +478,23 @@ Result<ChunkRef> ChunkCache::Get(const ChunkId& id, size_t len) {
 Status ChunkCache::Verify(const ChunkId& id, size_t len) { return Load(id, len).status(); }
 
 Result<ChunkRef> ChunkCache::LoadExtent(const ChunkId& id, size_t len) {
+  const auto at = packs_->Locate(id);
+  if (!at) {
+    MutexLock lock(&mu_);
+    DiskDrop(id);  // dropped meanwhile
+    return NotFound("chunk " + id.Hex() + " is not on the local tier");
+  }
+  const std::string& path = at->first;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::FromErrno(errno, "open pack " + path);
   auto data = ChunkData::Allocate(len);
-  auto n = packs_->Read(id, data->bytes.get(), len);
+  // Buffered (an extent starts anywhere in its pack), through the engine as chunk files are read.
+  auto n = at->second.len == len
+               ? engine_->ReadAt(fd, data->bytes.get(), len, static_cast<int64_t>(at->second.offset))
+               : Result<size_t>(size_t{0});
+  ::close(fd);
   if (!n.ok()) {
-    if (n.status().code() == Code::kNotFound) {
-      MutexLock lock(&mu_);
-      DiskDrop(id);
-    } else {
-      log_->error("reading chunk {}: {}", id.Hex(), n.status().ToString());
-    }
+    log_->error("reading chunk {}: {}", id.Hex(), n.status().ToString());
     return n.status();
   }
   metrics_->cache_miss_bytes.Add(len);

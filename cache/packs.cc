@@ -330,31 +330,12 @@ size_t Packs::packs() const {
   return packs_.size();
 }
 
-Result<size_t> Packs::Read(const ChunkId& id, uint8_t* into, size_t len) const {
-  std::string path;
-  uint64_t offset;
-  {
-    MutexLock lock(&mu_);
-    auto it = extents_.find(id);
-    if (it == extents_.end()) return NotFound("chunk " + id.Hex() + " is in no pack");
-    path = PackPath(packs_.at(it->second.pack).name);
-    offset = it->second.offset;
-    len = std::min<uint64_t>(len, it->second.len);
-  }
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Status::FromErrno(errno, "open " + path);
-  size_t got = 0;
-  int err = 0;
-  while (got < len) {
-    const ssize_t n = ::pread(fd, into + got, len - got, static_cast<off_t>(offset + got));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) err = errno;
-    if (n <= 0) break;
-    got += static_cast<size_t>(n);
-  }
-  ::close(fd);
-  if (err != 0) return Status::FromErrno(err, "read " + path);
-  return got;
+std::optional<std::pair<std::string, Packs::Entry>> Packs::Locate(const ChunkId& id) const {
+  MutexLock lock(&mu_);
+  auto it = extents_.find(id);
+  if (it == extents_.end()) return std::nullopt;
+  return std::make_pair(PackPath(packs_.at(it->second.pack).name),
+                        Entry{id, it->second.offset, it->second.len});
 }
 
 Status Packs::Drop(const ChunkId& id) {

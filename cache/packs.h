@@ -35,6 +35,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "common/chunk_id.h"
@@ -78,9 +79,8 @@ class Packs {
   bool Contains(const ChunkId& id) const;
   // The extent of chunk `id`, if one.
   std::optional<uint64_t> Len(const ChunkId& id) const;
-  // Reads chunk `id` (len bytes) into `into`; the bytes read (short when the pack is), or
-  // kNotFound when no extent of it.
-  Result<size_t> Read(const ChunkId& id, uint8_t* into, size_t len) const;
+  // Where chunk `id` lies: its pack's path and its extent; none when no extent of it.
+  std::optional<std::pair<std::string, Entry>> Locate(const ChunkId& id) const;
   // Drops chunk `id`'s extent (a '-' record), punching its range (after syncing the index) when
   // the pack has no other name; a pack left without extents is unlinked. Absent: Ok.
   Status Drop(const ChunkId& id);

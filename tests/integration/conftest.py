@@ -243,6 +243,10 @@ class CkptMount:
         return (sum(p.stat().st_size for p in self.chunk_files())
                 + sum(e[2] for e in self.pack_extents().values()))
 
+    def chunk_ids_on_disk(self):
+        """The ids (hex) of the chunks on the local tier, sorted: chunk files and pack extents."""
+        return sorted([p.name for p in self.chunk_files()] + list(self.pack_extents()))
+
     def chunks_on_disk(self):
         """Chunks on the local tier: chunk files and pack extents."""
         return len(self.chunk_files()) + len(self.pack_extents())

@@ -321,7 +321,7 @@ def test_seals_with_cut_threads_cut_the_chunks_seals_without_them_cut(make_mount
         # The cuts were read off candidates found ahead exactly when there were threads to help.
         cuts = samples(get(f"http://127.0.0.1:{port}/metrics"))["ckptfs_cut_ahead_cuts_total"]
         assert (cuts > 20) == (threads > 0), cuts
-        chunks[threads] = sorted(p.name for p in m.chunk_files())
+        chunks[threads] = m.chunk_ids_on_disk()
         assert len(chunks[threads]) == usage[0]["chunks"]
     assert chunks[3] == chunks[0]
 
