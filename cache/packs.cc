@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <set>
@@ -310,7 +311,24 @@ Status Packs::Punch(const std::string& name, const std::vector<Range>& ranges) {
   if (ranges.empty()) return Status::Ok();
   MutexLock lock(&mu_);
   if (!Alone(name)) return Status::Ok();
-  return PunchRanges(name, ranges);
+  // Never a live extent's bytes: a staging file sealed again (after a seal that adopted it and
+  // did not commit, its chunks named meanwhile by another file) finds its own extents stored.
+  auto pack = by_name_.find(name);
+  std::vector<Range> live, safe;
+  if (pack != by_name_.end()) {
+    for (const auto& [id, loc] : extents_) {
+      if (loc.pack == pack->second) live.push_back(Range{loc.offset, loc.len});
+    }
+  }
+  std::sort(live.begin(), live.end(),
+            [](const Range& a, const Range& b) { return a.offset < b.offset; });
+  for (const Range& r : ranges) {
+    // The first live extent ending after r begins; r is safe unless it starts before r ends.
+    auto it = std::lower_bound(live.begin(), live.end(), r.offset,
+                               [](const Range& e, uint64_t at) { return e.offset + e.len <= at; });
+    if (it == live.end() || it->offset >= r.offset + r.len) safe.push_back(r);
+  }
+  return PunchRanges(name, safe);
 }
 
 bool Packs::Contains(const ChunkId& id) const {

@@ -148,6 +148,24 @@ TEST_F(PacksTest, ChunksStoredAlreadyAreNotRecordedAgainAndArePunchedOnceThePack
   ExpectReadsBack(shared);
 }
 
+TEST_F(PacksTest, AStagingFileSealedAgainNeverHasItsLiveExtentsPunched) {
+  // A seal adopted the file and did not commit (another file named its chunks meanwhile, so they
+  // stay); the file is sealed again and finds every chunk stored, in this very pack.
+  const std::vector<Chunk> chunks{MakeChunk(1 << 20, 1), MakeChunk(1 << 20, 2)};
+  const auto entries = Stage("8.1", chunks);
+  ASSERT_TRUE(cache_->AdoptPack(StagingPath("8.1"), "8.1", entries).ok());
+  auto again = cache_->AdoptPack(StagingPath("8.1"), "8.1", entries);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(*again, (std::vector<size_t>{0, 1}));
+  ASSERT_EQ(::unlink(StagingPath("8.1").c_str()), 0);
+  const uint64_t before = Allocated(PackPath("8.1"));
+  std::vector<Packs::Range> punch;
+  for (size_t i : *again) punch.push_back(Packs::Range{entries[i].offset, entries[i].len});
+  ASSERT_TRUE(cache_->PunchPack("8.1", punch).ok());
+  EXPECT_EQ(Allocated(PackPath("8.1")), before);
+  for (const Chunk& c : chunks) ExpectReadsBack(c);
+}
+
 TEST_F(PacksTest, RemovePunchesTheExtentAndThePackGoesWithItsLast) {
   const std::vector<Chunk> chunks{MakeChunk(1 << 20, 1), MakeChunk(1 << 20, 2)};
   ASSERT_TRUE(cache_->AdoptPack(StagingPath("3.1"), "3.1", Stage("3.1", chunks)).ok());
