@@ -97,19 +97,22 @@ Result<std::unique_ptr<ChunkCache>> ChunkCache::Open(const std::string& dir, IoE
     }
     ::closedir(d);
   }
+  ASSIGN_OR_RETURN(auto packs, Packs::Open(chunks + "/packs", GetLogger("cache")));
   int fd = ::open(chunks.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return Status::FromErrno(errno, "open " + chunks);
-  return std::unique_ptr<ChunkCache>(new ChunkCache(chunks, fd, engine, ram_bytes, metrics));
+  return std::unique_ptr<ChunkCache>(
+      new ChunkCache(chunks, fd, engine, ram_bytes, metrics, std::move(packs)));
 }
 
 ChunkCache::ChunkCache(std::string dir, int dirfd, IoEngine* engine, uint64_t ram_bytes,
-                       Metrics* metrics)
+                       Metrics* metrics, std::unique_ptr<Packs> packs)
     : dir_(std::move(dir)),
       dirfd_(dirfd),
       engine_(engine),
       ram_budget_(ram_bytes),
       metrics_(metrics),
-      log_(GetLogger("cache")) {}
+      log_(GetLogger("cache")),
+      packs_(std::move(packs)) {}
 
 ChunkCache::~ChunkCache() { ::close(dirfd_); }
 
@@ -120,7 +123,7 @@ std::string ChunkCache::PathOf(const ChunkId& id) const {
 
 bool ChunkCache::Contains(const ChunkId& id) const {
   struct stat st;
-  return ::stat(PathOf(id).c_str(), &st) == 0;
+  return ::stat(PathOf(id).c_str(), &st) == 0 || packs_->Contains(id);
 }
 
 bool ChunkCache::OnDisk(const ChunkId& id) const {
@@ -164,7 +167,10 @@ Status ChunkCache::Warm(const ChunkId& id, size_t len) {
 
 bool ChunkCache::AlreadyOnDisk(const ChunkId& id, size_t len) {
   struct stat st;
-  if (::stat(PathOf(id).c_str(), &st) != 0 || static_cast<size_t>(st.st_size) != len) return false;
+  if ((::stat(PathOf(id).c_str(), &st) != 0 || static_cast<size_t>(st.st_size) != len) &&
+      packs_->Len(id) != len) {
+    return false;
+  }
   MutexLock lock(&mu_);
   DiskAdd(id, len);  // known to the disk map even if a racing Load dropped it
   return true;
@@ -471,10 +477,50 @@ Result<ChunkRef> ChunkCache::Get(const ChunkId& id, size_t len) {
 
 Status ChunkCache::Verify(const ChunkId& id, size_t len) { return Load(id, len).status(); }
 
+Result<ChunkRef> ChunkCache::LoadExtent(const ChunkId& id, size_t len) {
+  const auto at = packs_->Locate(id);
+  if (!at) {
+    MutexLock lock(&mu_);
+    DiskDrop(id);  // dropped meanwhile
+    return NotFound("chunk " + id.Hex() + " is not on the local tier");
+  }
+  const std::string& path = at->first;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::FromErrno(errno, "open pack " + path);
+  auto data = ChunkData::Allocate(len);
+  // Buffered (an extent starts anywhere in its pack), through the engine as chunk files are read.
+  auto n = at->second.len == len
+               ? engine_->ReadAt(fd, data->bytes.get(), len, static_cast<int64_t>(at->second.offset))
+               : Result<size_t>(size_t{0});
+  ::close(fd);
+  if (!n.ok()) {
+    log_->error("reading chunk {}: {}", id.Hex(), n.status().ToString());
+    return n.status();
+  }
+  metrics_->cache_miss_bytes.Add(len);
+  if (*n != len || ChunkId::Of(data->bytes.get(), len) != id) {
+    metrics_->chunk_verify_failures.Add(1);
+    // Its bytes are no chunk's: the extent goes (its range punched), so that the next Put or
+    // fetch stores it anew, as a corrupt chunk file is moved aside.
+    Status dropped = packs_->Drop(id);
+    {
+      MutexLock lock(&mu_);
+      DiskDrop(id);
+    }
+    log_->error("chunk {} in a pack on the local tier is corrupt ({} of {} bytes, hash mismatch); "
+                "its extent is dropped{}",
+                id.Hex(), *n, len,
+                dropped.ok() ? "" : " (not recorded: " + dropped.ToString() + ")");
+    return Corrupt("chunk " + id.Hex() + " failed verification");
+  }
+  return ChunkRef(std::move(data));
+}
+
 Result<ChunkRef> ChunkCache::Load(const ChunkId& id, size_t len) {
   std::string path = PathOf(id);
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
+    if (errno == ENOENT && packs_->Contains(id)) return LoadExtent(id, len);
     if (errno == ENOENT) {
       MutexLock lock(&mu_);
       DiskDrop(id);  // gone behind our back: Warm and OnDisk must not count it any more
@@ -638,6 +684,7 @@ Status ChunkCache::Remove(const ChunkId& id) {
   if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
     return Status::FromErrno(errno, "unlink chunk " + path);
   }
+  RETURN_IF_ERROR(packs_->Drop(id));
   MutexLock lock(&mu_);
   DiskDrop(id);
   return Status::Ok();
@@ -678,7 +725,39 @@ Status ChunkCache::SyncChunks(const std::vector<ChunkId>& ids) {
     ::close(fd);
     if (rc != 0) return Status::FromErrno(err, "fsync " + d);
   }
-  return Status::Ok();
+  return packs_->Sync(ids);
+}
+
+Result<std::vector<size_t>> ChunkCache::AdoptPack(const std::string& src, const std::string& name,
+                                                  const std::vector<Packs::Entry>& entries) {
+  // Chunk files first: a chunk stored as a file is not recorded again.
+  std::vector<Packs::Entry> fresh;
+  std::vector<size_t> at, skipped;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    struct stat st;
+    if (::stat(PathOf(entries[i].id).c_str(), &st) == 0 &&
+        static_cast<uint64_t>(st.st_size) == entries[i].len) {
+      skipped.push_back(i);
+    } else {
+      fresh.push_back(entries[i]);
+      at.push_back(i);
+    }
+  }
+  ASSIGN_OR_RETURN(std::vector<size_t> dup, packs_->Adopt(src, name, fresh));
+  std::vector<bool> recorded(fresh.size(), true);
+  for (size_t i : dup) {
+    recorded[i] = false;
+    skipped.push_back(at[i]);
+  }
+  MutexLock lock(&mu_);
+  for (size_t i = 0; i < fresh.size(); ++i) {
+    if (recorded[i]) DiskAdd(fresh[i].id, fresh[i].len);
+  }
+  return skipped;
+}
+
+Status ChunkCache::PunchPack(const std::string& name, const std::vector<Packs::Range>& ranges) {
+  return packs_->Punch(name, ranges);
 }
 
 Status ChunkCache::ForEach(const std::function<void(const ChunkId&, uint64_t)>& fn) const {
@@ -696,6 +775,7 @@ Status ChunkCache::ForEach(const std::function<void(const ChunkId&, uint64_t)>& 
     }
     ::closedir(dir);
   }
+  packs_->ForEach(fn);
   return Status::Ok();
 }
 

@@ -1,6 +1,8 @@
 // ChunkCache: the local tier. Chunk bytes live as one file per chunk under <dir>/chunks/, named by
-// their id; recently read chunks also live in a RAM LRU. Every byte read from disk is verified
-// against its id before anyone sees it (invariant 1).
+// their id, or as extents of pack files under <dir>/chunks/packs/ (cache/packs.h: a sealed staging
+// file adopted whole, AdoptPack); recently read chunks also live in a RAM LRU. Every byte read
+// from disk is verified against its id before anyone sees it (invariant 1). Every call below
+// treats a chunk the same in either home; Put and fetches write chunk files.
 //
 // With remote tiers (AttachRemote: backends, nearest first), a chunk missing on disk is fetched
 // from the nearest tier that has it, verified, and kept on disk; one fetch serves every
@@ -21,6 +23,7 @@
 #include <vector>
 
 #include "cache/io_engine.h"
+#include "cache/packs.h"
 #include "common/chunk_id.h"
 #include "common/log.h"
 #include "common/metrics.h"
@@ -157,16 +160,31 @@ class ChunkCache {
   // directory holding one), leaving the rest of the filesystem's dirty pages alone. A chunk with
   // no file here (evicted, or a hole's zero id) is skipped.
   Status SyncChunks(const std::vector<ChunkId>& ids);
-  // Calls fn for every chunk file on disk (recovery and garbage collection).
+  // Calls fn for every chunk on disk, in a chunk file or a pack (recovery and garbage
+  // collection). A chunk in both is listed twice.
   Status ForEach(const std::function<void(const ChunkId&, uint64_t size)>& fn) const;
+
+  // Makes the file at `src` (a sealed staging file, never written again) pack `name`, the home of
+  // the chunks `entries` (Packs::Adopt). Chunks stored already (a chunk file or another pack's
+  // extent) are not recorded: their indexes in `entries` are returned, for PunchPack once the
+  // staging file's own name is gone. The extents count on the disk tier from now on; they are
+  // durable once SyncChunks synced them.
+  Result<std::vector<size_t>> AdoptPack(const std::string& src, const std::string& name,
+                                        const std::vector<Packs::Entry>& entries);
+  // Punches ranges holding no chunk out of pack `name`, unless the pack still has another name.
+  Status PunchPack(const std::string& name, const std::vector<Packs::Range>& ranges);
+  size_t pack_count() const { return packs_->packs(); }
 
   std::string PathOf(const ChunkId& id) const;
   const std::string& dir() const { return dir_; }
 
  private:
   struct Inflight;
-  ChunkCache(std::string dir, int dirfd, IoEngine* engine, uint64_t ram_bytes, Metrics* metrics);
+  ChunkCache(std::string dir, int dirfd, IoEngine* engine, uint64_t ram_bytes, Metrics* metrics,
+             std::unique_ptr<Packs> packs);
   Result<ChunkRef> Load(const ChunkId& id, size_t len);
+  // Load of a chunk that has no file: its extent in a pack, verified (a bad one is dropped).
+  Result<ChunkRef> LoadExtent(const ChunkId& id, size_t len);
   Result<ChunkRef> Fetch(const ChunkId& id, size_t len);
   // Put of bytes starting on a kDirectAlign boundary (a chunk fetched from the backend, or Put's
   // copy of a large one), written with O_DIRECT where the filesystem allows, else buffered: the
@@ -195,6 +213,7 @@ class ChunkCache {
   const uint64_t ram_budget_;
   Metrics* const metrics_;
   Logger log_;
+  const std::unique_ptr<Packs> packs_;  // its own lock, a leaf; never called under mu_
 
   mutable Mutex mu_;  // guards everything below but what is set once
   using Lru = std::list<std::pair<ChunkId, ChunkRef>>;

@@ -1,8 +1,9 @@
 // CacheDirSource: the views' sources in an unmounted cache directory (ckptfs convert
 // --cache-dir): its LMDB metadata opened read-only, as `ckptfs stats` opens it, and its files'
 // bytes from the local tier's chunk files, each verified against its name; a file still staged
-// (written through passthrough, not yet cut into chunks) from its staging file; a chunk evicted
-// to a remote tier from the tiers given (--backend).
+// (written through passthrough, not yet cut into chunks) from its staging file; a chunk kept in a
+// pack (cache/packs.h) from its extent, also verified; a chunk evicted to a remote tier from the
+// tiers given (--backend).
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -43,13 +44,38 @@ Result<std::shared_ptr<ChunkData>> ReadWhole(const std::string& path, size_t len
 
 // The remote tiers a chunk missing from the local tier is fetched from, nearest first.
 using Tiers = std::vector<std::unique_ptr<Backend>>;
+// The extents of the local tier's packs, as their indexes list them (Packs::Scan).
+using PackExtents = std::unordered_map<ChunkId, std::pair<std::string, Packs::Entry>, ChunkIdHash>;
+
+// The bytes of chunk `id`'s extent, [0, len): short when the pack is; kNotFound when none.
+Result<std::shared_ptr<ChunkData>> ReadExtent(const PackExtents& packs, const ChunkId& id,
+                                              size_t len) {
+  auto it = packs.find(id);
+  if (it == packs.end() || it->second.second.len != len) return NotFound("no extent");
+  const std::string& path = it->second.first;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::FromErrno(errno, "open " + path);
+  auto data = ChunkData::Allocate(len);
+  size_t got = 0;
+  while (got < len) {
+    const ssize_t n = ::pread(fd, data->bytes.get() + got, len - got,
+                              static_cast<off_t>(it->second.second.offset + got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  if (got != len) return Corrupt(path + " is shorter than its index says");
+  return data;
+}
 
 class CachedFile final : public SourceFile {
  public:
-  CachedFile(std::string chunks, std::shared_ptr<const Tiers> tiers, Manifest m,
-             uint64_t generation)
+  CachedFile(std::string chunks, std::shared_ptr<const Tiers> tiers,
+             std::shared_ptr<const PackExtents> packs, Manifest m, uint64_t generation)
       : chunks_(std::move(chunks)),
         tiers_(std::move(tiers)),
+        packs_(std::move(packs)),
         m_(std::move(m)),
         generation_(generation) {}
   uint64_t size() const override { return m_.size(); }
@@ -70,6 +96,7 @@ class CachedFile final : public SourceFile {
     const std::string hex = id.Hex();
     const std::string path = chunks_ + "/" + hex.substr(0, 2) + "/" + hex;
     auto data = ReadWhole(path, len);
+    if (!data.ok() && data.status().code() == Code::kNotFound) data = ReadExtent(*packs_, id, len);
     if (!data.ok() && data.status().code() == Code::kNotFound) return Fetch(id, len);
     RETURN_IF_ERROR(data.status());
     if (!(ChunkId::Of((*data)->bytes.get(), len) == id)) {
@@ -105,6 +132,7 @@ class CachedFile final : public SourceFile {
 
   const std::string chunks_;
   const std::shared_ptr<const Tiers> tiers_;
+  const std::shared_ptr<const PackExtents> packs_;
   const Manifest m_;
   const uint64_t generation_;
 };
@@ -136,7 +164,8 @@ class CacheDirSource final : public CheckpointSource {
   CacheDirSource(std::string dir, std::unique_ptr<MetaStore> meta, Tiers tiers)
       : dir_(std::move(dir)),
         meta_(std::move(meta)),
-        tiers_(std::make_shared<const Tiers>(std::move(tiers))) {}
+        tiers_(std::make_shared<const Tiers>(std::move(tiers))),
+        packs_(std::make_shared<const PackExtents>(Packs::Scan(dir_ + "/chunks/packs"))) {}
 
   Result<InodeRecord> Lookup(uint64_t dir, std::string_view name) override {
     ASSIGN_OR_RETURN(auto txn, meta_->Begin(false));
@@ -181,7 +210,7 @@ class CacheDirSource final : public CheckpointSource {
     }
     ASSIGN_OR_RETURN(auto m, txn.GetManifest(file));
     return std::shared_ptr<const SourceFile>(std::make_shared<CachedFile>(
-        dir_ + "/chunks", tiers_, m ? std::move(*m) : Manifest(), rec.generation));
+        dir_ + "/chunks", tiers_, packs_, m ? std::move(*m) : Manifest(), rec.generation));
   }
   std::string Describe(uint64_t dir) override {
     auto txn = meta_->Begin(false);
@@ -204,6 +233,7 @@ class CacheDirSource final : public CheckpointSource {
   const std::string dir_;
   const std::unique_ptr<MetaStore> meta_;
   const std::shared_ptr<const Tiers> tiers_;  // shared with the files opened
+  const std::shared_ptr<const PackExtents> packs_;  // the same
 };
 
 }  // namespace

@@ -84,6 +84,7 @@ std::string StatusJson(Context& ctx) {
   out += ",\"readahead_chunks\":" + Num(cfg.readahead_chunks);
   out += ",\"max_readahead\":" + Num(cfg.max_readahead_bytes);
   out += ",\"writeback_cache\":" + std::string(cfg.writeback_cache ? "true" : "false");
+  out += ",\"packs\":" + std::string(cfg.packs ? "true" : "false");
   out += ",\"upload_threads\":" + Num(cfg.upload_threads);
   out += ",\"sync_interval_s\":" + Real(cfg.sync_interval_s);
   out += ",\"sync_full_interval_s\":" + Real(cfg.sync_full_interval_s);

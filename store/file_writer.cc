@@ -100,6 +100,7 @@ Status FileWriter::AdoptFile(int fd, uint64_t size) {
   if (staging_fd_ < 0) return Status::FromErrno(errno, "dup of a file to chunk");
   staging_path_.clear();
   mode_ = Mode::kStaging;
+  adopted_ = true;
   size_ = size;
   return Status::Ok();
 }
@@ -387,7 +388,11 @@ struct FileWriter::PutWindow {
 
 Status FileWriter::EmitChunk(const uint8_t* data, size_t len, Manifest* into) {
   ChunkId id = ChunkId::Of(data, len);
-  if (window_) {
+  if (adopted_ && sink_->PutsInPlace()) {
+    // Cutting an adopted file from its start: `into` ends where this chunk begins in it.
+    RETURN_IF_ERROR(sink_->PutInPlace(id, into->size(), len));
+    held_.push_back(id);
+  } else if (window_) {
     const size_t cost = ChunkCache::CopyFootprint(len);
     RETURN_IF_ERROR(window_->Reserve(cost));
     sink_->PutChunkAsync(id, data, len, &window_->cancelled,

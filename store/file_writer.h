@@ -64,6 +64,17 @@ class ChunkSink {
     done(PutChunk(id, data, len));
   }
   virtual Result<ChunkRef> GetChunk(const ChunkId& id, size_t len) = 0;
+  // Whether the chunks cut from a file given to AdoptFile stay where they lie in it (PutInPlace)
+  // instead of being put: that file becomes their home.
+  virtual bool PutsInPlace() const { return false; }
+  // Chunk `id` is bytes [offset, offset + len) of the adopted file. Holds the chunk as PutChunk
+  // does; a sink whose PutsInPlace is false never gets this call.
+  virtual Status PutInPlace(const ChunkId& id, uint64_t offset, size_t len) {
+    (void)id;
+    (void)offset;
+    (void)len;
+    return Status(Code::kInternal, "this chunk sink stores no chunk in place");
+  }
   // A fresh path for a staging file on the local tier.
   virtual std::string NewStagingPath() = 0;
 };
@@ -249,6 +260,7 @@ class FileWriter {
 
   int staging_fd_ = -1;
   std::string staging_path_;
+  bool adopted_ = false;  // staging_fd_ is a file given to AdoptFile
 
   uint64_t size_ = 0;
   std::vector<ChunkId> held_;

@@ -127,6 +127,11 @@ std::string LocalChunks::NewStagingPath() {
   return staging_dir_ + "/" + std::to_string(::getpid()) + "." + std::to_string(++staging_seq_);
 }
 
+void LocalChunks::Hold(const ChunkId& id) {
+  MutexLock lock(&holds_mu_);
+  ++holds_[id];
+}
+
 void LocalChunks::ReleaseHolds(const std::vector<ChunkId>& ids) {
   std::vector<ChunkId> unheld;
   {

@@ -66,6 +66,9 @@ class LocalChunks final : public ChunkSink {
   Result<ChunkRef> GetChunk(const ChunkId& id, size_t len) override;
   std::string NewStagingPath() override;
 
+  // Holds chunk `id` as a put does, without storing it (a chunk that stays where a seal found it:
+  // store/pack_sink.h).
+  void Hold(const ChunkId& id);
   // Drops one hold of each chunk in ids (a writer's, FileWriter::held()) and reclaims those no
   // writer holds any more.
   void ReleaseHolds(const std::vector<ChunkId>& ids);

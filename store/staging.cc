@@ -13,6 +13,7 @@
 #include <unordered_set>
 #include <utility>
 
+#include "store/pack_sink.h"
 #include "store/staged_meta.h"
 
 namespace ckptfs {
@@ -23,6 +24,12 @@ namespace {
 // wait_release). The kernel sends RELEASE right after close(2) returns; this bounds the wait
 // should it be queued behind other background requests.
 constexpr auto kReleaseWait = std::chrono::seconds(2);
+
+// Whether a staging file is also a pack's (a seal linked it: cache/packs.h), so never to change.
+bool AlsoAPack(int fd) {
+  struct stat st;
+  return ::fstat(fd, &st) == 0 && st.st_nlink > 1;
+}
 
 }  // namespace
 
@@ -104,6 +111,12 @@ Result<Staging::StagedOpen> Staging::OpenStaged(uint64_t ino, OpenFile& f, bool 
     files_->MarkStale(ino);
   }
   OpenFile::Stage& s = *f.stage;
+  if ((write || truncate) && !fresh && AlsoAPack(s.fd)) {
+    // Adopted as a pack by a seal whose commit failed, and still read through passthrough (the
+    // kernel lets no other file back this inode meanwhile): its bytes must not change.
+    return Status(Code::kBusy, "inode " + std::to_string(ino) +
+                                   ": its staging file holds chunks and is still being read");
+  }
   // (Not a fresh file: truncating it to 0 would also make ext4 write all of it back at its close,
   // its heuristic for files replaced by truncation, inside the writer's close(2).)
   if (truncate && !fresh && ::ftruncate(s.fd, 0) != 0) {
@@ -333,7 +346,11 @@ Status Staging::Seal(uint64_t ino, OpenFile& f, bool wait_release) {
   struct stat st;
   if (::fstat(fd, &st) != 0) return Status::FromErrno(errno, "fstat of a staging file");
   const uint64_t size = static_cast<uint64_t>(st.st_size);
-  FileWriter writer(Manifest(), chunks_, cfg_.chunking, cfg_.reorder_bytes, metrics_, scanners_,
+  // With packs, the staging file becomes the home of its new chunks (store/pack_sink.h).
+  std::optional<PackSink> packer;
+  if (cfg_.packs) packer.emplace(chunks_, cache_, metrics_);
+  ChunkSink* sink = packer ? static_cast<ChunkSink*>(&*packer) : chunks_;
+  FileWriter writer(Manifest(), sink, cfg_.chunking, cfg_.reorder_bytes, metrics_, scanners_,
                     reorder_budget_);
   writer.CutAhead(cut_pool_, cfg_.cut_threads + 1);
   // The writer reads the file with pread, data regions only (holes stay holes). A writer may
@@ -351,6 +368,15 @@ Status Staging::Seal(uint64_t ino, OpenFile& f, bool wait_release) {
       return Status::Ok();  // written again meanwhile: the next seal cuts the new bytes
     }
     RETURN_IF_ERROR(finished.status());
+    if (packer) {
+      // A passthrough reader still holding the staging file keeps it writable by the next
+      // writer the kernel lets in beside it: a pack must never change, so its chunks are copied.
+      if (live && !f.stage->handles.empty()) {
+        RETURN_IF_ERROR(packer->Copy(fd));
+      } else {
+        RETURN_IF_ERROR(packer->Adopt(StagePath(cfg_.cache_dir, rec->name), rec->name));
+      }
+    }
     // fsync'd bytes stay durable: their chunks are synced before the commit, and the commit
     // before the staging file goes below. The record may become durable while the chunks are
     // not synced yet: then they are synced and the commit tried again.
@@ -396,6 +422,8 @@ Status Staging::Seal(uint64_t ino, OpenFile& f, bool wait_release) {
       ::unlink(StagePath(cfg_.cache_dir, rec->name).c_str());
       if (f.stage && f.stage->replaces == rec->name) f.stage->replaces.clear();
     }
+    // The staging file's own name is gone: the pack alone names it, nobody writes it.
+    if (packer) packer->Punch(rec->name, log_);
     return Status::Ok();
   }();
   chunks_->ReleaseHolds(writer.held());
@@ -413,6 +441,10 @@ Result<bool> Staging::ChangeStaged(uint64_t ino, const std::function<int(int fd)
   std::lock_guard lock(f->mu);
   if (!f->stage || f->stage->handles.empty()) return false;
   OpenFile::Stage& s = *f->stage;
+  if (bytes && AlsoAPack(s.fd)) {
+    return Status(Code::kBusy, "inode " + std::to_string(ino) +
+                                   ": its staging file holds chunks and is still being read");
+  }
   if (int err = fn(s.fd); err != 0) {
     return Status::FromErrno(err, "change of the staging file of inode " + std::to_string(ino));
   }

@@ -4,6 +4,7 @@
 
 #include <stdlib.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -15,6 +16,18 @@
 #include "common/chunk_id.h"
 
 namespace ckptfs::test {
+
+// The names in `dir` (none starting with '.'), sorted; none when it cannot be read.
+inline std::vector<std::string> Names(const std::string& dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n[0] != '.') out.push_back(n);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
 
 // A fresh directory under /tmp, removed with everything in it when the object goes away.
 class TempDir {

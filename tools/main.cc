@@ -57,7 +57,7 @@ constexpr const char* kUsage = R"(usage:
 
 mount options (-o): ram_cache=SIZE, write_queue=SIZE, write_memory=SIZE, write_threads=N,
   cut_threads=N, reorder_buffer=SIZE,
-  readahead_chunks=N, read_threads=N, io_engine=uring|pread,
+  readahead_chunks=N, read_threads=N, io_engine=uring|pread, packs[=0|1],
   writeback_cache[=0|1], passthrough[=0|1], max_threads=N, max_background=N, max_readahead=SIZE,
   attr_timeout=SECONDS, entry_timeout=SECONDS, chunk_min=SIZE, chunk_avg=SIZE, chunk_max=SIZE,
   tensor_chunking[=0|1], tensor_piece=SIZE, durability=local|remote, durability_tier=N[+M..]|all,

@@ -171,6 +171,7 @@ Status ApplyOption(const std::string& opt, Config& cfg, GivenKeys& given, int de
     if (key == "mount_timeout") return (cfg.mount_timeout_s = std::stod(val)), Status::Ok();
     if (key == "writeback_cache") return (cfg.writeback_cache = val != "0"), Status::Ok();
     if (key == "passthrough") return (cfg.passthrough = val != "0"), Status::Ok();
+    if (key == "packs") return (cfg.packs = val != "0"), Status::Ok();
     if (key == "max_threads") return (cfg.max_threads = std::stoul(val)), Status::Ok();
     if (key == "max_background") return (cfg.max_background = std::stoul(val)), Status::Ok();
     if (key == "attr_timeout") return (cfg.attr_timeout_s = std::stod(val)), Status::Ok();

@@ -12,6 +12,7 @@
 import errno
 import hashlib
 import os
+import struct
 
 # The tests load checkpoints they wrote themselves, which hold what frameworks' checkpoints hold
 # (argparse.Namespace args, numpy values): trusted input, loaded as Megatron and DeepSpeed load it,
@@ -218,8 +219,37 @@ class CkptMount:
             out.extend(p for p in sub.iterdir() if len(p.name) == 32)
         return out
 
+    def pack_extents(self):
+        """The chunks kept in packs (-o packs=1) as their indexes list them:
+        {chunk id hex: (pack path, offset, length)}. An index (chunks/packs/<name>.idx) is a log
+        of 48-byte records: '+' or '-', b"CKPACK\\0", the id (16), offset and length (8 each,
+        little-endian), a check (8)."""
+        out = {}
+        for idx in sorted((self.chunks_dir / "packs").glob("*.idx")):
+            data = idx.read_bytes()
+            for at in range(0, len(data) - len(data) % 48, 48):
+                r = data[at:at + 48]
+                if r[1:8] != b"CKPACK\0":
+                    break
+                off, length = struct.unpack("<QQ", r[24:40])
+                if r[0:1] == b"+":
+                    out[r[8:24].hex()] = (idx.with_suffix(".pack"), off, length)
+                else:
+                    out.pop(r[8:24].hex(), None)
+        return out
+
     def chunk_bytes_on_disk(self):
-        return sum(p.stat().st_size for p in self.chunk_files())
+        """Bytes of the chunks on the local tier: chunk files and pack extents."""
+        return (sum(p.stat().st_size for p in self.chunk_files())
+                + sum(e[2] for e in self.pack_extents().values()))
+
+    def chunk_ids_on_disk(self):
+        """The ids (hex) of the chunks on the local tier, sorted: chunk files and pack extents."""
+        return sorted([p.name for p in self.chunk_files()] + list(self.pack_extents()))
+
+    def chunks_on_disk(self):
+        """Chunks on the local tier: chunk files and pack extents."""
+        return len(self.chunk_files()) + len(self.pack_extents())
 
 
 def _comm(pid):

@@ -152,8 +152,7 @@ def stats_and_disk(m):
     def take():
         s = m.stats()
         try:
-            files = m.chunk_files()
-            return s, sum(p.stat().st_size for p in files), len(files)
+            return s, m.chunk_bytes_on_disk(), m.chunks_on_disk()
         except FileNotFoundError:
             return s, None, None
     return wait_for(take, lambda r: (r[1], r[2]) == (r[0]["stored_bytes"], r[0]["chunks"]),

@@ -165,8 +165,10 @@ def assert_same_state(got, want):
 
 
 def local_chunks(m):
-    """{chunk id hex: size} of the chunk files in a mount's cache directory."""
-    return {p.name: p.stat().st_size for p in m.chunk_files()}
+    """{chunk id hex: size} of the chunks on a mount's local tier: chunk files and pack extents."""
+    out = {p.name: p.stat().st_size for p in m.chunk_files()}
+    out.update((cid, e[2]) for cid, e in m.pack_extents().items())
+    return out
 
 
 def remote_chunks(remote):

@@ -1,0 +1,405 @@
+#include "cache/packs.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <linux/falloc.h>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <set>
+
+namespace ckptfs {
+
+namespace {
+
+// An index record: op ('+' or '-'), 7 bytes "CKPACK\0", the chunk id (16), offset (8), length
+// (8), then the first 8 bytes of the XXH3-128 of those 40 bytes.
+constexpr size_t kRecord = 48;
+constexpr char kMagic[7] = {'C', 'K', 'P', 'A', 'C', 'K', 0};
+constexpr const char* kPackExt = ".pack";
+constexpr const char* kIndexExt = ".idx";
+
+std::string Encode(char op, const ChunkId& id, uint64_t offset, uint64_t len) {
+  uint8_t r[kRecord] = {};
+  r[0] = static_cast<uint8_t>(op);
+  std::memcpy(r + 1, kMagic, sizeof(kMagic));
+  id.ToBytes(r + 8);
+  std::memcpy(r + 24, &offset, 8);
+  std::memcpy(r + 32, &len, 8);
+  uint8_t check[16];
+  ChunkId::Of(r, 40).ToBytes(check);
+  std::memcpy(r + 40, check, 8);
+  return std::string(reinterpret_cast<const char*>(r), kRecord);
+}
+
+// False for a torn or damaged record.
+bool Decode(const uint8_t* r, char* op, Packs::Entry* e) {
+  uint8_t check[16];
+  ChunkId::Of(r, 40).ToBytes(check);
+  if (std::memcmp(r + 40, check, 8) != 0 || std::memcmp(r + 1, kMagic, sizeof(kMagic)) != 0 ||
+      (r[0] != '+' && r[0] != '-')) {
+    return false;
+  }
+  *op = static_cast<char>(r[0]);
+  e->id = ChunkId::FromBytes(r + 8);
+  std::memcpy(&e->offset, r + 24, 8);
+  std::memcpy(&e->len, r + 32, 8);
+  return true;
+}
+
+bool EndsWith(const std::string& s, const char* ext) {
+  const size_t n = std::strlen(ext);
+  return s.size() > n && s.compare(s.size() - n, n, ext) == 0;
+}
+
+// The whole of a file; an error when it cannot be read.
+Result<std::string> ReadAll(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::FromErrno(errno, "open " + path);
+  std::string out;
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      return Status::FromErrno(err, "read " + path);
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return out;
+}
+
+// An index's live extents (records applied in order), and how many bytes of it parse.
+std::unordered_map<ChunkId, Packs::Entry, ChunkIdHash> Parse(const std::string& bytes,
+                                                             size_t* good) {
+  std::unordered_map<ChunkId, Packs::Entry, ChunkIdHash> live;
+  size_t at = 0;
+  for (; at + kRecord <= bytes.size(); at += kRecord) {
+    char op;
+    Packs::Entry e;
+    if (!Decode(reinterpret_cast<const uint8_t*>(bytes.data() + at), &op, &e)) break;
+    if (op == '+') {
+      live[e.id] = e;
+    } else {
+      live.erase(e.id);
+    }
+  }
+  *good = at;
+  return live;
+}
+
+Status FsyncPath(const std::string& path, bool dir) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | (dir ? O_DIRECTORY : 0));
+  if (fd < 0) return Status::FromErrno(errno, "open " + path);
+  const int rc = dir ? ::fsync(fd) : ::fdatasync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) return Status::FromErrno(err, "sync " + path);
+  return Status::Ok();
+}
+
+std::vector<std::string> ListNames(const std::string& dir) {
+  std::vector<std::string> names;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      if (e->d_name[0] != '.') names.emplace_back(e->d_name);
+    }
+    ::closedir(d);
+  }
+  return names;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Packs>> Packs::Open(const std::string& dir, Logger log) {
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    return Status::FromErrno(errno, "mkdir " + dir);
+  }
+  std::unique_ptr<Packs> p(new Packs(dir, std::move(log)));
+  RETURN_IF_ERROR(p->Load());
+  return p;
+}
+
+Status Packs::Load() {
+  MutexLock lock(&mu_);
+  std::set<std::string> pack_files, index_files;
+  for (const std::string& n : ListNames(dir_)) {
+    if (EndsWith(n, kPackExt)) pack_files.insert(n.substr(0, n.size() - std::strlen(kPackExt)));
+    if (EndsWith(n, kIndexExt)) index_files.insert(n.substr(0, n.size() - std::strlen(kIndexExt)));
+  }
+  uint64_t dropped = 0;
+  for (const std::string& name : index_files) {
+    struct stat st;
+    if (::stat(PackPath(name).c_str(), &st) != 0) {
+      log_->warn("pack {} is gone: its index goes, and the chunks it held are lost here", name);
+      ::unlink(IndexPath(name).c_str());
+      continue;
+    }
+    ASSIGN_OR_RETURN(std::string bytes, ReadAll(IndexPath(name)));
+    size_t good = 0;
+    auto live = Parse(bytes, &good);
+    if (good != bytes.size()) {
+      // A record torn by a crash (or damaged): the index ends before it.
+      log_->warn("pack {}: its index is cut at byte {} of {} (a torn record)", name, good,
+                 bytes.size());
+      if (::truncate(IndexPath(name).c_str(), static_cast<off_t>(good)) != 0) {
+        return Status::FromErrno(errno, "truncate " + IndexPath(name));
+      }
+    }
+    const uint32_t pack = next_pack_++;
+    packs_[pack] = Pack{name, 0};
+    by_name_[name] = pack;
+    std::string drops;
+    for (const auto& [id, e] : live) {
+      // Past the end of a pack cut short by a crash, or an extent some other pack holds too.
+      if (e.offset + e.len > static_cast<uint64_t>(st.st_size) || extents_.count(id)) {
+        drops += Encode('-', id, e.offset, e.len);
+        ++dropped;
+        continue;
+      }
+      extents_[id] = Loc{pack, e.offset, e.len};
+      ++packs_[pack].live;
+    }
+    if (!drops.empty()) RETURN_IF_ERROR(Append(name, drops, false));
+    if (packs_[pack].live == 0) {
+      ++packs_[pack].live;
+      Release(pack);  // unlinks it
+    }
+  }
+  for (const std::string& name : pack_files) {
+    if (index_files.count(name)) continue;
+    // Linked by a seal that died before it recorded anything: not a chunk's home.
+    ::unlink(PackPath(name).c_str());
+  }
+  if (dropped) log_->warn("{} extents of packs cut short by a crash are dropped", dropped);
+  return Status::Ok();
+}
+
+std::unordered_map<ChunkId, std::pair<std::string, Packs::Entry>, ChunkIdHash> Packs::Scan(
+    const std::string& dir) {
+  std::unordered_map<ChunkId, std::pair<std::string, Entry>, ChunkIdHash> out;
+  for (const std::string& n : ListNames(dir)) {
+    if (!EndsWith(n, kIndexExt)) continue;
+    auto bytes = ReadAll(dir + "/" + n);
+    if (!bytes.ok()) continue;
+    size_t good = 0;
+    const std::string pack = dir + "/" + n.substr(0, n.size() - std::strlen(kIndexExt)) + kPackExt;
+    for (const auto& [id, e] : Parse(*bytes, &good)) out.emplace(id, std::make_pair(pack, e));
+  }
+  return out;
+}
+
+Status Packs::Append(const std::string& name, const std::string& records, bool sync) {
+  const std::string path = IndexPath(name);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+  if (fd < 0) return Status::FromErrno(errno, "open " + path);
+  size_t done = 0;
+  int err = 0;
+  while (done < records.size()) {
+    const ssize_t n = ::write(fd, records.data() + done, records.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      err = n < 0 ? errno : EIO;
+      break;
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (err == 0 && sync && ::fdatasync(fd) != 0) err = errno;
+  ::close(fd);
+  if (err != 0) {
+    // A partial record at the end is cut at the next Open; whole ones written stand, and say
+    // what the caller wanted.
+    return Status::FromErrno(err, "append to " + path);
+  }
+  return Status::Ok();
+}
+
+bool Packs::Alone(const std::string& name) const {
+  struct stat st;
+  return ::stat(PackPath(name).c_str(), &st) == 0 && st.st_nlink == 1;
+}
+
+void Packs::Release(uint32_t pack) {
+  auto it = packs_.find(pack);
+  if (it == packs_.end() || --it->second.live > 0) return;
+  ::unlink(IndexPath(it->second.name).c_str());
+  ::unlink(PackPath(it->second.name).c_str());
+  by_name_.erase(it->second.name);
+  packs_.erase(it);
+}
+
+Result<std::vector<size_t>> Packs::Adopt(const std::string& src, const std::string& name,
+                                         const std::vector<Entry>& entries) {
+  MutexLock lock(&mu_);
+  std::vector<size_t> skipped;
+  std::string records;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (extents_.count(entries[i].id)) {
+      skipped.push_back(i);
+    } else {
+      records += Encode('+', entries[i].id, entries[i].offset, entries[i].len);
+    }
+  }
+  if (records.empty()) return skipped;
+  const std::string path = PackPath(name);
+  bool made = false;
+  if (::link(src.c_str(), path.c_str()) == 0) {
+    made = true;
+  } else {
+    // A link made before a crash, or by a seal of the same staging file that did not commit.
+    const int err = errno;
+    struct stat a, b;
+    if (err != EEXIST || ::stat(src.c_str(), &a) != 0 || ::stat(path.c_str(), &b) != 0 ||
+        a.st_dev != b.st_dev || a.st_ino != b.st_ino) {
+      return Status::FromErrno(err, "link " + src + " to " + path);
+    }
+  }
+  if (Status st = Append(name, records, false); !st.ok()) {
+    if (made && !by_name_.count(name)) {
+      ::unlink(path.c_str());
+      ::unlink(IndexPath(name).c_str());
+    }
+    return st;
+  }
+  auto [it, fresh] = by_name_.emplace(name, next_pack_);
+  if (fresh) packs_[next_pack_++] = Pack{name, 0};
+  Pack& p = packs_[it->second];
+  for (size_t i = 0, s = 0; i < entries.size(); ++i) {
+    if (s < skipped.size() && skipped[s] == i) {
+      ++s;
+      continue;
+    }
+    extents_[entries[i].id] = Loc{it->second, entries[i].offset, entries[i].len};
+    ++p.live;
+  }
+  return skipped;
+}
+
+Status Packs::PunchRanges(const std::string& name, const std::vector<Range>& ranges) {
+  const std::string path = PackPath(name);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return errno == ENOENT ? Status::Ok() : Status::FromErrno(errno, "open " + path);
+  struct stat st;
+  const uint64_t block = ::fstat(fd, &st) == 0 && st.st_blksize > 0 ? st.st_blksize : 4096;
+  Status out;
+  for (const Range& r : ranges) {
+    // Whole blocks only: a partial one would be zeroed in place (written), and its other bytes
+    // may be a live neighbour's.
+    const uint64_t begin = (r.offset + block - 1) / block * block;
+    const uint64_t end = (r.offset + r.len) / block * block;
+    if (end <= begin) continue;
+    if (::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(begin),
+                    static_cast<off_t>(end - begin)) != 0) {
+      if (errno == EOPNOTSUPP) break;  // the room stays taken until the pack goes
+      out = Status::FromErrno(errno, "punch a hole in " + path);
+      break;
+    }
+  }
+  ::close(fd);
+  return out;
+}
+
+Status Packs::Punch(const std::string& name, const std::vector<Range>& ranges) {
+  if (ranges.empty()) return Status::Ok();
+  MutexLock lock(&mu_);
+  if (!Alone(name)) return Status::Ok();
+  // Never a live extent's bytes: a staging file sealed again (after a seal that adopted it and
+  // did not commit, its chunks named meanwhile by another file) finds its own extents stored.
+  auto pack = by_name_.find(name);
+  std::vector<Range> live, safe;
+  if (pack != by_name_.end()) {
+    for (const auto& [id, loc] : extents_) {
+      if (loc.pack == pack->second) live.push_back(Range{loc.offset, loc.len});
+    }
+  }
+  std::sort(live.begin(), live.end(),
+            [](const Range& a, const Range& b) { return a.offset < b.offset; });
+  for (const Range& r : ranges) {
+    // The first live extent ending after r begins; r is safe unless it starts before r ends.
+    auto it = std::lower_bound(live.begin(), live.end(), r.offset,
+                               [](const Range& e, uint64_t at) { return e.offset + e.len <= at; });
+    if (it == live.end() || it->offset >= r.offset + r.len) safe.push_back(r);
+  }
+  return PunchRanges(name, safe);
+}
+
+bool Packs::Contains(const ChunkId& id) const {
+  MutexLock lock(&mu_);
+  return extents_.count(id) > 0;
+}
+
+std::optional<uint64_t> Packs::Len(const ChunkId& id) const {
+  MutexLock lock(&mu_);
+  auto it = extents_.find(id);
+  if (it == extents_.end()) return std::nullopt;
+  return it->second.len;
+}
+
+size_t Packs::packs() const {
+  MutexLock lock(&mu_);
+  return packs_.size();
+}
+
+std::optional<std::pair<std::string, Packs::Entry>> Packs::Locate(const ChunkId& id) const {
+  MutexLock lock(&mu_);
+  auto it = extents_.find(id);
+  if (it == extents_.end()) return std::nullopt;
+  return std::make_pair(PackPath(packs_.at(it->second.pack).name),
+                        Entry{id, it->second.offset, it->second.len});
+}
+
+Status Packs::Drop(const ChunkId& id) {
+  MutexLock lock(&mu_);
+  auto it = extents_.find(id);
+  if (it == extents_.end()) return Status::Ok();
+  const Loc loc = it->second;
+  const std::string name = packs_.at(loc.pack).name;
+  const bool alone = Alone(name);
+  // Synced before the punch: no crash may leave the extent recorded over a hole.
+  RETURN_IF_ERROR(Append(name, Encode('-', id, loc.offset, loc.len), alone));
+  if (alone) {
+    if (Status st = PunchRanges(name, {Range{loc.offset, loc.len}}); !st.ok()) {
+      log_->warn("pack {}: {}", name, st.ToString());
+    }
+  }
+  extents_.erase(it);
+  Release(loc.pack);
+  return Status::Ok();
+}
+
+Status Packs::Sync(const std::vector<ChunkId>& ids) {
+  std::set<std::string> names;
+  {
+    MutexLock lock(&mu_);
+    for (const ChunkId& id : ids) {
+      auto it = extents_.find(id);
+      if (it != extents_.end()) names.insert(packs_.at(it->second.pack).name);
+    }
+  }
+  if (names.empty()) return Status::Ok();
+  for (const std::string& name : names) {
+    RETURN_IF_ERROR(FsyncPath(PackPath(name), false));
+    RETURN_IF_ERROR(FsyncPath(IndexPath(name), false));
+  }
+  return FsyncPath(dir_, true);  // their names
+}
+
+void Packs::ForEach(const std::function<void(const ChunkId&, uint64_t len)>& fn) const {
+  std::vector<std::pair<ChunkId, uint64_t>> all;
+  {
+    MutexLock lock(&mu_);
+    all.reserve(extents_.size());
+    for (const auto& [id, loc] : extents_) all.emplace_back(id, loc.len);
+  }
+  for (const auto& [id, len] : all) fn(id, len);
+}
+
+}  // namespace ckptfs

@@ -1,0 +1,122 @@
+// Packs: the local tier's chunks that live as extents of pack files, beside the chunk files of
+// ChunkCache (one file per chunk, the older layout, still read and written).
+//
+// A pack is a file that already holds chunks at known offsets: a passthrough staging file whose
+// seal adopted it (hard-linked as <dir>/<name>.pack), never written again. Its index
+// <dir>/<name>.idx is an append-only log of fixed-size records, each with its own checksum:
+// '+' adds an extent (chunk id, offset, length), '-' drops one.
+//
+// Why an index file per pack and not LMDB: this layer lies below the store and its LMDB, and
+// chunk files already carry their own "index" (their names). A pack's index is made durable
+// exactly as a chunk file is: ChunkCache::SyncChunks syncs the pack, its index and the packs
+// directory before the manifest commit that names its chunks (the seal does so for fsync'd bytes,
+// as it synced chunk files); recovery needs nothing but this directory. The cost is one small
+// append per seal, and one per dropped extent.
+//
+// Crash safety:
+//   - Adopt links the pack, appends its '+' records and registers them before the manifest
+//     commit. A crash before that commit leaves extents no manifest names: the store's sweep of
+//     unreferenced chunks at an unclean start drops them, as it removes chunk files.
+//   - A pack that still has another name (st_nlink > 1: its staging file, which the seal removes
+//     only after its commit) is never punched: its bytes may be a staged version's.
+//   - Drop appends the '-' record and syncs the index before the range is punched, so that after
+//     any crash no extent names bytes that are gone.
+//   - Open: a torn or damaged record ends an index (it is cut there); extents of a missing pack,
+//     or past the end of a short one, are dropped (a manifest naming them reads as one naming a
+//     lost chunk file); a pack left with no extent, or without an index, is unlinked.
+//
+// Thread-safe: one lock (mu_) over the maps and every index append and punch; a leaf (it calls
+// nothing that takes another lock).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "common/chunk_id.h"
+#include "common/log.h"
+#include "common/mutex.h"
+#include "common/status.h"
+
+namespace ckptfs {
+
+class Packs {
+ public:
+  // A chunk at bytes [offset, offset + len) of a pack.
+  struct Entry {
+    ChunkId id;
+    uint64_t offset = 0;
+    uint64_t len = 0;
+  };
+  // A byte range of a pack that holds no chunk of it (punched out).
+  struct Range {
+    uint64_t offset = 0;
+    uint64_t len = 0;
+  };
+
+  // Loads (and recovers, see above) the packs under `dir`, made when missing.
+  static Result<std::unique_ptr<Packs>> Open(const std::string& dir, Logger log);
+  // The extents listed in the indexes under `dir`, read only (nothing recovered or changed): for
+  // tools reading an unmounted cache directory. Absent: none.
+  static std::unordered_map<ChunkId, std::pair<std::string, Entry>, ChunkIdHash> Scan(
+      const std::string& dir);
+
+  // Makes the file at `src` pack `name` (a hard link; an existing link to the same file is
+  // reused) holding `entries`, and records them. Entries whose chunk is an extent already (of
+  // any pack) are not recorded: their indexes in `entries` are returned, for the caller to punch
+  // once the pack has no other name. Nothing recorded: no link is made.
+  Result<std::vector<size_t>> Adopt(const std::string& src, const std::string& name,
+                                    const std::vector<Entry>& entries);
+  // Punches `ranges` (their whole blocks) out of pack `name`, unless it has another name. A pack
+  // that is not there is fine.
+  Status Punch(const std::string& name, const std::vector<Range>& ranges);
+
+  bool Contains(const ChunkId& id) const;
+  // The extent of chunk `id`, if one.
+  std::optional<uint64_t> Len(const ChunkId& id) const;
+  // Where chunk `id` lies: its pack's path and its extent; none when no extent of it.
+  std::optional<std::pair<std::string, Entry>> Locate(const ChunkId& id) const;
+  // Drops chunk `id`'s extent (a '-' record), punching its range (after syncing the index) when
+  // the pack has no other name; a pack left without extents is unlinked. Absent: Ok.
+  Status Drop(const ChunkId& id);
+  // Makes the extents of `ids` durable: each pack holding one, its index and the directory.
+  Status Sync(const std::vector<ChunkId>& ids);
+  void ForEach(const std::function<void(const ChunkId&, uint64_t len)>& fn) const;
+  size_t packs() const;
+
+ private:
+  struct Pack {
+    std::string name;
+    uint64_t live = 0;  // extents recorded and not dropped
+  };
+  struct Loc {
+    uint32_t pack = 0;
+    uint64_t offset = 0, len = 0;
+  };
+  Packs(std::string dir, Logger log) : dir_(std::move(dir)), log_(std::move(log)) {}
+  std::string PackPath(const std::string& name) const { return dir_ + "/" + name + ".pack"; }
+  std::string IndexPath(const std::string& name) const { return dir_ + "/" + name + ".idx"; }
+  Status Load();
+  // Appends records to pack `name`'s index (and fdatasyncs it with `sync`).
+  Status Append(const std::string& name, const std::string& records, bool sync) REQUIRES(mu_);
+  // Whether pack `name` is named by its pack link alone (may be punched).
+  bool Alone(const std::string& name) const;
+  // One extent of `pack` fewer; the pack goes with its last.
+  void Release(uint32_t pack) REQUIRES(mu_);
+  Status PunchRanges(const std::string& name, const std::vector<Range>& ranges) REQUIRES(mu_);
+
+  const std::string dir_;
+  const Logger log_;
+  mutable Mutex mu_;
+  std::unordered_map<ChunkId, Loc, ChunkIdHash> extents_ GUARDED_BY(mu_);
+  std::unordered_map<uint32_t, Pack> packs_ GUARDED_BY(mu_);
+  std::unordered_map<std::string, uint32_t> by_name_ GUARDED_BY(mu_);
+  uint32_t next_pack_ GUARDED_BY(mu_) = 1;
+};
+
+}  // namespace ckptfs

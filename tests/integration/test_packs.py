@@ -1,0 +1,148 @@
+# Packs (-o packs=1): a seal keeps its passthrough staging file as the home of its new chunks
+# (chunks/packs/<name>.pack, indexed by <name>.idx) and punches out the chunks stored already.
+# What must hold: every closed file reads back bitwise after a kill -9 of the daemon at any
+# moment of the seals (a pack half sealed, half punched), `fsck --deep` finds nothing wrong, a
+# corrupt extent is reported and repaired from a tier as a corrupt chunk file is, and eviction
+# returns a pack's room.
+import json
+import os
+import random
+import time
+
+import pytest
+
+from conftest import CKPTFS_BIN, read_file, run, wait_for, write_file
+
+MiB = 1 << 20
+PACKS = "passthrough=1,packs=1"
+
+
+def rand_bytes(n, seed):
+    return random.Random(seed).randbytes(n)
+
+
+def fsck(path, *flags):
+    p = run([CKPTFS_BIN, "fsck", path, "--json", *flags], check=False)
+    assert p.returncode in (0, 1), f"fsck could not run ({p.returncode}): {p.stderr}"
+    return p.returncode, json.loads(p.stdout)
+
+
+def allocated(path):
+    return os.stat(path).st_blocks * 512
+
+
+def saves(m, round_):
+    """Files saved the ways a job does: new bytes, some fsync'd, and copies of files stored
+    before (so that seals punch)."""
+    files = {}
+    for i in range(6):
+        data = rand_bytes(random.Random(round_ * 10 + i).randrange(4 * MiB, 24 * MiB),
+                          1000 * round_ + i)
+        files[f"r{round_}-new-{i}.pt"] = data
+        write_file(m / f"r{round_}-new-{i}.pt", data, fsync=i % 2 == 0)
+    for i in range(3):
+        src = f"r{round_}-new-{i}.pt"
+        data = files[src] + rand_bytes(MiB, 2000 * round_ + i)  # shared head, new tail
+        files[f"r{round_}-copy-{i}.pt"] = data
+        write_file(m / f"r{round_}-copy-{i}.pt", data, fsync=i == 0)
+    return files
+
+
+@pytest.mark.timeout(600)
+def test_kill_dash_nine_during_and_after_seals_keeps_every_closed_file(make_mount):
+    m = make_mount(options=PACKS)
+    kept = {}
+    for round_, delay in enumerate([0.0, 0.05, 0.3, 1.0, None]):
+        kept.update(saves(m, round_))
+        if delay is None:
+            # Every seal done (packs made, duplicates punched), then the kill.
+            os.setxattr(m.mnt, "user.ckptfs.seal", b"1")
+            assert m.pack_extents(), "sealed files live in packs"
+            assert not os.listdir(m.cache / "passthrough")
+        else:
+            time.sleep(delay)  # the seals the closes queued are running
+        m.crash_and_remount()
+        for name, data in kept.items():
+            assert read_file(m / name) == data, f"round {round_}: {name}"
+        code, r = fsck(m.mnt, "--deep")
+        assert code == 0 and r["clean"], r
+    # Sealed after the last remount: the staging files are packs now, and they hold the files.
+    os.setxattr(m.mnt, "user.ckptfs.seal", b"1")
+    assert not os.listdir(m.cache / "passthrough")
+    ext = m.pack_extents()
+    assert ext
+    s = m.stats()
+    assert s["stored_bytes"] == m.chunk_bytes_on_disk() and s["chunks"] == m.chunks_on_disk(), s
+    code, r = fsck(m.mnt, "--deep")
+    assert code == 0 and r["clean"] and r["unreferenced_chunk_files"] == 0, r
+    m.remount()
+    for name, data in kept.items():
+        assert read_file(m / name) == data, name
+    # Deleting every file empties every pack: none is left.
+    for name in kept:
+        os.unlink(m / name)
+    assert wait_for(lambda: list((m.chunks_dir / "packs").iterdir()), lambda v: not v, 30) == []
+
+
+@pytest.mark.timeout(300)
+def test_a_corrupt_extent_is_reported_and_repaired_from_a_tier(make_mount, workdir):
+    backend = workdir / "backend"
+    backend.mkdir()
+    m = make_mount(options=PACKS, args=["--backend", f"file://{backend}"])
+    data = rand_bytes(12 * MiB, 5)
+    write_file(m / "f.bin", data)
+    os.setxattr(m.mnt, "user.ckptfs.seal", b"1")
+    assert wait_for(lambda: os.getxattr(m / "f.bin", "user.ckptfs.state").decode(),
+                    lambda s: s == "remote", 120) == "remote"
+    ext = m.pack_extents()
+    assert ext and not m.chunk_files(), "the seal wrote no chunk file"
+    cid, (pack, off, length) = sorted(ext.items())[0]
+    with open(pack, "r+b") as f:
+        f.seek(off + length // 2)
+        b = f.read(1)
+        f.seek(off + length // 2)
+        f.write(bytes([b[0] ^ 0xFF]))
+    m.remount()  # no page of the file is cached in the kernel any more
+    code, r = fsck(m.mnt, "--deep", "--repair")
+    assert r["local_corrupt"] == 1 and r["local_repaired"] == 1, r
+    assert [p.name for p in m.chunk_files()] == [cid], "fetched back, kept as a chunk file"
+    assert cid not in m.pack_extents()
+    code, r = fsck(m.mnt, "--deep")
+    assert code == 0 and r["clean"], r
+    assert read_file(m / "f.bin") == data
+    # Without --repair the damage is reported, and the read is served from the tier.
+    cid, (pack, off, length) = sorted(m.pack_extents().items())[0]
+    with open(pack, "r+b") as f:
+        f.seek(off)
+        b = f.read(1)
+        f.seek(off)
+        f.write(bytes([b[0] ^ 0xFF]))
+    m.remount()
+    code, r = fsck(m.mnt, "--deep")
+    assert code == 1 and r["local_corrupt"] == 1 and not r["clean"], r
+    assert read_file(m / "f.bin") == data
+
+
+@pytest.mark.timeout(300)
+def test_eviction_punches_packs_and_reads_fetch_back(make_mount, workdir):
+    backend = workdir / "backend"
+    backend.mkdir()
+    m = make_mount(options=PACKS + ",cache_size=16M", args=["--backend", f"file://{backend}"])
+    files = {f"f{i}.bin": rand_bytes(16 * MiB, 40 + i) for i in range(4)}
+    for name, data in files.items():
+        write_file(m / name, data)
+    os.setxattr(m.mnt, "user.ckptfs.seal", b"1")
+    for name in files:
+        assert wait_for(lambda: os.getxattr(m / name, "user.ckptfs.state").decode(),
+                        lambda s: s == "remote", 120) == "remote"
+    # Eviction runs as chunks land remotely and as the tier is read: a read of each file.
+    for name, data in files.items():
+        assert read_file(m / name) == data
+    packs = list((m.chunks_dir / "packs").glob("*.pack"))
+    held = sum(allocated(p) for p in packs)
+    assert held <= 40 * MiB, (held, packs)  # 64 MiB saved, 16 MiB allowed, some slack
+    m.remount()
+    for name, data in files.items():
+        assert read_file(m / name) == data
+    code, r = fsck(m.mnt, "--deep")
+    assert code == 0 and r["clean"], r
