@@ -502,7 +502,7 @@ Result<ChunkRef> ChunkCache::LoadExtent(const ChunkId& id, size_t len) {
     metrics_->chunk_verify_failures.Add(1);
     // Its bytes are no chunk's: the extent goes (its range punched), so that the next Put or
     // fetch stores it anew, as a corrupt chunk file is moved aside.
-    Status dropped = packs_->Drop(id);
+    Status dropped = packs_->Drop(id, at);
     {
       MutexLock lock(&mu_);
       DiskDrop(id);

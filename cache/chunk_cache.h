@@ -142,6 +142,9 @@ class ChunkCache {
   static std::string ObjectKey(const ChunkId& id);
 
   bool Contains(const ChunkId& id) const;
+  // Whether chunk `id` is here whole: a chunk file or an extent of `len` bytes (a short chunk
+  // file left by a machine crash is no copy to rely on).
+  bool HasWhole(const ChunkId& id, size_t len) { return AlreadyOnDisk(id, len); }
   // Contains, answered from the disk tier's map (no system call) once a backend is attached.
   bool OnDisk(const ChunkId& id) const;
   // Prefetch: makes sure chunk `id` (of `len` bytes) is on the disk tier, fetching it from the

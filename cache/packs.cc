@@ -139,6 +139,7 @@ Status Packs::Load() {
   for (const std::string& name : index_files) {
     struct stat st;
     if (::stat(PackPath(name).c_str(), &st) != 0) {
+      if (errno != ENOENT) return Status::FromErrno(errno, "stat " + PackPath(name));
       log_->warn("pack {} is gone: its index goes, and the chunks it held are lost here", name);
       ::unlink(IndexPath(name).c_str());
       continue;
@@ -328,6 +329,12 @@ Status Packs::Punch(const std::string& name, const std::vector<Range>& ranges) {
                                [](const Range& e, uint64_t at) { return e.offset + e.len <= at; });
     if (it == live.end() || it->offset >= r.offset + r.len) safe.push_back(r);
   }
+  if (safe.empty()) return Status::Ok();
+  // A '-' record appended without a sync (its pack then had another name) is made durable
+  // first: after a power loss no dropped extent may come back over a range punched here.
+  if (Status st = FsyncPath(IndexPath(name), false); !st.ok() && st.code() != Code::kNotFound) {
+    return st;
+  }
   return PunchRanges(name, safe);
 }
 
@@ -356,12 +363,15 @@ std::optional<std::pair<std::string, Packs::Entry>> Packs::Locate(const ChunkId&
                         Entry{id, it->second.offset, it->second.len});
 }
 
-Status Packs::Drop(const ChunkId& id) {
+Status Packs::Drop(const ChunkId& id, const std::optional<std::pair<std::string, Entry>>& at) {
   MutexLock lock(&mu_);
   auto it = extents_.find(id);
   if (it == extents_.end()) return Status::Ok();
   const Loc loc = it->second;
   const std::string name = packs_.at(loc.pack).name;
+  if (at && (at->first != PackPath(name) || at->second.offset != loc.offset)) {
+    return Status::Ok();  // dropped and stored anew elsewhere meanwhile: that extent stays
+  }
   const bool alone = Alone(name);
   // Synced before the punch: no crash may leave the extent recorded over a hole.
   RETURN_IF_ERROR(Append(name, Encode('-', id, loc.offset, loc.len), alone));

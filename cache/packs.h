@@ -72,8 +72,8 @@ class Packs {
   // once the pack has no other name. Nothing recorded: no link is made.
   Result<std::vector<size_t>> Adopt(const std::string& src, const std::string& name,
                                     const std::vector<Entry>& entries);
-  // Punches `ranges` (their whole blocks) out of pack `name`, unless it has another name. A pack
-  // that is not there is fine.
+  // Punches `ranges` (their whole blocks) out of pack `name`, unless it has another name, after
+  // syncing its index. A pack that is not there is fine.
   Status Punch(const std::string& name, const std::vector<Range>& ranges);
 
   bool Contains(const ChunkId& id) const;
@@ -82,8 +82,10 @@ class Packs {
   // Where chunk `id` lies: its pack's path and its extent; none when no extent of it.
   std::optional<std::pair<std::string, Entry>> Locate(const ChunkId& id) const;
   // Drops chunk `id`'s extent (a '-' record), punching its range (after syncing the index) when
-  // the pack has no other name; a pack left without extents is unlinked. Absent: Ok.
-  Status Drop(const ChunkId& id);
+  // the pack has no other name; a pack left without extents is unlinked. Absent: Ok. With `at`
+  // (what Locate said), only that extent: a read that found bad bytes there must not drop the
+  // chunk's new extent elsewhere, stored after the one it read was dropped.
+  Status Drop(const ChunkId& id, const std::optional<std::pair<std::string, Entry>>& at = {});
   // Makes the extents of `ids` durable: each pack holding one, its index and the directory.
   Status Sync(const std::vector<ChunkId>& ids);
   void ForEach(const std::function<void(const ChunkId&, uint64_t len)>& fn) const;

@@ -1,13 +1,14 @@
 #include "store/pack_sink.h"
 
 #include <spdlog/spdlog.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 namespace ckptfs {
 
 Status PackSink::PutInPlace(const ChunkId& id, uint64_t offset, size_t len) {
   chunks_->Hold(id);  // before the look: a chunk found stored cannot be reclaimed after it
-  if (seen_.count(id) || cache_->Contains(id)) {
+  if (seen_.count(id) || cache_->HasWhole(id, len)) {
     punch_.push_back(Packs::Range{offset, len});
     metrics_->chunk_dedup_hits.Add(1);
     metrics_->chunk_dedup_bytes.Add(len);
@@ -24,6 +25,12 @@ Status PackSink::Adopt(const std::string& path, const std::string& name) {
   for (size_t i : skipped) punch_.push_back(Packs::Range{fresh_[i].offset, fresh_[i].len});
   adopted_ = skipped.size() < fresh_.size();
   return Status::Ok();
+}
+
+bool PackSink::NoOtherOpens(int fd) {
+  if (::fcntl(fd, F_SETLEASE, F_WRLCK) != 0) return false;
+  (void)::fcntl(fd, F_SETLEASE, F_UNLCK);
+  return true;
 }
 
 Status PackSink::Copy(int fd) {

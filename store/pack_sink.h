@@ -6,7 +6,8 @@
 // file, another pack's extent, or an earlier chunk of this file) as ranges to punch. Before the
 // commit the seal either adopts the file as a pack (Adopt) or, when a passthrough reader still
 // holds the staging file (which the kernel may let a new writer change), copies the new chunks
-// into chunk files (Copy), as seals did before packs. After the commit, once the staging file's
+// into chunk files (Copy), as seals did before packs; so it does when a process it does not see
+// may still write the file (NoOtherOpens). After the commit, once the staging file's
 // own name is gone, Punch returns the room of the chunks stored twice.
 //
 // Not thread-safe: one seal's cutting thread calls it (FileWriter::EmitChunk).
@@ -47,6 +48,13 @@ class PackSink final : public ChunkSink {
   // Makes the staging file at `path` pack `name`, the home of the new chunks; those stored
   // meanwhile by someone else join the ranges to punch.
   Status Adopt(const std::string& path, const std::string& name);
+  // Whether nobody but the daemon's own open file `fd` has the staging file open, so that no one
+  // can write it once it is a pack: the kernel grants a write lease (F_SETLEASE) only then. A
+  // writer the daemon does not count (a writable shared mapping kept after its close, which
+  // FUSE passthrough hands to the staging file itself; a descriptor left from a daemon that
+  // died) keeps it open. The seal asks before the cut and again before Adopt; when either
+  // answer is no, it copies (Copy).
+  static bool NoOtherOpens(int fd);
   // Instead of Adopt: writes the new chunks, read from `fd` (the staging file), as chunk files.
   Status Copy(int fd);
   // After the commit, once the staging file's own name is gone: punches the ranges of the chunks

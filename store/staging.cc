@@ -350,6 +350,7 @@ Status Staging::Seal(uint64_t ino, OpenFile& f, bool wait_release) {
   std::optional<PackSink> packer;
   if (cfg_.packs) packer.emplace(chunks_, cache_, metrics_);
   ChunkSink* sink = packer ? static_cast<ChunkSink*>(&*packer) : chunks_;
+  const bool alone = packer && PackSink::NoOtherOpens(fd);
   FileWriter writer(Manifest(), sink, cfg_.chunking, cfg_.reorder_bytes, metrics_, scanners_,
                     reorder_budget_);
   writer.CutAhead(cut_pool_, cfg_.cut_threads + 1);
@@ -370,8 +371,9 @@ Status Staging::Seal(uint64_t ino, OpenFile& f, bool wait_release) {
     RETURN_IF_ERROR(finished.status());
     if (packer) {
       // A passthrough reader still holding the staging file keeps it writable by the next
-      // writer the kernel lets in beside it: a pack must never change, so its chunks are copied.
-      if (live && !f.stage->handles.empty()) {
+      // writer the kernel lets in beside it, and a writer the daemon does not see may hold it
+      // (PackSink::NoOtherOpens): a pack must never change, so its chunks are copied.
+      if ((live && !f.stage->handles.empty()) || !alone || !PackSink::NoOtherOpens(fd)) {
         RETURN_IF_ERROR(packer->Copy(fd));
       } else {
         RETURN_IF_ERROR(packer->Adopt(StagePath(cfg_.cache_dir, rec->name), rec->name));

@@ -10,6 +10,8 @@
 
 #include "cache/chunk_cache.h"
 #include "cache/io_engine.h"
+#include "cache/packs.h"
+#include "common/log.h"
 #include "tests/test_util.h"
 
 namespace ckptfs {
@@ -268,6 +270,29 @@ TEST_F(PacksTest, ScanListsWhatAnUnmountedCacheDirectoryHolds) {
   EXPECT_EQ(all.begin()->first, chunks[1].id);
   EXPECT_EQ(all.begin()->second.first, PackPath("6.1"));
   EXPECT_EQ(all.begin()->second.second.offset, 100u + 4096u);
+}
+
+// A read that found bad bytes in an extent drops that extent only: meanwhile the chunk may have
+// been dropped there and stored anew in another pack, whose good extent stays.
+TEST_F(PacksTest, ADropForAnExtentAlreadyGoneLeavesTheChunksNewExtent) {
+  auto packs = Packs::Open(root_ + "/chunks/packs-direct", GetLogger("test"));
+  ASSERT_TRUE(packs.ok()) << packs.status().ToString();
+  const Chunk c = MakeChunk(300 << 10, 41), d = MakeChunk(200 << 10, 42);
+  ASSERT_TRUE((*packs)->Adopt(StagingPath("one"), "one", Stage("one", {c, d})).ok());
+  const auto stale = (*packs)->Locate(c.id);
+  ASSERT_TRUE(stale);
+  ASSERT_TRUE((*packs)->Drop(c.id).ok());  // c freed: its range in "one" goes, d stays
+  ASSERT_TRUE((*packs)->Adopt(StagingPath("two"), "two", Stage("two", {c})).ok());
+  const auto fresh = (*packs)->Locate(c.id);
+  ASSERT_TRUE(fresh);
+  ASSERT_NE(fresh->first, stale->first);
+  ASSERT_TRUE((*packs)->Drop(c.id, stale).ok());
+  const auto still = (*packs)->Locate(c.id);
+  ASSERT_TRUE(still);
+  EXPECT_EQ(still->first, fresh->first);
+  ASSERT_TRUE((*packs)->Drop(c.id, fresh).ok());
+  EXPECT_FALSE((*packs)->Contains(c.id));
+  EXPECT_TRUE((*packs)->Contains(d.id));
 }
 
 }  // namespace

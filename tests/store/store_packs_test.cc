@@ -137,8 +137,9 @@ TEST_F(StorePacksTest, AReaderHoldingTheStagingFileAtTheSealGetsItsChunksCopied)
   const Bytes v2 = test::RandomBytes(200000, 5);
   ASSERT_EQ(::pwrite(wfd, v2.data(), v2.size(), 0), static_cast<ssize_t>(v2.size()));
   ASSERT_TRUE(store_->Flush(ino, wfh).ok());
-  ASSERT_TRUE(store_->Release(ino, wfh).ok());
+  // The reader goes first: the writer's release queues a seal, which must find no reader.
   ASSERT_TRUE(store_->Release(ino, rfh).ok());
+  ASSERT_TRUE(store_->Release(ino, wfh).ok());
   ASSERT_TRUE(store_->EnsureSealed(ino).ok());
   EXPECT_TRUE(ReadFile(ino) == v2);
   EXPECT_EQ(Packs().size(), 2u) << "sealed with no reader: a pack";
