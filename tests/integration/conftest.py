@@ -251,6 +251,64 @@ class CkptMount:
         """Chunks on the local tier: chunk files and pack extents."""
         return len(self.chunk_files()) + len(self.pack_extents())
 
+    def chunk_locations(self):
+        """Where each chunk of the local tier lies: {id hex: (path, offset, length)}, a chunk
+        file (offset 0, its whole size) or an extent of a pack."""
+        out = {p.name: (p, 0, p.stat().st_size) for p in self.chunk_files()}
+        out.update(self.pack_extents())
+        return out
+
+    def corrupt_chunk(self, name, at=None):
+        """Flips a byte of chunk `name` where it lies on the local tier (its chunk file, or its
+        extent's bytes in its pack), `at` bytes into the chunk (its middle by default)."""
+        path, offset, length = self.chunk_locations()[name]
+        at = length // 2 if at is None else at
+        assert 0 <= at < length, (name, at, length)
+        with open(path, "r+b") as f:
+            f.seek(offset + at)
+            b = f.read(1)
+            f.seek(offset + at)
+            f.write(bytes([b[0] ^ 0xFF]))
+
+    def losable_chunks(self):
+        """The chunks lose_chunk can take off the local tier one at a time: every chunk file,
+        and the last extent of each pack."""
+        out = [p.name for p in self.chunk_files()]
+        last = {}
+        for name, (path, offset, _) in self.pack_extents().items():
+            if path not in last or offset > last[path][1]:
+                last[path] = (name, offset)
+        return sorted(out + [name for name, _ in last.values()])
+
+    def lose_chunk(self, name):
+        """Takes chunk `name` (one of losable_chunks) off the local tier. A chunk file is
+        unlinked under the live mount. A pack's extent is listed in the daemon's memory, so the
+        mount stops first; the pack is cut short at the extent, and the next mount drops the
+        extents past its end (cache/packs.h), as a lost chunk file."""
+        path, offset, _ = self.chunk_locations()[name]
+        if path.parent.name != "packs":
+            os.unlink(path)
+            return
+        assert all(o < offset for p, o, _ in self.pack_extents().values() if p == path
+                   and o != offset), f"{name} is not the last extent of {path}"
+        self.umount()
+        os.truncate(path, offset)
+        self.mount()
+        assert name not in self.chunk_locations()
+
+    def lose_all_chunks(self):
+        """Takes every chunk off the local tier: chunk files are unlinked under the live mount;
+        packs are unlinked between two mounts (their extents are in the daemon's memory)."""
+        for p in self.chunk_files():
+            os.unlink(p)
+        packs = sorted((self.chunks_dir / "packs").glob("*.pack"))
+        if packs:
+            self.umount()
+            for p in packs:
+                os.unlink(p)
+            self.mount()
+        assert self.chunks_on_disk() == 0
+
 
 def _comm(pid):
     try:

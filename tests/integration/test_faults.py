@@ -2,6 +2,7 @@
 # failing cache disk: chunk file reads or writes (--cache-faults) and LMDB writes (an LD_PRELOAD
 # shim, tests/store/lmdb_fault_shim.c) that fail.
 import errno
+import json
 import os
 import random
 import subprocess
@@ -153,13 +154,16 @@ def test_disk_full_at_the_margin_never_loses_a_checkpoint_silently(small_disk, m
 
 
 def chunk_of(m, data):
-    """The chunk files whose bytes occur in `data`: {path: offset in data}."""
+    """The local tier's chunks (chunk files or pack extents) whose bytes occur in `data`:
+    {chunk id hex: (offset in data, length)}."""
     out = {}
-    for p in m.chunk_files():
-        b = p.read_bytes()
+    for name, (path, at, length) in m.chunk_locations().items():
+        with open(path, "rb") as f:
+            f.seek(at)
+            b = f.read(length)
         off = data.find(b)
         if off >= 0:
-            out[p] = (off, len(b))
+            out[name] = (off, len(b))
     return out
 
 
@@ -175,10 +179,8 @@ def test_corrupt_chunk_reads_fail_with_eio(make_mount):
     inner = sorted((off, n, p) for p, (off, n) in chunks.items()
                    if off >= 3 * MiB and off + n <= len(victim) - 3 * MiB)
     assert inner, chunks
-    bad_off, bad_len, bad_path = inner[len(inner) // 2]
-    raw = bytearray(bad_path.read_bytes())
-    raw[len(raw) // 2] ^= 0x40
-    bad_path.write_bytes(raw)
+    bad_off, bad_len, bad_name = inner[len(inner) // 2]
+    m.corrupt_chunk(bad_name)  # where it lies: its chunk file, or its extent in a pack
 
     m.mount()
     other = rand_bytes(3 * MiB, 11)
@@ -209,7 +211,7 @@ def test_corrupt_chunk_reads_fail_with_eio(make_mount):
     # The whole-file read fails rather than returning something.
     expect_errno(errno.EIO, read_file, root / "victim")
     log = m.log()
-    assert "corrupt" in log and bad_path.name in log, log[-2000:]
+    assert "corrupt" in log and bad_name in log, log[-2000:]
     # Other files are fine, and a fresh copy of the same bytes heals the store.
     assert read_file(root / "other") == other
     write_file(root / "victim", victim)
@@ -276,17 +278,27 @@ def test_chunk_write_errors_mid_save_keep_the_previous_version(make_mount, error
 
 
 @pytest.mark.timeout(180)
-def test_chunk_write_errors_during_a_seal_lose_nothing(make_mount):
+@pytest.mark.parametrize("packs", ["0", "1"])
+def test_chunk_write_errors_during_a_seal_lose_nothing(make_mount, packs):
     # The seal behind a passthrough save. (Through the daemon's write path the failing disk is
-    # met by the write itself, which fails with EIO: a different test.)
-    m = make_mount(options="passthrough=1")
+    # met by the write itself, which fails with EIO: a different test.) With packs the seal
+    # writes chunk files only when a reader still holds the staging file (store/pack_sink.h):
+    # here one does; without one it writes none (the test below).
+    m = make_mount(options=f"passthrough=1,packs={packs}")
     assert "passthrough on" in wait_for(m.log, lambda log: "passthrough on" in log, timeout=10)
     old = rand_bytes(6 * MiB, 40)
     write_file(m / "ckpt.pt", old)
     assert m.stats()["stored_bytes"] == 6 * MiB  # sealed: in chunks
     remount_with(m, "ops=write,error=eio")
     new = rand_bytes(12 * MiB, 41)
-    write_file(m / "ckpt.pt", new)  # into a staging file: the chunk disk is not involved
+    reader = None
+    if packs == "1":
+        wfd = os.open(m / "ckpt.pt", os.O_WRONLY | os.O_TRUNC)
+        os.write(wfd, new)
+        reader = os.open(m / "ckpt.pt", os.O_RDONLY)  # joins the staging file
+        os.close(wfd)
+    else:
+        write_file(m / "ckpt.pt", new)  # into a staging file: the chunk disk is not involved
     assert read_file(m / "ckpt.pt") == new
     # The seal cannot write a chunk: the staged bytes stay, and say so.
     err = None
@@ -298,6 +310,9 @@ def test_chunk_write_errors_during_a_seal_lose_nothing(make_mount):
     assert "writing chunk" in m.log()
     assert read_file(m / "ckpt.pt") == new
     assert len(os.listdir(m.cache / "passthrough")) == 1
+    if reader is not None:
+        assert os.pread(reader, MiB, 5 * MiB) == new[5 * MiB:6 * MiB]
+        os.close(reader)
     # A healthy disk: the next mount seals them, and everything is in chunks.
     remount_with(m, None)
     assert read_file(m / "ckpt.pt") == new
@@ -305,6 +320,42 @@ def test_chunk_write_errors_during_a_seal_lose_nothing(make_mount):
     assert s["files"] == 1 and s["logical_bytes"] == 12 * MiB
     assert s["stored_bytes"] == m.chunk_bytes_on_disk()
     assert not os.listdir(m.cache / "passthrough")
+
+
+@pytest.mark.timeout(180)
+def test_a_seal_into_a_pack_writes_no_chunk_and_pack_read_errors_lose_nothing(make_mount):
+    # With packs a seal with no reader left adopts its staging file as a pack: the chunk disk's
+    # writes may all fail, the seal needs none. What can fail is reading the pack's extents:
+    # a clear EIO, nothing moved aside or dropped, every byte back on a healthy disk.
+    m = make_mount(options="passthrough=1,packs=1")
+    assert "passthrough on" in wait_for(m.log, lambda log: "passthrough on" in log, timeout=10)
+    old = rand_bytes(6 * MiB, 45)
+    write_file(m / "ckpt.pt", old)
+    assert m.stats()["stored_bytes"] == 6 * MiB  # sealed: in a pack
+    remount_with(m, "ops=write,error=eio")
+    new = rand_bytes(12 * MiB, 46)
+    write_file(m / "ckpt.pt", new)
+    usage = json.loads(os.getxattr(m / "ckpt.pt", "user.ckptfs.chunks"))  # sealed
+    assert usage["chunks"] > 0, usage
+    assert "writing chunk" not in m.log()
+    assert not m.chunk_files()
+    # The new version's chunks are extents of its pack (the old one's may linger until reclaimed).
+    mine = chunk_of(m, new)
+    assert len(mine) == usage["chunks"] and sum(n for _, n in mine.values()) == 12 * MiB
+    extents = {k: v for k, v in m.pack_extents().items() if k in mine}
+    assert len(extents) == len(mine)
+    assert m.stats()["stored_bytes"] == m.chunk_bytes_on_disk()
+    assert not os.listdir(m.cache / "passthrough")
+    # A disk whose reads fail: a fresh daemon (nothing in its RAM tier) reads the pack.
+    remount_with(m, "ops=read,error=eio")
+    expect_errno(errno.EIO, read_file, m / "ckpt.pt")
+    assert "reading chunk" in m.log() and "injected cache disk fault" in m.log()
+    assert not os.listdir(m.cache / "chunks" / "corrupt")
+    # A read error is no corruption: no extent dropped.
+    assert extents.items() <= m.pack_extents().items()
+    remount_with(m, None)
+    assert read_file(m / "ckpt.pt") == new
+    assert extents.items() <= m.pack_extents().items()
 
 
 @pytest.mark.timeout(120)

@@ -1,7 +1,8 @@
 # `ckptfs fsck` on a live mount: every kind of damage it is asked to find (a corrupt or missing
 # local chunk file, a chunk object deleted from the backend, a flipped byte in a backend object,
 # a damaged file record), what --repair fixes from the other copy, and what it cannot (a chunk
-# no tier holds), named by path. The backend is a file:// directory, so the test damages its
+# no tier holds), named by path. Local chunks are damaged where they lie: a chunk file, or an
+# extent of a pack (-o packs=1). The backend is a file:// directory, so the test damages its
 # objects directly. Runs in /usr/bin/python3 (Debian's PyTorch).
 import json
 import os
@@ -73,9 +74,9 @@ def test_fsck_finds_every_damage_and_repairs_from_the_other_copy(make_mount, wor
     assert r["refcount_errors"] == 0 and r["damaged_files"] == 0, r
 
     # Three distinct chunks damaged three ways, and f1's record.
-    names = sorted(p.name for p in m.chunk_files())
+    names = sorted(m.chunk_locations())
     a, b, c = names[0], names[1], names[2]
-    flip_byte(m.chunks_dir / a[:2] / a)          # a corrupt local chunk file
+    m.corrupt_chunk(a, 100)                      # a corrupt local chunk
     backend_chunk(backend, b).unlink()           # a chunk object deleted from the backend
     flip_byte(backend_chunk(backend, c))         # a flipped byte in a backend object
     record = backend / "files.d" / "f1.bin"
@@ -97,12 +98,12 @@ def test_fsck_finds_every_damage_and_repairs_from_the_other_copy(make_mount, wor
     # when needed. Another one is damaged, and repair fetches it at once; the backend's chunks
     # come back from the local tier, and f1 is published again.
     d = names[3]
-    flip_byte(m.chunks_dir / d[:2] / d)
+    m.corrupt_chunk(d, 100)
     code, r = fsck(m.mnt, "--deep", "--repair")
     assert code == 0 and r["clean"], r
     assert (r["local_corrupt"], r["local_repaired"]) == (1, 1), r
     assert (r["remote_repaired"], r["records_republished"]) == (2, 1), r
-    assert (m.chunks_dir / d[:2] / d).exists()
+    assert d in m.chunk_locations()
     wait_remote(m / "f1.bin")
     after = wait_for(lambda: fsck(m.mnt, "--deep"), lambda cr: cr[0] == 0, 60)
     assert after[0] == 0, json.dumps(after[1])
@@ -127,8 +128,8 @@ def test_fsck_names_the_files_no_tier_can_repair(make_mount):
     code, r = fsck(m / "run")
     assert code == 0 and r["files"] == 2, r
 
-    # One chunk file goes: fsck says which file lost bytes, and repair cannot help.
-    os.unlink(m.chunk_files()[0])
+    # One chunk goes: fsck says which file lost bytes, and repair cannot help.
+    m.lose_chunk(m.losable_chunks()[0])
     code, r = fsck(m.mnt, "--repair")
     assert code == 1 and not r["clean"], r
     assert r["local_missing"] == 1 and r["local_repaired"] == 0, r
@@ -154,8 +155,7 @@ def test_a_report_too_long_for_one_attribute_keeps_its_counts(make_mount):
     for i in range(101):
         write_file(deep / (f"{i:03d}" + "f" * 240), os.urandom(8192))
     os.setxattr(m.mnt, "user.ckptfs.seal", b"1")
-    for p in m.chunk_files():
-        os.unlink(p)
+    m.lose_all_chunks()
     # 101 paths of ~750 bytes and their problem lines: more than the kernel's 64 KiB per value.
     code, r = fsck(m.mnt)
     assert code == 1, r

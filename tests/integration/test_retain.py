@@ -50,11 +50,11 @@ def test_megatron_keeps_the_newest_and_the_tracked_iteration(mnt):
     assert dirs(root) == [f"iter_{i:07d}" for i in (10, 20, 30, 40, 50)]  # nothing deleted
 
     os.setxattr(mnt.mnt, "user.ckptfs.seal", b"1")  # staged files into chunks
-    chunks_before = len(mnt.chunk_files())
+    chunks_before = mnt.chunks_on_disk()  # chunk files and pack extents
     p = retain(root, "--keep-last", "2")
     assert dirs(root) == ["iter_0000020", "iter_0000040", "iter_0000050"], p.stdout
     # The local tier drops the chunks only the deleted iterations held.
-    assert wait_for(lambda: len(mnt.chunk_files()), lambda n: n < chunks_before, 30) < chunks_before
+    assert wait_for(mnt.chunks_on_disk, lambda n: n < chunks_before, 30) < chunks_before
     assert "named by a tracker file" in p.stdout
     assert torch.load(root / "iter_0000020" / "mp_rank_01" / "model_optim_rng.pt")["iteration"] == 20
 

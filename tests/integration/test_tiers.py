@@ -15,7 +15,7 @@ import threading
 import pytest
 
 from conftest import CKPTFS_BIN, read_file, run, wait_for, write_file
-from test_fsck import flip_byte, fsck
+from test_fsck import fsck
 from test_gc import field, save_and_delete
 from test_remote import REMOTE_CHUNKS, new_remote, wait_state  # noqa: F401
 
@@ -132,22 +132,23 @@ def test_fsck_on_two_tiers_finds_each_damage_and_repairs_from_the_other_copies(m
     code, r = fsck(m.mnt, "--deep")
     assert code == 0 and r["clean"] and r["records"] == 4, r  # two records on each tier
 
-    names = sorted(p.name for p in m.chunk_files())
-    a, b, c, d = names[:4]
+    # A local chunk gone first: with packs (-o packs=1) that takes a remount (conftest.py).
+    c = m.losable_chunks()[0]
+    m.lose_chunk(c)                                               # a local chunk gone
+    a, b, d = [n for n in sorted(m.chunk_locations()) if n != c][:3]
     near_chunk(near, a).unlink()                                  # gone from the near tier
     key = f"{far.prefix}/chunks/{b[:2]}/{b}"                      # a flipped byte in the bucket
     body = bytearray(far.read(f"chunks/{b[:2]}/{b}"))
     body[100] ^= 0xFF
     far.rgw.client().put_object(Bucket=far.bucket, Key=key, Body=bytes(body))
-    os.unlink(m.chunks_dir / c[:2] / c)                           # a local chunk file gone
-    flip_byte(m.chunks_dir / d[:2] / d)                           # a local chunk file corrupt
+    m.corrupt_chunk(d, 100)                                       # a local chunk corrupt
     record = near.root / "files.d" / "f1.bin"
     record.write_bytes(record.read_bytes()[:-3] + b"xyz")         # a damaged record
 
     code, r = fsck(m.mnt, "--deep")
     assert code == 1 and not r["clean"], r
     assert r["remote_missing"] == 1 and r["remote_corrupt"] == 1, r
-    # A local chunk file missing while a tier holds the chunk is an eviction, not damage.
+    # A local chunk missing while a tier holds the chunk is an eviction, not damage.
     assert r["local_missing"] == 0 and r["local_corrupt"] == 1, r
     assert r["records_bad"] == 1 and r["damaged_files"] == 0, r
     code, r = fsck(m.mnt, "--deep", "--repair")
