@@ -226,6 +226,8 @@ void RemoteTier::Loop() {
   }
 }
 
+void RemoteTier::NoteRetry(const Status& st) { log_->warn("{}; trying again", st.ToString()); }
+
 Status RemoteTier::Process(std::string_view op) {
   if (op.empty()) return Corrupt("empty upload op");
   const std::string_view arg = op.substr(1);

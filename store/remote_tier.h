@@ -138,16 +138,18 @@ class RemoteTier {
 
  private:
   // Calls fn, one backend request, up to four times while it fails with kIo (100 ms, 200 ms and
-  // 300 ms apart): one failure among the many requests of a publish or a revalidation would
-  // otherwise start them all again, and a publish's chunks, put but not yet named by its record,
-  // are what the next gc round condemns.
+  // 300 ms apart; each failure logged): one failure among the many requests of a publish or a
+  // revalidation would otherwise start them all again, and a publish's chunks, put but not yet
+  // named by its record, are what the next gc round condemns.
+  void NoteRetry(const Status& st);  // logs a failure Tried tries again
   static const Status& StatusOf(const Status& st) { return st; }
   template <class T>
   static const Status& StatusOf(const Result<T>& r) { return r.status(); }
   template <class Fn>
-  static auto Tried(Fn fn) -> decltype(fn()) {
+  auto Tried(Fn fn) -> decltype(fn()) {
     auto r = fn();
     for (int attempt = 1; attempt < 4 && StatusOf(r).code() == Code::kIo; ++attempt) {
+      NoteRetry(StatusOf(r));
       std::this_thread::sleep_for(std::chrono::milliseconds(100 * attempt));
       r = fn();
     }
