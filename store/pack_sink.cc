@@ -1,8 +1,9 @@
 #include "store/pack_sink.h"
 
 #include <spdlog/spdlog.h>
-#include <fcntl.h>
 #include <unistd.h>
+
+#include "common/file_lease.h"
 
 namespace ckptfs {
 
@@ -27,11 +28,7 @@ Status PackSink::Adopt(const std::string& path, const std::string& name) {
   return Status::Ok();
 }
 
-bool PackSink::NoOtherOpens(int fd) {
-  if (::fcntl(fd, F_SETLEASE, F_WRLCK) != 0) return false;
-  (void)::fcntl(fd, F_SETLEASE, F_UNLCK);
-  return true;
-}
+bool PackSink::NoOtherOpens(int fd) { return OtherOpeners(fd) == Openers::kNone; }
 
 Status PackSink::Copy(int fd) {
   std::vector<uint8_t> buf;

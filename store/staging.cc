@@ -13,6 +13,7 @@
 #include <unordered_set>
 #include <utility>
 
+#include "common/file_lease.h"
 #include "store/pack_sink.h"
 #include "store/staged_meta.h"
 
@@ -24,6 +25,12 @@ namespace {
 // wait_release). The kernel sends RELEASE right after close(2) returns; this bounds the wait
 // should it be queued behind other background requests.
 constexpr auto kReleaseWait = std::chrono::seconds(2);
+
+// How often the seal of a file held for an unseen writer (a mapping) is tried again: quickly
+// until kUnseenConfirm tries saw the writer, then every kUnseenRetry (store/staging.h).
+constexpr auto kUnseenQuick = std::chrono::milliseconds(20);
+constexpr int kUnseenConfirm = 10;
+constexpr auto kUnseenRetry = std::chrono::seconds(1);
 
 // Whether a staging file is also a pack's (a seal linked it: cache/packs.h), so never to change.
 bool AlsoAPack(int fd) {
@@ -64,7 +71,90 @@ void Staging::ResumeSeals() {
 
 void Staging::StopSeals() {
   seals_stopped_ = true;
+  std::vector<uint64_t> held;
+  {
+    MutexLock lock(&unseen_mu_);
+    unseen_stop_ = true;
+    held.assign(unseen_.begin(), unseen_.end());
+    unseen_.clear();
+  }
+  unseen_cv_.notify_all();
+  if (unseen_thread_.joinable()) unseen_thread_.join();
+  for (uint64_t ino : held) (void)files_->Unpin(ino);  // stays staged: resumed at the next mount
   seal_pool_.reset();
+}
+
+bool Staging::WrittenUnseen(uint64_t ino, OpenFile& f) {
+  OpenFile::Stage& s = *f.stage;
+  const std::string path = StagePath(cfg_.cache_dir, s.name);
+  // The daemon's own descriptor is writable: a read-only one stands in for it while asking.
+  const int ro = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (ro < 0) return false;  // the seal that follows reports it
+  ::close(s.fd);
+  const Openers writers = WritersOf(ro);
+  s.fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (s.fd < 0) {
+    log_->warn("inode {}: reopening its staging file: {}", ino, std::strerror(errno));
+    s.fd = ro;  // reads still work; a change through it fails and says so
+  } else {
+    ::close(ro);
+  }
+  if (writers == Openers::kUnknown) {
+    log_->warn("inode {}: the cache filesystem grants no file lease, so a mapping kept after "
+               "its close cannot be told from none: {}", ino, std::strerror(errno));
+  }
+  return writers == Openers::kSome;
+}
+
+Status Staging::HoldForUnseen(uint64_t ino, OpenFile& f) {
+  files_->Pin(ino);
+  bool added = false;
+  int tries = 0;
+  {
+    MutexLock lock(&unseen_mu_);
+    if (!unseen_stop_) {
+      added = unseen_.insert(ino).second;
+      if (added) tries = ++unseen_tries_[ino];
+      if (!unseen_thread_.joinable()) unseen_thread_ = std::thread([this] { UnseenLoop(); });
+    }
+  }
+  if (!added) {
+    (void)files_->Unpin(ino);  // the caller's pin remains
+    return Status::Ok();
+  }
+  if (tries < kUnseenConfirm) return Status::Ok();
+  if (tries == kUnseenConfirm) {
+    log_->info("inode {}: a process still writes it through a mapping kept after its close; "
+               "it stays staged and is sealed once that mapping is gone", ino);
+  }
+  // msync reaches the staging file without the daemon: what it synced must stay the file's
+  // through a machine crash, so the record is durable (the file synced first).
+  return StageCommit(ino, f, /*durable=*/true);
+}
+
+void Staging::UnseenLoop() {
+  for (;;) {
+    std::vector<uint64_t> due;
+    {
+      MutexLock lock(&unseen_mu_);
+      bool quick = false;
+      for (uint64_t ino : unseen_) quick = quick || unseen_tries_[ino] < kUnseenConfirm;
+      const auto wait = quick ? std::chrono::duration_cast<std::chrono::milliseconds>(kUnseenQuick)
+                              : std::chrono::duration_cast<std::chrono::milliseconds>(kUnseenRetry);
+      if (unseen_cv_.wait_for(lock.native(), wait,
+                              [&]() REQUIRES(unseen_mu_) { return unseen_stop_; })) {
+        return;
+      }
+      due.assign(unseen_.begin(), unseen_.end());
+      unseen_.clear();
+    }
+    for (uint64_t ino : due) {  // each pinned by the set; a seal still held pins it again
+      auto f = files_->Find(ino);
+      Status st = f ? Seal(ino, *f) : Status::Ok();
+      if (!st.ok()) log_->error("inode {}: sealing its staged bytes: {}", ino, st.ToString());
+      if (files_->Unpin(ino)) (void)ns_->ReapIfOrphan(ino);
+    }
+  }
 }
 
 Result<Staging::StagedOpen> Staging::OpenStaged(uint64_t ino, OpenFile& f, bool write,
@@ -256,8 +346,14 @@ Result<bool> Staging::ReleaseStaged(uint64_t ino, OpenFile& f, uint64_t fh) {
   }
   // The last reader of staged bytes (a seal that ran meanwhile left them to it).
   if (s.handles.empty() && s.dirty && s.recorded) seal = true;
-  // Bytes no commit took (a failed close) are dropped with the last handle.
-  if (s.handles.empty() && (!s.dirty || (!st.ok() && !s.recorded))) {
+  // Bytes no commit took (a failed close) are dropped with the last handle; so is a sealed
+  // staging file, unless a mapping kept after its close still writes it: then it is the file's
+  // newest version again.
+  if (s.handles.empty() && !s.dirty && s.writers == 0 && WrittenUnseen(ino, f)) {
+    s.dirty = true;
+    st = StageCommit(ino, f, /*durable=*/true);
+    seal = st.ok();
+  } else if (s.handles.empty() && (!s.dirty || (!st.ok() && !s.recorded))) {
     DropStage(ino, f);
     seal = false;
   }
@@ -327,7 +423,19 @@ Status Staging::Seal(uint64_t ino, OpenFile& f, bool wait_release) {
         return !f.stage || f.stage->name != rec->name || f.stage->writers == 0;
       });
     }
-    live = f.stage && f.stage->name == rec->name;
+    // A closed handle's own reference may go a moment after its release (see the header): a
+    // seal asked for (wait_release) waits that long before it leaves the file to UnseenLoop.
+    for (int tries = 1;; ++tries) {
+      live = f.stage && f.stage->name == rec->name;
+      if (!live || f.stage->writers > 0 || !f.stage->handles.empty()) break;
+      if (!WrittenUnseen(ino, f)) {
+        MutexLock unseen(&unseen_mu_);
+        unseen_tries_.erase(ino);
+        break;
+      }
+      if (!wait_release || tries >= kUnseenConfirm) return HoldForUnseen(ino, f);
+      f.released.wait_for(lock, kUnseenQuick);
+    }
     if (live) {
       if (f.stage->writers > 0) return Status::Ok();  // being written: sealed after its close
       fd = ::dup(f.stage->fd);

@@ -22,6 +22,17 @@
 // wants every open of an inode in passthrough mode to name the same staging file: OpenStaged
 // decides under the file's lock, counting the handles served through the daemon.
 //
+// A process the daemon does not see may still write a staging file after the last release: a
+// shared mapping kept after its descriptor's close (FUSE passthrough hands mmap to the staging
+// file itself, and the kernel sends the release at the close). Before a seal takes a live staging
+// file that no handle holds, or the last release drops one, the daemon asks the kernel whether
+// anyone has it open for writing (WrittenUnseen, a read lease); if so the file stays staged and its
+// seal is tried again until the writer is gone (HoldForUnseen, UnseenLoop). The kernel may drop
+// a closed handle's own reference a moment after its release reaches the daemon, so a writer
+// counts as one only once kUnseenConfirm tries kUnseenQuick apart saw it; from then on the seal
+// is tried every kUnseenRetry and the file's record is kept durable (msync reaches the staging
+// file without the daemon).
+//
 // The state of one staged file lives in its OpenFile (store/open_file.h: Stage, writing_fd,
 // released, seal_mu), so an entry of the open-file table is pinned while a seal runs. A seal
 // commits its manifest, and recovery and the last release remove files, through the Namespace
@@ -47,6 +58,9 @@
 //   seal_pool_     made by the constructor, reset (joined) only by StopSeals, which Store::Close
 //                  calls once no request can come any more; its queue has its own lock, a leaf.
 //   boot_id_       const. resume_seals_: Store::Open only (RecoverStaged, then ResumeSeals).
+//   unseen_mu_     unseen_ (the inodes held for an unseen writer, each pinned once by the set),
+//                  unseen_tries_, unseen_stop_ and the start of unseen_thread_; taken under a file's mu
+//                  (HoldForUnseen), takes nothing (a leaf). unseen_thread_ is joined by StopSeals.
 // Lock order: seal_mu -> mu -> qmu, and mu -> the namespace lock -> the LMDB writer -> the
 // Publisher's unpublished_mu_ (CommitManifestTxn), as in store/store.h. Under mu (without the
 // namespace lock) a
@@ -59,11 +73,15 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "cache/chunk_cache.h"
@@ -151,7 +169,8 @@ class Staging {
   // Queues the seals RecoverStaged found, once the store is open.
   void ResumeSeals();
   // Seals not begun stay staged (resumed at the next mount); a running one finishes first
-  // (Store::Close). Afterwards nothing is sealed in the background.
+  // (Store::Close). Afterwards nothing is sealed in the background. Files held for an unseen
+  // writer stay staged too.
   void StopSeals();
 
  private:
@@ -170,6 +189,15 @@ class Staging {
   // releases are outstanding, wait for them (up to kReleaseWait) and seal, so that a reader
   // after a close sees that close's bytes. Without it such a file is left to its release.
   Status Seal(uint64_t ino, OpenFile& f, bool wait_release = false);
+  // REQUIRES: f.mu held, f.stage set with no handle and no writer. Whether a process the daemon
+  // does not see has f's staging file open for writing (see the top). Reopens the daemon's own
+  // descriptor of it, which would otherwise count.
+  bool WrittenUnseen(uint64_t ino, OpenFile& f);
+  // REQUIRES: f.mu held, f pinned (a seal's), WrittenUnseen(ino, f). Records f's staging file
+  // durably as the file's bytes and has its seal tried again later (pinning ino until then).
+  Status HoldForUnseen(uint64_t ino, OpenFile& f);
+  // unseen_thread_: every kUnseenRetry, seals the files held for an unseen writer.
+  void UnseenLoop();
   // Whether r's staging file is there whole.
   bool StagingFilePresent(const StagedRecord& r) const;
 
@@ -193,6 +221,13 @@ class Staging {
   std::atomic<uint64_t> stage_epoch_{0};  // Stage::epoch values, unique across stages
   std::atomic<bool> seals_stopped_{false};
   std::vector<uint64_t> resume_seals_;  // staged at the last stop; sealed once open
+  Mutex unseen_mu_;
+  std::condition_variable unseen_cv_;
+  std::unordered_set<uint64_t> unseen_ GUARDED_BY(unseen_mu_);
+  // Seals held in a row, per inode (cleared by a seal that was not held).
+  std::unordered_map<uint64_t, int> unseen_tries_ GUARDED_BY(unseen_mu_);
+  bool unseen_stop_ GUARDED_BY(unseen_mu_) = false;
+  std::thread unseen_thread_;  // started by the first HoldForUnseen, joined by StopSeals
   // Last: joined (StopSeals, or here) before anything its seals use goes.
   std::unique_ptr<ThreadPool> seal_pool_;
 };

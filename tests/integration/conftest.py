@@ -458,6 +458,38 @@ def check_reads_are_stable(path):
         os.close(fd)
 
 
+MS_SYNC = 4  # msync(2), Linux
+
+
+def libc_mappings():
+    """libc with mmap, msync and munmap typed for raw shared mappings (Python's mmap keeps a
+    duplicate of the descriptor: only these outlive the descriptor's close)."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    libc.msync.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    return libc
+
+
+def write_and_keep_mapped(path, data):
+    """Creates `path` holding `data`, maps it shared and writable, and closes the descriptor:
+    returns (libc, address) of the mapping, which outlives the close (munmap it)."""
+    import ctypes
+    import mmap
+    libc = libc_mappings()
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, data)
+        addr = libc.mmap(None, len(data), mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
+        assert addr not in (None, ctypes.c_void_p(-1).value), ctypes.get_errno()
+    finally:
+        os.close(fd)
+    return libc, addr
+
+
 def wait_for(probe, done, timeout=20.0):
     """Calls probe() until done(result) holds or timeout seconds pass; returns the last result.
     For effects the kernel delivers asynchronously (RELEASE after close(2))."""

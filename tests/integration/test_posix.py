@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import expect_errno, read_file, wait_for, write_file
+from conftest import MS_SYNC, expect_errno, read_file, wait_for, write_and_keep_mapped, write_file
 
 MiB = 1 << 20
 
@@ -614,6 +614,30 @@ def test_mmap_shared_write(mnt):
     data = read_file(p)
     assert data[100:105] == b"hello" and data[MiB + 1:MiB + 4] == b"abc"
     assert data.count(0) == 2 * MiB - 8
+
+
+def test_a_shared_mapping_kept_after_close_writes_the_file(make_mount):
+    # A mapping outlives its descriptor: what it writes after the close (and after the file's
+    # seal had every reason to run) is the file's, read through the path at once and after a
+    # remount.
+    m = make_mount()
+    n = 4 * MiB
+    data = rand_bytes(n, 21)
+    libc, addr = write_and_keep_mapped(m / "a.bin", data)
+    try:
+        os.setxattr(m.mnt, "user.ckptfs.seal", b"1")  # seals what may be sealed
+        ctypes.memset(addr + MiB, 0x41, MiB)
+        assert libc.msync(addr, n, MS_SYNC) == 0
+        want = data[:MiB] + b"A" * MiB + data[2 * MiB:]
+        assert read_file(m / "a.bin") == want
+        os.setxattr(m.mnt, "user.ckptfs.seal", b"1")  # still mapped: succeeds, seals nothing
+        assert read_file(m / "a.bin") == want
+    finally:
+        assert libc.munmap(addr, n) == 0
+    os.setxattr(m.mnt, "user.ckptfs.seal", b"1")
+    assert read_file(m / "a.bin") == want
+    m.remount()
+    assert read_file(m / "a.bin") == want
 
 
 # --- permissions ---
