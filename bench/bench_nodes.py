@@ -13,11 +13,16 @@ own cache directory, as eight nodes of a cluster (docs/journal.md). Measured in 
                cold mounts loading it at once without peers and with them (-o peer_listen=,
                peers=): the bytes radosgw sent over the checkpoint's size, and the storm's time
                over the time of the node alone. Goals with peers: bytes <= 1.1, time <= 1.3.
+               Beside each storm: where the CPU went (radosgw and ceph-osd, the ckptfs daemons,
+               this process's loaders), all cores' busy share, and the load average before it;
+               with --perf, a `perf record` of the storm with peers (the daemons, radosgw,
+               ceph-osd and this process), its samples by command and by function.
 
   /usr/bin/python3 bench/bench_nodes.py [--mib 256] [--peers-mib 256] [--link 1600mbit]
-                                        [--only peers]
+                                        [--only peers] [--perf]
 """
 import argparse
+import contextlib
 import io
 import os
 import shutil
@@ -34,7 +39,7 @@ import torch
 from boto3.s3.transfer import TransferConfig
 
 import benchjson  # noqa: E402  (bench/, the script's own folder)
-from bench_remote import drop_caches, mount_bucket, start_rgw, teardown, wait_state
+from bench_remote import CpuMeter, drop_caches, mount_bucket, start_rgw, teardown, wait_state
 from link import Link  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -86,6 +91,47 @@ def umount_all(ckptfs, mounts):
     mounts.clear()
 
 
+def daemon_pids(mounts):
+    """The ckptfs daemons of `mounts` (<node>/mnt): the pid in each <node>/cache/lock."""
+    pids = []
+    for m in mounts:
+        with open(os.path.join(os.path.dirname(m), "cache", "lock")) as f:
+            pids.append(int(f.read().split()[0]))
+    return pids
+
+
+def loadavg():
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
+class PerfRecord:
+    """`perf record` of `pids` (every thread, 99 Hz) while the block runs, into `path`; then the
+    samples' shares. Only the pids named: other jobs on the machine stay out."""
+
+    def __init__(self, path, pids):
+        self.path, self.pids = path, pids
+
+    def __enter__(self):
+        self.proc = subprocess.Popen(["perf", "record", "-F", "99", "-g", "-o", self.path,
+                                      "-p", ",".join(str(p) for p in self.pids)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(1)  # perf is recording
+        return self
+
+    def __exit__(self, *exc):
+        self.proc.send_signal(2)
+        self.proc.wait(timeout=120)
+        return False
+
+    def shares(self, sort, top):
+        """The `top` largest shares of the samples by `sort` ("comm", "comm,dso,sym")."""
+        r = subprocess.run(["perf", "report", "-i", self.path, "--stdio", "--no-children",
+                            "--sort", sort, "-g", "none"], capture_output=True, text=True)
+        return [" ".join(line.split()) for line in r.stdout.splitlines()
+                if line.strip() and not line.startswith("#")][:top]
+
+
 def peer_storms(args, mount, mounts, endpoint, out):
     """The peers phase (see the module's doc)."""
     w = mount("pwriter")
@@ -102,22 +148,40 @@ def peer_storms(args, mount, mounts, endpoint, out):
         cold = [mount(f"p/{tag}{i}", (f"peer_listen={addrs[i]},peers=" + ",".join(addrs))
                       if peers else "") for i in range(n)]
         drop_caches()
+        load = loadavg()
         before = link.bytes_sent()[0]
-        t = at_once([lambda i=i: torch.load(os.path.join(cold[i], "peers", "model.pt"))
-                     for i in range(n)])
+        server = [int(p) for name in ("radosgw", "ceph-osd") for p in subprocess.run(
+            ["pgrep", "-x", name], capture_output=True, text=True).stdout.split()]
+        perf = PerfRecord(os.path.join(args.dir, f"perf-{tag}.data"),
+                          daemon_pids(cold) + server + [os.getpid()]) \
+            if args.perf and peers else None
+        with perf or contextlib.nullcontext(), CpuMeter(daemon_pids(cold)) as cpu:
+            t = at_once([lambda i=i: torch.load(os.path.join(cold[i], "peers", "model.pt"))
+                         for i in range(n)])
         sent = link.bytes_sent()[0] - before
         umount_all(args.bin, mounts)
-        return t, sent / size
+        out.note(f"peers-{tag}-cpu", cpu.line)
+        out.note(f"peers-{tag}-loadavg", load)
+        lines = [f"         CPU during it: {cpu.line}; load average before {load}"]
+        if perf:
+            lines.append("         perf record of the daemons, radosgw, ceph-osd and the loaders, "
+                         "samples by command:")
+            lines += [f"           {line}" for line in perf.shares("comm", 12)]
+            lines.append("         by command, library and function:")
+            lines += [f"           {line}" for line in perf.shares("comm,dso,sym", 30)]
+        return t, sent / size, lines
 
     with link:
-        t1, b1 = storm("alone", 1, False)
+        t1, b1, lines = storm("alone", 1, False)
         print(f"peers    one node alone: {t1:.1f} s, radosgw sent {b1:.2f} x the checkpoint "
               f"({size / 2**20:.0f} MiB; {link.describe()})", flush=True)
+        print("\n".join(lines), flush=True)
         for tag, peers in (("off", False), ("on", True)):
-            t, b = storm(tag, NODES, peers)
+            t, b, lines = storm(tag, NODES, peers)
             print(f"peers-{tag:3s} 8 nodes at once: radosgw sent {b:.2f} x the checkpoint, storm "
                   f"{t:.1f} s = {t / t1:.2f} x one node alone"
                   + ("   goals <= 1.1, <= 1.3" if peers else ""), flush=True)
+            print("\n".join(lines), flush=True)
             out.add(f"peers-{tag}-bytes", b, subject="store bytes", baseline="checkpoint size",
                     better="lower", goal=1.1 if peers else None)
             out.add(f"peers-{tag}-time", t / t1, subject="8-node storm", baseline="one node",
@@ -135,6 +199,8 @@ def main():
     ap.add_argument("--link", default="1600mbit",
                     help="the peers phase: radosgw's port behind a link of this rate each way")
     ap.add_argument("--only", choices=("all", "peers"), default="all")
+    ap.add_argument("--perf", action="store_true",
+                    help="the peers phase: perf record -a the storm with peers (in --dir)")
     benchjson.add_argument(ap)
     args = ap.parse_args()
     out = benchjson.Results("nodes", args.json)

@@ -70,6 +70,43 @@ inline constexpr std::array<const char*, static_cast<size_t>(Outcome::kCount)> k
     "ok", "not_found", "error"};
 inline constexpr int kMetricTiers = 4;  // store/meta_store.h's kMaxTiers
 
+// The peer path (peers/, -o peer_listen=, -o peers=): what this node's endpoint served or
+// refused, and what its reads got from their chunks' owners or fetched from the store instead.
+enum class PeerRefusal { kProof, kReplay, kLength, kIncomplete, kCount };
+inline constexpr std::array<const char*, static_cast<size_t>(PeerRefusal::kCount)> kPeerRefusalNames = {
+    "proof", "replay", "length", "incomplete"};
+enum class PeerUnserved { kNotHere, kFailed, kCount };
+inline constexpr std::array<const char*, static_cast<size_t>(PeerUnserved::kCount)> kPeerUnservedNames = {
+    "not_here", "failed"};
+// Why a read whose chunk another node owns went to the store: the owner was marked down, said it
+// had not the chunk, refused the request, failed, took longer than peer_timeout, or answered bytes
+// that are not the chunk's.
+enum class PeerFallback { kDown, kNotHere, kRefused, kFailed, kSlow, kBadBytes, kCount };
+inline constexpr std::array<const char*, static_cast<size_t>(PeerFallback::kCount)> kPeerFallbackNames = {
+    "down", "not_here", "refused", "failed", "slow", "bad_bytes"};
+
+struct PeerMetrics {
+  // The endpoint.
+  Counter served_chunks;  // requests answered with the chunk
+  Counter served_bytes;
+  std::array<Counter, static_cast<size_t>(PeerRefusal::kCount)> refused;
+  std::array<Counter, static_cast<size_t>(PeerUnserved::kCount)> unserved;
+  // The reads.
+  Counter fetched_chunks;  // chunks a peer served, verified
+  Counter fetched_bytes;
+  std::array<Counter, static_cast<size_t>(PeerFallback::kCount)> fallbacks;
+  // Requests to peers by outcome (ok, not_found: the peer had not the chunk, error: any other).
+  std::array<LatencyHistogram, static_cast<size_t>(Outcome::kCount)> requests;
+  // The other nodes counted, and of those, the ones marked down (until a read asks them again).
+  std::atomic<int64_t> peers{0};
+  std::atomic<int64_t> peers_down{0};
+
+  Counter& refusal(PeerRefusal r) { return refused[static_cast<size_t>(r)]; }
+  Counter& unserved_by(PeerUnserved u) { return unserved[static_cast<size_t>(u)]; }
+  Counter& fallback(PeerFallback f) { return fallbacks[static_cast<size_t>(f)]; }
+  LatencyHistogram& request(Outcome o) { return requests[static_cast<size_t>(o)]; }
+};
+
 struct Metrics {
   Counter chunks_written;       // new chunks put on the local tier
   Counter chunk_bytes_written;  // their bytes

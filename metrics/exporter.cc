@@ -5,6 +5,7 @@
 #include <prometheus/metric_family.h>
 #include <prometheus/text_serializer.h>
 
+#include <algorithm>
 #include <exception>
 #include <limits>
 #include <map>
@@ -94,7 +95,59 @@ void AddHistogram(MetricFamily& f, const LatencyHistogram& h,
   f.metric.push_back(std::move(m));
 }
 
-std::vector<MetricFamily> Collect(Store* store) {
+void CollectPeers(const PeerMetrics& p, std::vector<MetricFamily>& out) {
+  auto counter = [&](std::string name, std::string help, const Counter& c) {
+    out.push_back(Family(std::move(name), std::move(help), MetricType::Counter));
+    AddValue(out.back(), static_cast<double>(c.Get()));
+  };
+  auto by_reason = [&](std::string name, std::string help, const auto& counters,
+                       const auto& names) {
+    out.push_back(Family(std::move(name), std::move(help), MetricType::Counter));
+    for (size_t r = 0; r < names.size(); ++r) {
+      AddValue(out.back(), static_cast<double>(counters[r].Get()), {{"reason", names[r]}});
+    }
+  };
+  counter("ckptfs_peer_served_chunks_total", "Chunks this node served to its peers.",
+          p.served_chunks);
+  counter("ckptfs_peer_served_bytes_total", "Bytes of chunks this node served to its peers.",
+          p.served_bytes);
+  by_reason("ckptfs_peer_refused_requests_total",
+            "Peer requests refused: not a request with the bucket's proof and a time near this "
+            "node's clock (proof), a replayed nonce, a bad chunk length, or cut short.",
+            p.refused, kPeerRefusalNames);
+  by_reason("ckptfs_peer_unserved_requests_total",
+            "Good peer requests not answered with the chunk: not held or owned here, or not "
+            "readable.",
+            p.unserved, kPeerUnservedNames);
+  counter("ckptfs_peer_fetched_chunks_total", "Chunks this node's reads got from their owners.",
+          p.fetched_chunks);
+  counter("ckptfs_peer_fetched_bytes_total", "Bytes of chunks got from their owners.",
+          p.fetched_bytes);
+  by_reason("ckptfs_peer_fallbacks_total",
+            "Chunks another node owns that this node fetched from the store, by why: the owner "
+            "was marked down, had not the chunk, refused, failed, was slower than peer_timeout, "
+            "or answered bytes that are not the chunk's.",
+            p.fallbacks, kPeerFallbackNames);
+  out.push_back(Family("ckptfs_peer_request_seconds",
+                       "Chunk requests to peers by outcome (not_found: the peer had not the chunk).",
+                       MetricType::Histogram));
+  for (size_t o = 0; o < kOutcomeNames.size(); ++o) {
+    AddHistogram(out.back(), p.requests[o], {{"outcome", kOutcomeNames[o]}});
+  }
+  const int64_t peers = p.peers.load(std::memory_order_relaxed);
+  const int64_t down = p.peers_down.load(std::memory_order_relaxed);
+  out.push_back(Family("ckptfs_peers_live",
+                       "Other nodes counted for owning chunks and not marked down.",
+                       MetricType::Gauge));
+  AddValue(out.back(), static_cast<double>(std::max<int64_t>(peers - down, 0)));
+  out.push_back(Family("ckptfs_peers_down",
+                       "Nodes marked down after a failure: their chunks come from the store until a "
+                       "read asks them again, after a while (30 s).",
+                       MetricType::Gauge));
+  AddValue(out.back(), static_cast<double>(down));
+}
+
+std::vector<MetricFamily> Collect(Store* store, const PeerMetrics* peers) {
   std::vector<MetricFamily> out;
   const Metrics& metrics = store->metrics();
   std::map<std::string, uint64_t, std::less<>> values;
@@ -165,16 +218,18 @@ std::vector<MetricFamily> Collect(Store* store) {
                        "prefetches; every tier and retry included).",
                        MetricType::Histogram));
   AddHistogram(out.back(), metrics.chunk_fetches, {});
+  if (peers) CollectPeers(*peers, out);
   return out;
 }
 
 class Collector : public prometheus::Collectable {
  public:
-  explicit Collector(Store* store) : store_(store) {}
-  std::vector<MetricFamily> Collect() const override { return ckptfs::Collect(store_); }
+  Collector(Store* store, const PeerMetrics* peers) : store_(store), peers_(peers) {}
+  std::vector<MetricFamily> Collect() const override { return ckptfs::Collect(store_, peers_); }
 
  private:
   Store* const store_;
+  const PeerMetrics* const peers_;
 };
 
 }  // namespace
@@ -188,7 +243,8 @@ MetricsServer::MetricsServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)
 MetricsServer::~MetricsServer() = default;
 
 Result<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& address,
-                                                            Store* store) {
+                                                            Store* store,
+                                                            const PeerMetrics* peers) {
   const size_t colon = address.rfind(':');
   const size_t port = colon == std::string::npos ? 0 : colon + 1;
   if (port == address.size() || address.size() - port > 5 ||
@@ -204,7 +260,7 @@ Result<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& a
   } catch (const std::exception& e) {
     return Status(Code::kIo, "metrics=" + address + ": cannot listen: " + e.what());
   }
-  impl->collector = std::make_shared<Collector>(store);
+  impl->collector = std::make_shared<Collector>(store, peers);
   impl->exposer->RegisterCollectable(impl->collector);
   return std::unique_ptr<MetricsServer>(new MetricsServer(std::move(impl)));
 }
@@ -214,8 +270,8 @@ int MetricsServer::port() const {
   return ports.empty() ? 0 : ports.front();
 }
 
-std::string MetricsServer::Render(Store* store) {
-  return prometheus::TextSerializer().Serialize(ckptfs::Collect(store));
+std::string MetricsServer::Render(Store* store, const PeerMetrics* peers) {
+  return prometheus::TextSerializer().Serialize(ckptfs::Collect(store, peers));
 }
 
 std::string MetricsServer::CounterName(std::string_view snapshot_name) {

@@ -16,14 +16,16 @@ namespace ckptfs {
 class MetricsServer {
  public:
   // Listens on `address` ("127.0.0.1:9567", "[::1]:9567", "9567" for every address) until
-  // destroyed. kInvalid or kIo when the address cannot be used.
-  static Result<std::unique_ptr<MetricsServer>> Start(const std::string& address, Store* store);
+  // destroyed. kInvalid or kIo when the address cannot be used. With `peers` (a mount with
+  // peer_listen= or peers=), the peer path's metrics too; it must outlive the server.
+  static Result<std::unique_ptr<MetricsServer>> Start(const std::string& address, Store* store,
+                                                      const PeerMetrics* peers = nullptr);
   ~MetricsServer();
   // The port listened on (the one asked for, or the one the kernel chose for port 0).
   int port() const;
 
   // The exposition text, as a scrape gets it (tests, `ckptfs status`).
-  static std::string Render(Store* store);
+  static std::string Render(Store* store, const PeerMetrics* peers = nullptr);
   // The Prometheus name of a counter of Metrics::Snapshot (without _total); "" for none.
   static std::string CounterName(std::string_view snapshot_name);
 

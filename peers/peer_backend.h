@@ -13,6 +13,7 @@
 // a peer's wrong bytes, and never fails for a peer's fault. Every other call goes to the store.
 //
 // Unlike other backends this one verifies what it reads: its peers are not the bucket.
+// Counts what its reads got from peers, and why they fell back to the store, in PeerMetrics.
 // Thread-safe.
 #pragma once
 
@@ -25,8 +26,10 @@
 #include "backends/backend.h"
 #include "common/chunk_id.h"
 #include "common/log.h"
+#include "common/metrics.h"
 #include "common/mutex.h"
 #include "peers/peer_directory.h"
+#include "peers/peer_protocol.h"
 
 namespace ckptfs {
 
@@ -50,14 +53,17 @@ struct PeerOptions {
 
 class PeerBackend : public Backend {
  public:
-  // With `discover`, puts this node's record and lists the others' before it returns.
-  PeerBackend(std::unique_ptr<Backend> store, PeerOptions options);
+  // With `discover`, puts this node's record and lists the others' before it returns. Counts into
+  // `metrics` (one of its own when null), which must outlive it.
+  PeerBackend(std::unique_ptr<Backend> store, PeerOptions options,
+              PeerMetrics* metrics = nullptr);
   ~PeerBackend() override;
 
   // Whether this node owns chunk `id` among the nodes it counts (the server fetches only those
   // it owns from the store).
   bool OwnedHere(const ChunkId& id);
   const PeerOptions& options() const { return options_; }
+  PeerMetrics& metrics() { return *metrics_; }
 
   Result<size_t> GetExact(const std::string& key, void* buf, size_t len) override;
 
@@ -84,19 +90,25 @@ class PeerBackend : public Backend {
 
  private:
   using Clock = std::chrono::steady_clock;
-  using Nodes = std::shared_ptr<const std::vector<std::string>>;
+  using Nodes = std::shared_ptr<const RendezvousSet>;
   Nodes nodes();
   void SetDiscovered(const std::vector<std::string>& live);
-  // The owner's address; empty when this node owns it or the owner is down.
-  std::string PeerFor(const ChunkId& id);
+  void SetNodes(Nodes nodes);
+  // The owner's address; empty when this node owns it or the owner is down (then *down is set).
+  std::string PeerFor(const ChunkId& id, bool* down);
+  // Chunk `id` from `peer`, counted: the fallback's reason when it failed.
+  Status AskPeer(const std::string& peer, const ChunkId& id, void* buf, size_t len);
   // Chunk `id` from `peer` into buf (len bytes), verified. kNotFound: the peer does not have it.
   Status FetchFromPeer(const std::string& peer, const ChunkId& id, void* buf, size_t len);
   void MarkDown(const std::string& peer, const std::string& why);
+  void CountDown() REQUIRES(mu_);
 
   std::unique_ptr<Backend> store_;
   PeerOptions options_;
   std::vector<std::string> given_;  // self (when set) and the peers given
   Logger log_;
+  std::unique_ptr<PeerMetrics> own_metrics_;  // when none was given
+  PeerMetrics* const metrics_;
   Mutex mu_;
   Nodes nodes_ GUARDED_BY(mu_);  // given_ and the peers discovered: the rendezvous set
   std::unordered_map<std::string, Clock::time_point> down_until_ GUARDED_BY(mu_);

@@ -15,6 +15,20 @@
 #include "peers/peer_protocol.h"
 
 namespace ckptfs {
+namespace {
+
+// The messages of timeouts (IsTimeout knows them).
+constexpr const char* kSendTimedOut = "send timed out";
+constexpr const char* kTimedOut = "timed out";
+constexpr const char* kConnectTimedOut = "connect timed out";
+
+}  // namespace
+
+bool IsTimeout(const Status& st) {
+  return st.code() == Code::kIo &&
+         (st.message() == kSendTimedOut || st.message() == kTimedOut ||
+          st.message() == kConnectTimedOut);
+}
 
 Socket& Socket::operator=(Socket&& o) noexcept {
   if (this != &o) {
@@ -46,7 +60,7 @@ Status Socket::SendAll(const void* data, size_t len) {
     ssize_t n = ::send(fd_, p, len, MSG_NOSIGNAL);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
-      return IoError(errno == EAGAIN ? std::string("send timed out") : std::strerror(errno));
+      return IoError(errno == EAGAIN ? std::string(kSendTimedOut) : std::strerror(errno));
     }
     p += n;
     len -= static_cast<size_t>(n);
@@ -60,7 +74,7 @@ Status Socket::RecvAll(void* buf, size_t len) {
     ssize_t n = ::recv(fd_, p, len, 0);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
-      return IoError(errno == EAGAIN ? std::string("timed out") : std::strerror(errno));
+      return IoError(errno == EAGAIN ? std::string(kTimedOut) : std::strerror(errno));
     }
     if (n == 0) return IoError("connection closed");
     p += n;
@@ -89,7 +103,7 @@ Result<Socket> ConnectTcp(const std::string& addr, double timeout_s) {
     if (errno != EINPROGRESS) return IoError(std::string("connect: ") + std::strerror(errno));
     pollfd pfd{s.fd(), POLLOUT, 0};
     int rc = ::poll(&pfd, 1, static_cast<int>(timeout_s * 1000));
-    if (rc == 0) return IoError("connect timed out");
+    if (rc == 0) return IoError(kConnectTimedOut);
     int err = 0;
     socklen_t n = sizeof(err);
     if (rc < 0 || ::getsockopt(s.fd(), SOL_SOCKET, SO_ERROR, &err, &n) != 0) err = errno;

@@ -40,5 +40,7 @@ Result<Socket> ListenTcp(const std::string& addr, bool any_port = false);
 uint16_t BoundPort(const Socket& s);
 // "a.b.c.d:port" of the other end of a connected socket.
 std::string PeerName(int fd);
+// Whether `st` is a connect, send or receive of this file that timed out.
+bool IsTimeout(const Status& st);
 
 }  // namespace ckptfs

@@ -111,22 +111,45 @@ std::string DerivePeerKey(std::string_view secret_key, std::string_view bucket,
   return HmacSha256(secret_key, what);
 }
 
-int RendezvousOwner(const ChunkId& id, const std::vector<std::string>& nodes) {
-  uint8_t bytes[16];
-  id.ToBytes(bytes);
+namespace {
+
+// A bijective 64-bit finalizer (xor-shift-multiply rounds): every input bit reaches every
+// output bit, so weights of one chunk at different seeds look independent.
+uint64_t Mix64(uint64_t x) {
+  x ^= x >> 32;
+  x *= 0xd6e8feb86659fd93ull;
+  x ^= x >> 32;
+  x *= 0xd6e8feb86659fd93ull;
+  x ^= x >> 32;
+  return x;
+}
+
+}  // namespace
+
+RendezvousSet::RendezvousSet(std::vector<std::string> nodes) : nodes_(std::move(nodes)) {
+  seeds_.reserve(nodes_.size());
+  for (const std::string& n : nodes_) seeds_.push_back(XXH3_64bits(n.data(), n.size()));
+}
+
+int RendezvousSet::Owner(const ChunkId& id) const {
+  const uint64_t key = Mix64(id.hi ^ Mix64(id.lo));
   int best = -1;
   uint64_t best_weight = 0;
-  for (size_t i = 0; i < nodes.size(); ++i) {
-    // The chunk's weight at this node: a hash of both. Ties (never seen) go to the lower name.
-    const uint64_t seed = XXH3_64bits(nodes[i].data(), nodes[i].size());
-    const uint64_t w = XXH3_64bits_withSeed(bytes, sizeof(bytes), seed);
+  for (size_t i = 0; i < seeds_.size(); ++i) {
+    // The chunk's weight at this node. Ties (two addresses with one seed: never seen) go to the
+    // lower name, so that the choice stays independent of the order.
+    const uint64_t w = Mix64(key ^ seeds_[i]);
     if (best < 0 || w > best_weight ||
-        (w == best_weight && nodes[i] < nodes[static_cast<size_t>(best)])) {
+        (w == best_weight && nodes_[i] < nodes_[static_cast<size_t>(best)])) {
       best = static_cast<int>(i);
       best_weight = w;
     }
   }
   return best;
+}
+
+int RendezvousOwner(const ChunkId& id, const std::vector<std::string>& nodes) {
+  return RendezvousSet(nodes).Owner(id);
 }
 
 Status SplitHostPort(const std::string& addr, const std::string& what, std::string* host,

@@ -61,10 +61,30 @@ Status DecodePeerAnswerHeader(std::string_view wire, PeerAnswer* a, uint64_t* le
 std::string DerivePeerKey(std::string_view secret_key, std::string_view bucket,
                           std::string_view prefix);
 
-// The owner of chunk `id` among `nodes` (their peer addresses, "HOST:PORT"), by rendezvous
+// The nodes a chunk's owner is chosen among (their peer addresses, "HOST:PORT"), by rendezvous
 // (highest random weight) hashing: every node computes the same owner from the same set, each
-// node owns about 1/n of the chunks, and a node leaving moves only the chunks it owned. The
-// index of the owner in `nodes`; -1 when `nodes` is empty.
+// node owns about 1/n of the chunks, and a node leaving moves only the chunks it owned.
+//
+// What depends only on a node, a 64-bit seed hashed from its address, is computed once when the
+// set is made; choosing an owner then costs one 64-bit mix per node: the chunk's weight at a node
+// is a strong mix of the id's 64 bits folded with the node's seed (the id is already a hash of
+// the chunk's bytes). Nodes that count the same addresses agree on every owner, in any order.
+// Immutable once made; thread-safe.
+class RendezvousSet {
+ public:
+  RendezvousSet() = default;
+  explicit RendezvousSet(std::vector<std::string> nodes);
+  const std::vector<std::string>& nodes() const { return nodes_; }
+  size_t size() const { return nodes_.size(); }
+  // The index in nodes() of chunk `id`'s owner; -1 when the set is empty.
+  int Owner(const ChunkId& id) const;
+
+ private:
+  std::vector<std::string> nodes_;
+  std::vector<uint64_t> seeds_;  // one per node, hashed from its address
+};
+
+// The owner of chunk `id` among `nodes`, as RendezvousSet(nodes).Owner(id): for a set used once.
 int RendezvousOwner(const ChunkId& id, const std::vector<std::string>& nodes);
 
 // "HOST:PORT" split; kInvalid naming `what` when it is not of that form or the port is not in

@@ -20,10 +20,11 @@ constexpr double kIoTimeoutS = 10;
 
 Result<std::unique_ptr<PeerServer>> PeerServer::Start(const std::string& address, std::string key,
                                                       uint64_t max_len, Serve serve,
-                                                      bool any_port, int threads) {
+                                                      bool any_port, int threads,
+                                                      PeerMetrics* metrics) {
   ASSIGN_OR_RETURN(Socket s, ListenTcp(address, any_port));
   std::unique_ptr<PeerServer> server(
-      new PeerServer(std::move(s), std::move(key), max_len, std::move(serve)));
+      new PeerServer(std::move(s), std::move(key), max_len, std::move(serve), metrics));
   const char* faults = std::getenv("CKPTFS_PEER_FAULTS");
   if (faults && std::strcmp(faults, "corrupt") == 0) {
     server->corrupt_ = true;
@@ -33,13 +34,16 @@ Result<std::unique_ptr<PeerServer>> PeerServer::Start(const std::string& address
   return server;
 }
 
-PeerServer::PeerServer(Socket listen, std::string key, uint64_t max_len, Serve serve)
+PeerServer::PeerServer(Socket listen, std::string key, uint64_t max_len, Serve serve,
+                       PeerMetrics* metrics)
     : listen_(std::move(listen)),
       key_(std::move(key)),
       max_len_(max_len),
       serve_(std::move(serve)),
       port_(BoundPort(listen_)),
-      log_(GetLogger("peers")) {}
+      log_(GetLogger("peers")),
+      own_metrics_(metrics ? nullptr : std::make_unique<PeerMetrics>()),
+      metrics_(metrics ? metrics : own_metrics_.get()) {}
 
 PeerServer::~PeerServer() { Stop(); }
 
@@ -69,6 +73,15 @@ void PeerServer::Run() {
   }
 }
 
+void PeerServer::Refuse(Socket& conn, const std::string& from, PeerRefusal reason,
+                        const std::string& why) {
+  metrics_->refusal(reason).Add(1);
+  log_->warn("peer {}: refused: {}", from, why);
+  if (reason == PeerRefusal::kIncomplete) return;  // no one to answer
+  const std::string head = EncodePeerAnswerHeader(PeerAnswer::kRefused, 0);
+  (void)conn.SendAll(head.data(), head.size());
+}
+
 bool PeerServer::FreshNonce(const std::string& nonce, int64_t now) {
   MutexLock lock(&mu_);
   if (now - last_prune_ > kMaxSkewS) {  // forget what no valid request can repeat any more
@@ -85,28 +98,22 @@ void PeerServer::Handle(Socket conn) {
   if (!conn.SetTimeout(kIoTimeoutS).ok()) return;
   char wire[PeerRequest::kWireSize];
   if (Status st = conn.RecvAll(wire, sizeof(wire)); !st.ok()) {
-    log_->warn("peer {}: refused: no whole request ({})", from, st.message());
-    return;
+    return Refuse(conn, from, PeerRefusal::kIncomplete, "no whole request (" + st.message() + ")");
   }
   const std::time_t now = std::time(nullptr);
   auto req = DecodePeerRequest(std::string_view(wire, sizeof(wire)), key_, now);
-  std::string why;
-  if (!req.ok()) {
-    why = req.status().message();
-  } else if (!FreshNonce(req->nonce, now)) {
-    why = "a replayed request";
-  } else if (req->len == 0 || req->len > max_len_) {
-    why = "a chunk length of " + std::to_string(req->len) + " bytes";
+  if (!req.ok()) return Refuse(conn, from, PeerRefusal::kProof, req.status().message());
+  if (!FreshNonce(req->nonce, now)) {
+    return Refuse(conn, from, PeerRefusal::kReplay, "a replayed request");
   }
-  if (!why.empty()) {
-    log_->warn("peer {}: refused: {}", from, why);
-    const std::string head = EncodePeerAnswerHeader(PeerAnswer::kRefused, 0);
-    (void)conn.SendAll(head.data(), head.size());
-    return;
+  if (req->len == 0 || req->len > max_len_) {
+    return Refuse(conn, from, PeerRefusal::kLength,
+                  "a chunk length of " + std::to_string(req->len) + " bytes");
   }
   auto chunk = serve_(req->id, req->len);
   if (!chunk.ok()) {
     const bool absent = chunk.status().code() == Code::kNotFound;
+    metrics_->unserved_by(absent ? PeerUnserved::kNotHere : PeerUnserved::kFailed).Add(1);
     if (!absent) {
       log_->warn("peer {}: chunk {}: {}", from, req->id.Hex(), chunk.status().ToString());
     }
@@ -124,7 +131,12 @@ void PeerServer::Handle(Socket conn) {
   } else if (st.ok()) {
     st = conn.SendAll(chunk->bytes, req->len);
   }
-  if (!st.ok()) log_->debug("peer {}: chunk {}: {}", from, req->id.Hex(), st.message());
+  if (!st.ok()) {
+    log_->debug("peer {}: chunk {}: {}", from, req->id.Hex(), st.message());
+    return;
+  }
+  metrics_->served_chunks.Add(1);
+  metrics_->served_bytes.Add(req->len);
 }
 
 }  // namespace ckptfs

@@ -149,14 +149,17 @@ int RunDaemon(const Config& cfg, int notify_fd) {
   };
   // Chunks served node to node: the farthest tier asks a chunk's owner first.
   PeerBackend* peers = nullptr;
+  std::unique_ptr<PeerMetrics> peer_metrics;  // outlives the store, the endpoint and the exporter
   if (!cfg.peer_listen.empty() || !cfg.peers.empty()) {
     auto key = PeerKeyOf(cfg.backends.back(), cfg.s3_endpoint);
     if (!key.ok()) return fail(key.status().ToString());
+    peer_metrics = std::make_unique<PeerMetrics>();
     auto wrapped = std::make_unique<PeerBackend>(
         std::move(tiers.back()),
         PeerOptions{.self = cfg.peer_listen, .peers = cfg.peers, .key = std::move(*key),
                     .timeout_s = cfg.peer_timeout_s, .discover = cfg.peer_discovery,
-                    .heartbeat_s = cfg.peer_heartbeat_s});
+                    .heartbeat_s = cfg.peer_heartbeat_s},
+        peer_metrics.get());
     peers = wrapped.get();
     tiers.back() = std::move(wrapped);
   }
@@ -171,7 +174,8 @@ int RunDaemon(const Config& cfg, int notify_fd) {
         [st, peers](const ChunkId& id, uint64_t len) -> Result<PeerServer::Chunk> {
           ASSIGN_OR_RETURN(ChunkRef c, st->PeerChunk(id, len, peers->OwnedHere(id)));
           return PeerServer::Chunk{.bytes = c->bytes.get(), .keep = c};
-        });
+        },
+        /*any_port=*/false, PeerServer::kThreads, peer_metrics.get());
     if (!started.ok()) {
       (void)(*store)->Close();
       return fail(started.status().ToString());
@@ -202,7 +206,7 @@ int RunDaemon(const Config& cfg, int notify_fd) {
   }
   std::unique_ptr<MetricsServer> exporter;
   if (!cfg.metrics_address.empty()) {
-    auto started = MetricsServer::Start(cfg.metrics_address, store->get());
+    auto started = MetricsServer::Start(cfg.metrics_address, store->get(), peer_metrics.get());
     if (!started.ok()) {
       log->error("{}", started.status().ToString());
       Report(notify_fd, started.status().ToString());

@@ -2,7 +2,8 @@
 # bucket loading one checkpoint fetch each chunk from the bucket once in all, the owner serving
 # the others; nodes finding each other through the bucket; a peer killed mid-load, a peer that
 # does not answer, a peer that sends wrong bytes and a request without the bucket's proof each
-# leave the loads exact and the peer named in a log.
+# leave the loads exact and the peer named in a log, and each is counted in the nodes' metrics
+# (-o metrics=: ckptfs_peer_*).
 import hashlib
 import hmac
 import os
@@ -15,6 +16,7 @@ import pytest
 import torch
 
 from conftest import run
+from test_metrics import get, samples
 from test_nodes import chunk_gets, load_all, together
 from test_remote import (REMOTE_CHUNKS, new_remote, remote_chunks, tensors,  # noqa: F401
                          wait_state, wait_true)
@@ -39,11 +41,30 @@ def peer_options(ports, i):
 
 
 def peer_mounts(make_mount, remote, ports, name, env=None):
-    """A mount per port, each listening on its own and naming all of them as peers."""
+    """A mount per port, each listening on its own and naming all of them as peers, each with
+    its metrics at 127.0.0.1:<mount>.metrics_port."""
     env = env or {}
-    return [make_mount(options=peer_options(ports, i), name=f"{name}{i}", args=remote.mount_args,
+    metrics = [p for p in free_ports(2 * len(ports)) if p not in ports][:len(ports)]
+    mounts = []
+    for i in range(len(ports)):
+        m = make_mount(options=peer_options(ports, i) + f",metrics=127.0.0.1:{metrics[i]}",
+                       name=f"{name}{i}", args=remote.mount_args,
                        env={**remote.env, **env.get(i, {})})
-            for i in range(len(ports))]
+        m.metrics_port = metrics[i]
+        mounts.append(m)
+    return mounts
+
+
+def peer_metrics(node):
+    """A node's ckptfs_peer* samples, scraped from its exporter: {'name{labels}': value}."""
+    text = get(f"http://127.0.0.1:{node.metrics_port}/metrics")
+    return {k: v for k, v in samples(text).items() if k.startswith("ckptfs_peer")}
+
+
+def fallbacks(m):
+    """{reason: count} of the nonzero ckptfs_peer_fallbacks_total series."""
+    return {k.split('"')[1]: v for k, v in m.items()
+            if k.startswith("ckptfs_peer_fallbacks_total{") and v}
 
 
 def written_checkpoint(make_mount, remote):
@@ -99,6 +120,20 @@ def test_four_cold_mounts_fetch_each_chunk_from_the_bucket_once_in_all(make_moun
         # peers=A,B,C,D: the -o list's commas did not cut it short.
         assert f"serving chunks to peers at 127.0.0.1:{ports[i]} (4 peers given)" in n.log()
         assert "refused" not in n.log()
+    # Every node fetched every chunk; each chunk's three other nodes got it from its owner, and
+    # nothing fell back to the bucket.
+    m = [peer_metrics(n) for n in nodes]
+    total = sum(chunks.values())
+    assert sum(x["ckptfs_peer_fetched_bytes_total"] for x in m) == 3 * total, m
+    assert sum(x["ckptfs_peer_fetched_chunks_total"] for x in m) == 3 * len(chunks), m
+    assert sum(x["ckptfs_peer_served_bytes_total"] for x in m) == 3 * total, m
+    assert sum(x["ckptfs_peer_served_chunks_total"] for x in m) == 3 * len(chunks), m
+    for x in m:
+        assert fallbacks(x) == {}, x
+        assert not [k for k, v in x.items() if "refused" in k and v], x
+        assert x["ckptfs_peers_live"] == 3 and x["ckptfs_peers_down"] == 0, x
+        assert x['ckptfs_peer_request_seconds_count{outcome="ok"}'] == \
+            x["ckptfs_peer_fetched_chunks_total"], x
 
 
 @pytest.mark.timeout(600)
@@ -169,9 +204,13 @@ def test_a_peer_that_does_not_answer_times_out_and_the_loads_complete(make_mount
     import signal
     remote = new_remote("s3")
     want = written_checkpoint(make_mount, remote)
-    ports = free_ports(3)
-    nodes = [make_mount(options=peer_options(ports, i) + ",peer_timeout=1", name=f"t{i}",
+    ports = free_ports(5)
+    metrics, ports = ports[3:], ports[:3]
+    nodes = [make_mount(options=peer_options(ports, i) + ",peer_timeout=1" +
+                        (f",metrics=127.0.0.1:{metrics[i]}" if i < 2 else ""), name=f"t{i}",
                         args=remote.mount_args, env=remote.env) for i in range(3)]
+    for i in range(2):
+        nodes[i].metrics_port = metrics[i]
     pid = nodes[2].daemon_pid()
     os.kill(pid, signal.SIGSTOP)
     try:
@@ -181,6 +220,9 @@ def test_a_peer_that_does_not_answer_times_out_and_the_loads_complete(make_mount
     slow = f"peer 127.0.0.1:{ports[2]}: chunk "
     assert any(slow in line and "timed out" in line
                for n in nodes[:2] for line in n.log().splitlines()), "no node names the slow peer"
+    m = [peer_metrics(n) for n in nodes[:2]]
+    assert sum(fallbacks(x).get("slow", 0) for x in m) >= 1, m
+    assert all(set(fallbacks(x)) <= {"slow", "down"} for x in m), m
 
 
 @pytest.mark.timeout(600)
@@ -193,6 +235,17 @@ def test_a_peer_sending_wrong_bytes_is_caught_and_named(make_mount, new_remote):
     load_at_once(nodes[:2], want)
     bad = f"from peer 127.0.0.1:{ports[2]} failed verification"
     assert any(bad in n.log() for n in nodes[:2]), "no node names the lying peer"
+    # Counted: the liar served bytes; the nodes that caught it left it out (marked down), and
+    # fetched its chunks from the bucket: bad bytes first, then because it is down.
+    m = [peer_metrics(n) for n in nodes]
+    assert m[2]["ckptfs_peer_served_chunks_total"] >= 1, m[2]
+    caught = [x for x in m[:2] if fallbacks(x).get("bad_bytes")]
+    assert caught, m
+    for x in caught:
+        assert x["ckptfs_peers_down"] == 1 and x["ckptfs_peers_live"] == 1, x
+        assert set(fallbacks(x)) <= {"bad_bytes", "down"}, x
+    assert sum(fallbacks(x).get("bad_bytes", 0) for x in m[:2]) == \
+        sum(x['ckptfs_peer_request_seconds_count{outcome="error"}'] for x in m[:2]), m
     # Nothing wrong was kept: a remount of node 0 reads its local tier, exact.
     nodes[0].remount()
     assert_loads(load_all([nodes[0] / "shared" / "model.pt"], readers=1), want)
@@ -249,6 +302,9 @@ def test_a_request_without_the_buckets_proof_is_refused_and_logged(make_mount,
     log = node.log()
     for me in refused:
         assert f"peer {me}: refused" in log
+    m = peer_metrics(node)
+    assert m['ckptfs_peer_refused_requests_total{reason="proof"}'] == 4, m
+    assert m["ckptfs_peer_served_chunks_total"] == 0, m
     # The bucket's key gets the chunk's exact bytes (the node is the only one, so the owner: it
     # fetches it from the bucket) and a replay of that request is refused.
     wire = request(key, cid, size)
@@ -263,10 +319,17 @@ def test_a_request_without_the_buckets_proof_is_refused_and_logged(make_mount,
     assert status == 1
     _, status, data = ask(port, request(key, cid, size))
     assert status == 0 and len(data) == size
-    # Only the given address is bound.
+    m = peer_metrics(node)
+    assert m['ckptfs_peer_refused_requests_total{reason="proof"}'] == 4, m
+    assert m['ckptfs_peer_refused_requests_total{reason="replay"}'] == 1, m
+    assert m['ckptfs_peer_unserved_requests_total{reason="not_here"}'] == 1, m
+    assert m["ckptfs_peer_served_chunks_total"] == 2, m
+    assert m["ckptfs_peer_served_bytes_total"] == 2 * size, m
+    # Only the given addresses are bound: the peer endpoint's and the exporter's.
     listening = run(["ss", "-Hltnp"]).stdout
     mine = [l for l in listening.splitlines() if f"pid={node.daemon_pid()}," in l]
-    assert [l.split()[3] for l in mine] == [f"127.0.0.1:{port}"], listening
+    assert sorted(l.split()[3] for l in mine) == sorted(
+        [f"127.0.0.1:{port}", f"127.0.0.1:{node.metrics_port}"]), listening
 
 
 @pytest.mark.parametrize("kind,options,error", [

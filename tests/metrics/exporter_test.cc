@@ -90,6 +90,29 @@ TEST_F(ExporterStoreTest, RendersCountersGaugesAndHistograms) {
             std::string::npos);
 }
 
+TEST_F(ExporterStoreTest, RendersThePeerPathOnlyForAMountWithPeers) {
+  EXPECT_EQ(MetricsServer::Render(store_.get()).find("ckptfs_peer"), std::string::npos);
+  PeerMetrics p;
+  p.served_chunks.Add(3);
+  p.fallback(PeerFallback::kBadBytes).Add(2);
+  p.refusal(PeerRefusal::kReplay).Add(1);
+  p.request(Outcome::kOk).Observe(std::chrono::microseconds(300));
+  p.peers = 7;
+  p.peers_down = 2;
+  const std::string text = MetricsServer::Render(store_.get(), &p);
+  for (const char* want : {
+           "# TYPE ckptfs_peer_served_chunks_total counter\nckptfs_peer_served_chunks_total 3\n",
+           "ckptfs_peer_fallbacks_total{reason=\"bad_bytes\"} 2\n",
+           "ckptfs_peer_fallbacks_total{reason=\"slow\"} 0\n",
+           "ckptfs_peer_refused_requests_total{reason=\"replay\"} 1\n",
+           "ckptfs_peer_unserved_requests_total{reason=\"not_here\"} 0\n",
+           "ckptfs_peer_request_seconds_count{outcome=\"ok\"} 1\n",
+           "# TYPE ckptfs_peers_live gauge\nckptfs_peers_live 5\n",
+           "ckptfs_peers_down 2\n"}) {
+    EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
+  }
+}
+
 TEST_F(ExporterStoreTest, RefusesAnAddressWithoutAPort) {
   for (const char* bad : {"127.0.0.1:", "localhost:http", "", "127.0.0.1:70000"}) {
     auto s = MetricsServer::Start(bad, store_.get());

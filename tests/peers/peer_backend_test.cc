@@ -7,6 +7,7 @@
 #include <ctime>
 #include <map>
 #include <string>
+#include <thread>
 
 #include "backends/mem_backend.h"
 #include "cache/chunk_cache.h"
@@ -79,6 +80,16 @@ TEST_F(Fixture, TheOwnerServesAChunkTheStoreDoesNotHave) {
   auto got = Read(client.get(), a);
   ASSERT_TRUE(got.ok()) << got.status().ToString();
   EXPECT_EQ(*got, a.bytes);
+  // Counted on both ends: one chunk and its bytes, one request that went well.
+  PeerMetrics& m = client->metrics();
+  EXPECT_EQ(m.fetched_chunks.Get(), 1u);
+  EXPECT_EQ(m.fetched_bytes.Get(), a.bytes.size());
+  EXPECT_EQ(m.request(Outcome::kOk).Get().count, 1u);
+  EXPECT_EQ(m.peers.load(), 1);
+  EXPECT_EQ(m.peers_down.load(), 0);
+  for (const Counter& f : m.fallbacks) EXPECT_EQ(f.Get(), 0u);
+  EXPECT_EQ(server_->metrics().served_chunks.Get(), 1u);
+  EXPECT_EQ(server_->metrics().served_bytes.Get(), a.bytes.size());
 }
 
 TEST_F(Fixture, ANotHereAnswerGoesToTheStoreAndLeavesThePeerUp) {
@@ -90,6 +101,11 @@ TEST_F(Fixture, ANotHereAnswerGoesToTheStoreAndLeavesThePeerUp) {
   ASSERT_TRUE(store_->Put(a.key, a.bytes.data(), a.bytes.size()).ok());
   EXPECT_EQ(*Read(client.get(), a), a.bytes);
   EXPECT_EQ(*Read(client.get(), b), b.bytes);  // still asked
+  EXPECT_EQ(client->metrics().fallback(PeerFallback::kNotHere).Get(), 1u);
+  EXPECT_EQ(client->metrics().request(Outcome::kNotFound).Get().count, 1u);
+  EXPECT_EQ(client->metrics().peers_down.load(), 0);
+  EXPECT_EQ(server_->metrics().unserved_by(PeerUnserved::kNotHere).Get(), 1u);
+  EXPECT_EQ(server_->metrics().served_chunks.Get(), 1u);
 }
 
 TEST_F(Fixture, WrongBytesFromAPeerAreNeverReturnedAndThePeerIsLeftOut) {
@@ -106,6 +122,11 @@ TEST_F(Fixture, WrongBytesFromAPeerAreNeverReturnedAndThePeerIsLeftOut) {
   const int asked = served_;
   EXPECT_EQ(Read(client.get(), b).status().code(), Code::kNotFound);
   EXPECT_EQ(served_, asked);
+  PeerMetrics& m = client->metrics();
+  EXPECT_EQ(m.fallback(PeerFallback::kBadBytes).Get(), 1u);
+  EXPECT_EQ(m.fallback(PeerFallback::kDown).Get(), 1u);
+  EXPECT_EQ(m.fetched_chunks.Get(), 0u);
+  EXPECT_EQ(m.peers_down.load(), 1);
 }
 
 TEST_F(Fixture, ARequestWithAnotherKeyIsRefusedAndTheReadGoesToTheStore) {
@@ -115,6 +136,8 @@ TEST_F(Fixture, ARequestWithAnotherKeyIsRefusedAndTheReadGoesToTheStore) {
   auto client = Client(DerivePeerKey("not the secret", "bucket", ""));
   EXPECT_EQ(Read(client.get(), a).status().code(), Code::kNotFound);  // the store lacks it
   EXPECT_EQ(served_, 0);
+  EXPECT_EQ(client->metrics().fallback(PeerFallback::kRefused).Get(), 1u);
+  EXPECT_EQ(server_->metrics().refusal(PeerRefusal::kProof).Get(), 1u);
   ASSERT_TRUE(store_->Put(a.key, a.bytes.data(), a.bytes.size()).ok());
   EXPECT_EQ(*Read(client.get(), a), a.bytes);
 }
@@ -142,6 +165,21 @@ TEST_F(Fixture, AReplayedOrLongRequestIsRefused) {
   EXPECT_EQ(ask(EncodePeerRequest(MakePeerRequest(a.id, 2 << 20, std::time(nullptr)), kKey)),
             PeerAnswer::kRefused);
   EXPECT_EQ(served_, 1);
+  // Half a request (the sender closes early) is refused without an answer.
+  {
+    auto s = ConnectTcp(addr_, 2);
+    ASSERT_TRUE(s.ok());
+    ASSERT_TRUE(s->SendAll(wire.data(), 10).ok());
+  }
+  PeerMetrics& m = server_->metrics();
+  for (int i = 0; i < 200 && m.refusal(PeerRefusal::kIncomplete).Get() == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(m.refusal(PeerRefusal::kReplay).Get(), 1u);
+  EXPECT_EQ(m.refusal(PeerRefusal::kLength).Get(), 1u);
+  EXPECT_EQ(m.refusal(PeerRefusal::kIncomplete).Get(), 1u);
+  EXPECT_EQ(m.refusal(PeerRefusal::kProof).Get(), 0u);
+  EXPECT_EQ(m.served_chunks.Get(), 1u);
 }
 
 TEST_F(Fixture, APeerThatIsGoneCostsTheStoreRead) {
@@ -152,6 +190,26 @@ TEST_F(Fixture, APeerThatIsGoneCostsTheStoreRead) {
   auto client = Client();
   ASSERT_TRUE(store_->Put(a.key, a.bytes.data(), a.bytes.size()).ok());
   EXPECT_EQ(*Read(client.get(), a), a.bytes);
+  EXPECT_EQ(client->metrics().fallback(PeerFallback::kFailed).Get(), 1u);
+  EXPECT_EQ(client->metrics().peers_down.load(), 1);
+}
+
+TEST_F(Fixture, APeerThatDoesNotAnswerIsCountedSlow) {
+  // A listener that never accepts: the kernel completes the connection, nothing answers.
+  auto quiet = ListenTcp("127.0.0.1:0", /*any_port=*/true);
+  ASSERT_TRUE(quiet.ok());
+  addr_ = "127.0.0.1:" + std::to_string(BoundPort(*quiet));
+  Chunk a = MakeChunk("from the store after a timeout");
+  auto store = std::make_unique<MemBackend>();
+  store_ = store.get();
+  PeerMetrics m;
+  PeerBackend client(std::move(store), PeerOptions{.self = "", .peers = {addr_}, .key = kKey,
+                                                   .timeout_s = 0.2, .down_s = 60},
+                     &m);
+  ASSERT_TRUE(store_->Put(a.key, a.bytes.data(), a.bytes.size()).ok());
+  EXPECT_EQ(*Read(&client, a), a.bytes);
+  EXPECT_EQ(m.fallback(PeerFallback::kSlow).Get(), 1u);
+  EXPECT_EQ(m.request(Outcome::kError).Get().count, 1u);
 }
 
 TEST(PeerListenTest, OnlyANumericAddressIsBound) {

@@ -100,6 +100,20 @@ TEST(RendezvousTest, TheOwnerIsStableAndIndependentOfOrder) {
   EXPECT_EQ(RendezvousOwner(Nth(0), {"a:1"}), 0);
 }
 
+TEST(RendezvousTest, TheOwnersAreFixedForEveryBuild) {
+  // Every node computes owners on its own: the choice must not change between builds or
+  // machines (a change would leave nodes of two versions disagreeing). These owners are the
+  // seeds' and mix's as peers/peer_protocol.cc has them.
+  const RendezvousSet set(Nodes(8));
+  const std::vector<int> want = {5, 5, 7, 7, 4, 6, 0, 3, 6, 0, 3, 4};
+  for (int i = 0; i < static_cast<int>(want.size()); ++i) {
+    EXPECT_EQ(set.Owner(Nth(i)), want[static_cast<size_t>(i)]) << i;
+    EXPECT_EQ(RendezvousOwner(Nth(i), Nodes(8)), want[static_cast<size_t>(i)]) << i;
+  }
+  EXPECT_EQ(RendezvousSet().Owner(Nth(0)), -1);
+  EXPECT_EQ(set.size(), 8u);
+}
+
 TEST(RendezvousTest, ChunksSpreadEvenlyOverTheNodes) {
   constexpr int kChunks = 16000;
   auto nodes = Nodes(8);
