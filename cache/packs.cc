@@ -174,7 +174,8 @@ Status Packs::Load() {
       packs_[pack].bytes += e.len;
       kept.push_back(Range{e.offset, e.len});
     }
-    if (!drops.empty()) RETURN_IF_ERROR(Append(name, drops, false));
+    // Synced: PunchUnused below may punch the ranges these records drop.
+    if (!drops.empty()) RETURN_IF_ERROR(Append(name, drops, true));
     if (packs_[pack].live == 0) {
       ++packs_[pack].live;
       Release(pack);  // unlinks it
