@@ -412,24 +412,30 @@ uint64_t ChunkCache::Evict() {
       excess -= std::min(excess, d.size);
     }
   }
-  uint64_t freed = 0;
-  for (const ChunkId& id : victims) {
-    uint64_t size = 0;
-    {
-      // Checked again, and dropped from the map under the same lock: a chunk unmarked or
-      // protected since it was picked stays, and one that goes no longer counts as on disk.
-      MutexLock lock(&mu_);
+  std::vector<ChunkId> going;
+  std::vector<uint64_t> sizes;
+  {
+    // Checked again, and dropped from the map under the same lock: a chunk unmarked or
+    // protected since it was picked stays, and one that goes no longer counts as on disk.
+    MutexLock lock(&mu_);
+    for (const ChunkId& id : victims) {
       auto it = disk_.find(id);
       if (it == disk_.end() || !Evictable(id, it->second)) continue;
-      size = it->second.size;
+      going.push_back(id);
+      sizes.push_back(it->second.size);
       DiskDrop(id);
     }
-    if (Remove(id).ok()) {
-      freed += size;
-      metrics_->chunks_evicted.Add(1);
-      metrics_->chunk_evict_bytes.Add(size);
-    }
   }
+  // All at once: the extents of one pack cost one sync of its index.
+  const std::vector<Status> removed = RemoveMany(going);
+  uint64_t freed = 0;
+  for (size_t i = 0; i < going.size(); ++i) {
+    if (!removed[i].ok()) continue;
+    freed += sizes[i];
+    metrics_->chunks_evicted.Add(1);
+    metrics_->chunk_evict_bytes.Add(sizes[i]);
+  }
+  if (!going.empty()) CompactPacks();
   return freed;
 }
 
@@ -477,15 +483,22 @@ Result<ChunkRef> ChunkCache::Get(const ChunkId& id, size_t len) {
 
 Status ChunkCache::Verify(const ChunkId& id, size_t len) { return Load(id, len).status(); }
 
-Result<ChunkRef> ChunkCache::LoadExtent(const ChunkId& id, size_t len) {
+Result<ChunkRef> ChunkCache::LoadExtent(const ChunkId& id, size_t len, bool* moved) {
   const auto at = packs_->Locate(id);
+  // Dropped since it was read there (compaction moves a chunk into its chunk file, then drops
+  // the extent and punches its range): the caller looks for the file again.
+  auto gone = [&] {
+    const auto now = packs_->Locate(id);
+    *moved = !now || now->first != at->first || now->second.offset != at->second.offset;
+    return *moved;
+  };
   if (!at) {
-    MutexLock lock(&mu_);
-    DiskDrop(id);  // dropped meanwhile
+    *moved = true;
     return NotFound("chunk " + id.Hex() + " is not on the local tier");
   }
   const std::string& path = at->first;
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0 && errno == ENOENT && gone()) return NotFound("chunk " + id.Hex() + " moved");
   if (fd < 0) return Status::FromErrno(errno, "open pack " + path);
   auto data = ChunkData::Allocate(len);
   // Buffered (an extent starts anywhere in its pack), through the engine as chunk files are read.
@@ -499,6 +512,7 @@ Result<ChunkRef> ChunkCache::LoadExtent(const ChunkId& id, size_t len) {
   }
   metrics_->cache_miss_bytes.Add(len);
   if (*n != len || ChunkId::Of(data->bytes.get(), len) != id) {
+    if (gone()) return NotFound("chunk " + id.Hex() + " moved");
     metrics_->chunk_verify_failures.Add(1);
     // Its bytes are no chunk's: the extent goes (its range punched), so that the next Put or
     // fetch stores it anew, as a corrupt chunk file is moved aside.
@@ -519,8 +533,17 @@ Result<ChunkRef> ChunkCache::LoadExtent(const ChunkId& id, size_t len) {
 Result<ChunkRef> ChunkCache::Load(const ChunkId& id, size_t len) {
   std::string path = PathOf(id);
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0 && errno == ENOENT) {
+    // An extent; or a chunk moved out of its pack meanwhile (compaction renames its chunk file
+    // into place before it drops the extent): a second look finds the file.
+    bool moved = !packs_->Contains(id);
+    if (!moved) {
+      auto r = LoadExtent(id, len, &moved);
+      if (!moved) return r;
+    }
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  }
   if (fd < 0) {
-    if (errno == ENOENT && packs_->Contains(id)) return LoadExtent(id, len);
     if (errno == ENOENT) {
       MutexLock lock(&mu_);
       DiskDrop(id);  // gone behind our back: Warm and OnDisk must not count it any more
@@ -670,25 +693,7 @@ void ChunkCache::RamPut(const ChunkId& id, const ChunkRef& data) {
   }
 }
 
-Status ChunkCache::Remove(const ChunkId& id) {
-  {
-    MutexLock lock(&mu_);
-    auto it = ram_.find(id);
-    if (it != ram_.end()) {
-      ram_used_ -= it->second->second->capacity();
-      lru_.erase(it->second);
-      ram_.erase(it);
-    }
-  }
-  std::string path = PathOf(id);
-  if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
-    return Status::FromErrno(errno, "unlink chunk " + path);
-  }
-  RETURN_IF_ERROR(packs_->Drop(id));
-  MutexLock lock(&mu_);
-  DiskDrop(id);
-  return Status::Ok();
-}
+Status ChunkCache::Remove(const ChunkId& id) { return RemoveMany({id}).front(); }
 
 Status ChunkCache::Sync() {
   if (::syncfs(dirfd_) != 0) return Status::FromErrno(errno, "syncfs " + dir_);

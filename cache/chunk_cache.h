@@ -157,6 +157,21 @@ class ChunkCache {
   Status Verify(const ChunkId& id, size_t len);
   // Removes the chunk from disk and RAM. A missing chunk is not an error.
   Status Remove(const ChunkId& id);
+  // Remove of many chunks (eviction, reclaim): the extents of one pack cost one sync of its
+  // index. One status per id, in order.
+  std::vector<Status> RemoveMany(const std::vector<ChunkId>& ids);
+  // Compaction: moves the extents of sparse packs (Packs::SparsePacks: live bytes under a
+  // quarter of the pack's size) into chunk files, then drops them from their pack, which goes
+  // with its last; at most kCompactPassBytes per call. Each chunk is read and verified from its
+  // extent, written as a chunk file and made durable (file and name) before its '-' record, so a
+  // crash at any moment leaves it in its pack, in its chunk file, or in both. Called after
+  // eviction and reclaim, never under a lock. Returns the bytes moved.
+  static constexpr uint64_t kCompactPassBytes = 64 << 20;
+  static constexpr size_t kCompactPassPacks = 8;
+  uint64_t CompactPacks();
+  // fsck without --deep: chunk `id` has its chunk file, or its extent's pack is there and long
+  // enough to hold it; kNotFound saying what is missing otherwise.
+  Status Present(const ChunkId& id) const;
   // Makes every chunk written so far durable (one syncfs over the tier's filesystem).
   Status Sync();
   // Makes the files of chunks `ids` durable, and their names (an fsync of each file and of each
@@ -187,7 +202,8 @@ class ChunkCache {
              std::unique_ptr<Packs> packs);
   Result<ChunkRef> Load(const ChunkId& id, size_t len);
   // Load of a chunk that has no file: its extent in a pack, verified (a bad one is dropped).
-  Result<ChunkRef> LoadExtent(const ChunkId& id, size_t len);
+  // `moved`: the extent was dropped meanwhile (NotFound): its chunk file may be there now.
+  Result<ChunkRef> LoadExtent(const ChunkId& id, size_t len, bool* moved);
   Result<ChunkRef> Fetch(const ChunkId& id, size_t len);
   // Put of bytes starting on a kDirectAlign boundary (a chunk fetched from the backend, or Put's
   // copy of a large one), written with O_DIRECT where the filesystem allows, else buffered: the

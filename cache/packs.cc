@@ -10,7 +10,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <map>
 #include <set>
+#include <unordered_set>
 
 namespace ckptfs {
 
@@ -159,6 +161,7 @@ Status Packs::Load() {
     packs_[pack] = Pack{name, 0};
     by_name_[name] = pack;
     std::string drops;
+    std::vector<Range> kept;
     for (const auto& [id, e] : live) {
       // Past the end of a pack cut short by a crash, or an extent some other pack holds too.
       if (e.offset + e.len > static_cast<uint64_t>(st.st_size) || extents_.count(id)) {
@@ -168,11 +171,19 @@ Status Packs::Load() {
       }
       extents_[id] = Loc{pack, e.offset, e.len};
       ++packs_[pack].live;
+      packs_[pack].bytes += e.len;
+      kept.push_back(Range{e.offset, e.len});
     }
-    if (!drops.empty()) RETURN_IF_ERROR(Append(name, drops, false));
+    // Synced: PunchUnused below may punch the ranges these records drop.
+    if (!drops.empty()) RETURN_IF_ERROR(Append(name, drops, true));
     if (packs_[pack].live == 0) {
       ++packs_[pack].live;
       Release(pack);  // unlinks it
+      continue;
+    }
+    packs_[pack].shrunk = true;  // SparsePacks looks at it once
+    if (Status st = PunchUnused(name, std::move(kept)); !st.ok()) {
+      log_->warn("pack {}: {}", name, st.ToString());
     }
   }
   for (const std::string& name : pack_files) {
@@ -213,7 +224,10 @@ Status Packs::Append(const std::string& name, const std::string& records, bool s
     }
     done += static_cast<size_t>(n);
   }
-  if (err == 0 && sync && ::fdatasync(fd) != 0) err = errno;
+  if (err == 0 && sync) {
+    index_syncs_.fetch_add(1, std::memory_order_relaxed);
+    if (::fdatasync(fd) != 0) err = errno;
+  }
   ::close(fd);
   if (err != 0) {
     // A partial record at the end is cut at the next Open; whole ones written stand, and say
@@ -280,6 +294,7 @@ Result<std::vector<size_t>> Packs::Adopt(const std::string& src, const std::stri
     }
     extents_[entries[i].id] = Loc{it->second, entries[i].offset, entries[i].len};
     ++p.live;
+    p.bytes += entries[i].len;
   }
   return skipped;
 }
@@ -332,6 +347,7 @@ Status Packs::Punch(const std::string& name, const std::vector<Range>& ranges) {
   if (safe.empty()) return Status::Ok();
   // A '-' record appended without a sync (its pack then had another name) is made durable
   // first: after a power loss no dropped extent may come back over a range punched here.
+  index_syncs_.fetch_add(1, std::memory_order_relaxed);
   if (Status st = FsyncPath(IndexPath(name), false); !st.ok() && st.code() != Code::kNotFound) {
     return st;
   }
@@ -381,6 +397,8 @@ Status Packs::Drop(const ChunkId& id, const std::optional<std::pair<std::string,
     }
   }
   extents_.erase(it);
+  packs_.at(loc.pack).bytes -= loc.len;
+  packs_.at(loc.pack).shrunk = true;
   Release(loc.pack);
   return Status::Ok();
 }
@@ -410,6 +428,179 @@ void Packs::ForEach(const std::function<void(const ChunkId&, uint64_t len)>& fn)
     for (const auto& [id, loc] : extents_) all.emplace_back(id, loc.len);
   }
   for (const auto& [id, len] : all) fn(id, len);
+}
+
+Status Packs::DropExtents(const std::vector<std::pair<ChunkId, Loc>>& extents) {
+  std::map<uint32_t, std::vector<std::pair<ChunkId, Loc>>> by_pack;
+  for (const auto& e : extents) by_pack[e.second.pack].push_back(e);
+  Status out;
+  for (auto& [pack, list] : by_pack) {
+    const std::string name = packs_.at(pack).name;
+    const bool alone = Alone(name);
+    std::string records;
+    std::vector<Range> ranges;
+    for (const auto& [id, loc] : list) {
+      records += Encode('-', id, loc.offset, loc.len);
+      ranges.push_back(Range{loc.offset, loc.len});
+    }
+    // One sync for them all, before any range goes: no crash may leave an extent over a hole.
+    if (Status st = Append(name, records, alone); !st.ok()) {
+      if (out.ok()) out = st;
+      continue;
+    }
+    if (alone) {
+      // Neighbours dropped together are punched as one range: the block they share goes too.
+      std::sort(ranges.begin(), ranges.end(),
+                [](const Range& a, const Range& b) { return a.offset < b.offset; });
+      std::vector<Range> joined;
+      for (const Range& r : ranges) {
+        if (!joined.empty() && joined.back().offset + joined.back().len == r.offset) {
+          joined.back().len += r.len;
+        } else {
+          joined.push_back(r);
+        }
+      }
+      if (Status st = PunchRanges(name, joined); !st.ok())
+        log_->warn("pack {}: {}", name, st.ToString());
+    }
+    Pack& p = packs_.at(pack);
+    p.shrunk = true;
+    for (const auto& [id, loc] : list) p.bytes -= loc.len;
+    for (const auto& [id, loc] : list) {
+      extents_.erase(id);
+      Release(pack);  // the last one may take the pack (and p) with it
+    }
+  }
+  return out;
+}
+
+Status Packs::DropMany(const std::vector<ChunkId>& ids) {
+  MutexLock lock(&mu_);
+  std::vector<std::pair<ChunkId, Loc>> found;
+  std::unordered_set<ChunkId, ChunkIdHash> seen;
+  for (const ChunkId& id : ids) {
+    auto it = extents_.find(id);
+    if (it != extents_.end() && seen.insert(id).second) found.emplace_back(id, it->second);
+  }
+  return DropExtents(found);
+}
+
+Status Packs::DropMoved(const std::string& name, const std::vector<Entry>& moved) {
+  MutexLock lock(&mu_);
+  auto pack = by_name_.find(name);
+  if (pack == by_name_.end()) return Status::Ok();
+  std::vector<std::pair<ChunkId, Loc>> found;
+  std::unordered_set<ChunkId, ChunkIdHash> seen;
+  for (const Entry& e : moved) {
+    auto it = extents_.find(e.id);
+    // Dropped meanwhile (and maybe stored anew elsewhere): nothing of it to drop here.
+    if (it == extents_.end() || it->second.pack != pack->second || it->second.offset != e.offset) {
+      continue;
+    }
+    if (seen.insert(e.id).second) found.emplace_back(e.id, it->second);
+  }
+  return DropExtents(found);
+}
+
+std::vector<Packs::Sparse> Packs::SparsePacks(size_t max) {
+  MutexLock lock(&mu_);
+  std::vector<Sparse> out;
+  std::unordered_map<uint32_t, size_t> at;
+  for (auto& [pack, p] : packs_) {
+    if (out.size() >= max) break;
+    if (!p.shrunk) continue;
+    struct stat st;
+    if (::stat(PackPath(p.name).c_str(), &st) != 0) continue;
+    // One that still has another name (its staging file) is looked at again later.
+    if (st.st_nlink != 1) continue;
+    if (p.bytes >= static_cast<uint64_t>(st.st_size) / 4) {
+      p.shrunk = false;  // dense: until it loses another extent
+      continue;
+    }
+    at[pack] = out.size();
+    out.push_back(Sparse{p.name, {}});
+  }
+  if (out.empty()) return out;
+  for (const auto& [id, loc] : extents_) {
+    auto it = at.find(loc.pack);
+    if (it != at.end()) out[it->second].extents.push_back(Entry{id, loc.offset, loc.len});
+  }
+  for (Sparse& s : out) {
+    std::sort(s.extents.begin(), s.extents.end(),
+              [](const Entry& a, const Entry& b) { return a.offset < b.offset; });
+  }
+  return out;
+}
+
+Status Packs::PunchUnused(const std::string& name, std::vector<Range> live) {
+  if (!Alone(name)) return Status::Ok();  // its staging file's bytes may be a staged version's
+  const std::string path = PackPath(name);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::FromErrno(errno, "open " + path);
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return Status::FromErrno(err, "stat " + path);
+  }
+  std::sort(live.begin(), live.end(),
+            [](const Range& a, const Range& b) { return a.offset < b.offset; });
+  // The gaps between live extents (their union: none overlaps a live byte), then within each
+  // the parts with data (SEEK_DATA/SEEK_HOLE: what is a hole already is not asked again).
+  std::vector<Range> gaps, unused;
+  uint64_t covered = 0;
+  for (const Range& r : live) {
+    if (r.offset > covered) gaps.push_back(Range{covered, r.offset - covered});
+    covered = std::max(covered, r.offset + r.len);
+  }
+  const auto size = static_cast<uint64_t>(st.st_size);
+  const uint64_t block = st.st_blksize > 0 ? static_cast<uint64_t>(st.st_blksize) : 4096;
+  if (size > covered) gaps.push_back(Range{covered, size - covered});
+  for (const Range& g : gaps) {
+    for (uint64_t at = g.offset; at < g.offset + g.len;) {
+      const off_t data = ::lseek(fd, static_cast<off_t>(at), SEEK_DATA);
+      if (data < 0) break;  // ENXIO: no data after `at`; EINVAL: no SEEK_DATA here
+      const auto begin = static_cast<uint64_t>(data);
+      if (begin >= g.offset + g.len) break;
+      const off_t hole = ::lseek(fd, data, SEEK_HOLE);
+      const uint64_t end =
+          std::min(g.offset + g.len, hole < 0 ? size : static_cast<uint64_t>(hole));
+      if (end <= begin) break;
+      // Its whole blocks only (as PunchRanges keeps to): inside the gap, so no live byte.
+      const uint64_t first = (begin + block - 1) / block * block, stop = end / block * block;
+      if (stop > first) unused.push_back(Range{first, stop - first});
+      at = end;
+    }
+  }
+  ::close(fd);
+  if (unused.empty()) return Status::Ok();
+  uint64_t bytes = 0;
+  for (const Range& r : unused) bytes += r.len;
+  log_->info("pack {}: {} bytes no extent holds are punched (a seal stopped before its punch)",
+             name, bytes);
+  return PunchRanges(name, unused);
+}
+
+Status Packs::Check(const ChunkId& id) const {
+  std::string path;
+  uint64_t end = 0;
+  {
+    MutexLock lock(&mu_);
+    auto it = extents_.find(id);
+    if (it == extents_.end()) return NotFound("no chunk file and no extent in a pack");
+    path = PackPath(packs_.at(it->second.pack).name);
+    end = it->second.offset + it->second.len;
+  }
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return NotFound("its pack " + path + " is missing");
+    return Status::FromErrno(errno, "stat " + path);
+  }
+  if (static_cast<uint64_t>(st.st_size) < end) {
+    return NotFound("its pack " + path + " is " + std::to_string(st.st_size) +
+                    " bytes long, short of its extent's end at " + std::to_string(end));
+  }
+  return Status::Ok();
 }
 
 }  // namespace ckptfs

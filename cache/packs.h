@@ -11,7 +11,8 @@
 // exactly as a chunk file is: ChunkCache::SyncChunks syncs the pack, its index and the packs
 // directory before the manifest commit that names its chunks (the seal does so for fsync'd bytes,
 // as it synced chunk files); recovery needs nothing but this directory. The cost is one small
-// append per seal, and one per dropped extent.
+// append per seal, and one per dropped extent (DropMany: one append and one sync per pack for
+// all the extents that eviction or a removal drops at once).
 //
 // Crash safety:
 //   - Adopt links the pack, appends its '+' records and registers them before the manifest
@@ -19,16 +20,24 @@
 //     unreferenced chunks at an unclean start drops them, as it removes chunk files.
 //   - A pack that still has another name (st_nlink > 1: its staging file, which the seal removes
 //     only after its commit) is never punched: its bytes may be a staged version's.
-//   - Drop appends the '-' record and syncs the index before the range is punched, so that after
-//     any crash no extent names bytes that are gone.
+//   - Drop (DropMany, DropMoved) appends the '-' records and syncs the index before any range is
+//     punched, so that after any crash no extent names bytes that are gone.
 //   - Open: a torn or damaged record ends an index (it is cut there); extents of a missing pack,
 //     or past the end of a short one, are dropped (a manifest naming them reads as one naming a
-//     lost chunk file); a pack left with no extent, or without an index, is unlinked.
+//     lost chunk file); a pack left with no extent, or without an index, is unlinked. A pack
+//     named by its pack link alone has every range that no live extent covers punched (whole
+//     blocks inside the gaps between extents, data only, found with SEEK_DATA/SEEK_HOLE): what a
+//     seal stopped between its commit and its Punch, or a Drop before its punch, left there.
+//     Nothing appends to a pack during Open, so bytes that no extent names are nobody's.
+//   - Compaction (ChunkCache::CompactPacks) moves the extents of sparse packs (SparsePacks) into
+//     chunk files, made durable before DropMoved records their drops: a chunk is always in its
+//     pack, its chunk file, or both.
 //
 // Thread-safe: one lock (mu_) over the maps and every index append and punch; a leaf (it calls
 // nothing that takes another lock).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -86,6 +95,27 @@ class Packs {
   // (what Locate said), only that extent: a read that found bad bytes there must not drop the
   // chunk's new extent elsewhere, stored after the one it read was dropped.
   Status Drop(const ChunkId& id, const std::optional<std::pair<std::string, Entry>>& at = {});
+  // Drop of many chunks at once (eviction, reclaim): per pack, one append of all their '-'
+  // records, synced once when the pack is alone, before any of their ranges is punched.
+  Status DropMany(const std::vector<ChunkId>& ids);
+
+  // Compaction. A pack whose live extents hold under a quarter of its size, named by its pack
+  // link alone, with the extents it still holds.
+  struct Sparse {
+    std::string name;
+    std::vector<Entry> extents;
+  };
+  // Up to `max` sparse packs (checked among those that lost an extent since they were last
+  // found dense, or since Open).
+  std::vector<Sparse> SparsePacks(size_t max);
+  // Drops those of `moved` (extents of pack `name`, their chunks now in durable chunk files) that
+  // are still where they were, as DropMany does.
+  Status DropMoved(const std::string& name, const std::vector<Entry>& moved);
+  // fsck: chunk `id`'s extent is there on disk: its pack exists and is long enough to hold it.
+  // kNotFound (saying what is wrong) otherwise.
+  Status Check(const ChunkId& id) const;
+  // fdatasyncs of indexes so far (Drop, DropMany, Punch).
+  uint64_t index_syncs() const { return index_syncs_.load(std::memory_order_relaxed); }
   // Makes the extents of `ids` durable: each pack holding one, its index and the directory.
   Status Sync(const std::vector<ChunkId>& ids);
   void ForEach(const std::function<void(const ChunkId&, uint64_t len)>& fn) const;
@@ -94,7 +124,9 @@ class Packs {
  private:
   struct Pack {
     std::string name;
-    uint64_t live = 0;  // extents recorded and not dropped
+    uint64_t live = 0;    // extents recorded and not dropped
+    uint64_t bytes = 0;   // their bytes
+    bool shrunk = false;  // lost an extent since SparsePacks last found it dense
   };
   struct Loc {
     uint32_t pack = 0;
@@ -111,6 +143,12 @@ class Packs {
   // One extent of `pack` fewer; the pack goes with its last.
   void Release(uint32_t pack) REQUIRES(mu_);
   Status PunchRanges(const std::string& name, const std::vector<Range>& ranges) REQUIRES(mu_);
+  // Drops `extents` (chunk ids and where they are now), pack by pack: one append of their '-'
+  // records, synced once when the pack is alone, then their ranges (joined) punched.
+  Status DropExtents(const std::vector<std::pair<ChunkId, Loc>>& extents) REQUIRES(mu_);
+  // Open: punches out of pack `name`, when it is alone, every range with data that none of
+  // `live` (its extents) covers: what a seal stopped before its Punch left stored twice.
+  Status PunchUnused(const std::string& name, std::vector<Range> live) REQUIRES(mu_);
 
   const std::string dir_;
   const Logger log_;
@@ -119,6 +157,7 @@ class Packs {
   std::unordered_map<uint32_t, Pack> packs_ GUARDED_BY(mu_);
   std::unordered_map<std::string, uint32_t> by_name_ GUARDED_BY(mu_);
   uint32_t next_pack_ GUARDED_BY(mu_) = 1;
+  std::atomic<uint64_t> index_syncs_{0};
 };
 
 }  // namespace ckptfs

@@ -45,13 +45,15 @@ Status RecoverAtOpen(const RecoveryParts& p, bool clean) {
   }
   RETURN_IF_ERROR(txn.Commit());
   if (!freed.empty()) RETURN_IF_ERROR(p.meta.Sync());
-  for (const ChunkId& id : freed) RETURN_IF_ERROR(p.cache.Remove(id));
+  for (const Status& st : p.cache.RemoveMany(freed)) RETURN_IF_ERROR(st);
   if (!clean) {
     // Chunks written for files whose commit never happened.
-    uint64_t removed = 0;
+    std::vector<ChunkId> unreferenced;
     RETURN_IF_ERROR(p.cache.ForEach([&](const ChunkId& id, uint64_t) {
-      if (!referenced.count(id) && p.cache.Remove(id).ok()) ++removed;
+      if (!referenced.count(id)) unreferenced.push_back(id);
     }));
+    uint64_t removed = 0;
+    for (const Status& st : p.cache.RemoveMany(unreferenced)) removed += st.ok();
     p.log->warn("recovered from an unclean stop: {} files unlinked while open, {} new files "
                 "never closed, and {} unreferenced chunks removed",
                 orphans.orphans - orphans.unborn, orphans.unborn, removed);

@@ -1,4 +1,6 @@
 // Chunks kept as extents of packs (cache/packs.h) through the local tier's calls (ChunkCache).
+#include "cache/packs.h"
+
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -10,7 +12,6 @@
 
 #include "cache/chunk_cache.h"
 #include "cache/io_engine.h"
-#include "cache/packs.h"
 #include "common/log.h"
 #include "tests/test_util.h"
 
@@ -293,6 +294,161 @@ TEST_F(PacksTest, ADropForAnExtentAlreadyGoneLeavesTheChunksNewExtent) {
   ASSERT_TRUE((*packs)->Drop(c.id, fresh).ok());
   EXPECT_FALSE((*packs)->Contains(c.id));
   EXPECT_TRUE((*packs)->Contains(d.id));
+}
+
+// A daemon stopped between a seal's commit and its punch leaves the chunks stored elsewhere
+// unpunched in the pack: the next Open punches every range no live extent covers, whole blocks
+// only (a live neighbour's bytes are never touched), and never in a pack with another name.
+TEST_F(PacksTest, OpenPunchesWhatASealStoppedBeforeItsPunchLeft) {
+  const Chunk file = MakeChunk(2 << 20, 1), own = MakeChunk(1 << 20, 2), tiny = MakeChunk(3000, 3),
+              own2 = MakeChunk(1 << 20, 4);
+  ASSERT_TRUE(cache_->Put(file.id, file.bytes.data(), file.bytes.size()).ok());
+  ASSERT_TRUE(cache_->Put(tiny.id, tiny.bytes.data(), tiny.bytes.size()).ok());
+  // own | file (stored already) | own2 | tiny (stored already, within two blocks) | own.
+  const Chunk last = MakeChunk(1 << 20, 5);
+  auto entries = Stage("9.1", {own, file, own2, tiny, last});
+  auto skipped = cache_->AdoptPack(StagingPath("9.1"), "9.1", entries);
+  ASSERT_TRUE(skipped.ok());
+  ASSERT_EQ(*skipped, (std::vector<size_t>{1, 3}));
+  // A second pack whose staging file is still named: never punched.
+  const Chunk other = MakeChunk(1 << 20, 6);
+  ASSERT_TRUE(cache_->AdoptPack(StagingPath("9.2"), "9.2", Stage("9.2", {other, file})).ok());
+  // And an extent dropped while the staging file was named: recorded, not punched.
+  ASSERT_TRUE(cache_->Remove(own2.id).ok());
+  ASSERT_EQ(::unlink(StagingPath("9.1").c_str()), 0);  // the commit; then the daemon stops
+  const uint64_t before = Allocated(PackPath("9.1")), kept = Allocated(PackPath("9.2"));
+  Open();
+  const uint64_t after = Allocated(PackPath("9.1"));
+  EXPECT_LE(after, before - (3u << 20) + (8u << 10)) << "file's and own2's ranges are punched";
+  EXPECT_EQ(Allocated(PackPath("9.2")), kept) << "its staging file is still named";
+  EXPECT_FALSE(cache_->Contains(own2.id));
+  for (const Chunk& c : {own, file, tiny, last, other}) ExpectReadsBack(c);
+  // Nothing left to punch: a second start changes nothing.
+  Open();
+  EXPECT_EQ(Allocated(PackPath("9.1")), after);
+  for (const Chunk& c : {own, last}) ExpectReadsBack(c);
+}
+
+// Many drops at once (eviction, reclaim) sync a pack's index once, not once per extent; the
+// drops still outlive a restart and their ranges are punched.
+TEST_F(PacksTest, DropManySyncsEachPackIndexOnce) {
+  auto packs = Packs::Open(root_ + "/chunks/packs-direct", GetLogger("test"));
+  ASSERT_TRUE(packs.ok()) << packs.status().ToString();
+  std::vector<Chunk> a, b;
+  for (int i = 0; i < 20; ++i) {
+    a.push_back(MakeChunk(64 << 10, 100 + i));
+    b.push_back(MakeChunk(64 << 10, 200 + i));
+  }
+  ASSERT_TRUE((*packs)->Adopt(StagingPath("a"), "a", Stage("a", a)).ok());
+  ASSERT_TRUE((*packs)->Adopt(StagingPath("b"), "b", Stage("b", b)).ok());
+  for (const char* n : {"a", "b"}) ASSERT_EQ(::unlink(StagingPath(n).c_str()), 0);
+  const std::string pack_b = root_ + "/chunks/packs-direct/b.pack";
+  const uint64_t whole = Allocated(pack_b);
+  // One by one: one sync each.
+  uint64_t syncs = (*packs)->index_syncs();
+  for (int i = 0; i < 19; ++i) ASSERT_TRUE((*packs)->Drop(a[i].id).ok());
+  EXPECT_EQ((*packs)->index_syncs() - syncs, 19u);
+  // At once: one sync for the pack.
+  std::vector<ChunkId> ids;
+  for (int i = 0; i < 19; ++i) ids.push_back(b[i].id);
+  syncs = (*packs)->index_syncs();
+  ASSERT_TRUE((*packs)->DropMany(ids).ok());
+  EXPECT_EQ((*packs)->index_syncs() - syncs, 1u);
+  EXPECT_LE(Allocated(pack_b), whole - 19 * (64u << 10) + (8u << 10))
+      << "neighbours dropped together are punched as one range";
+  for (int i = 0; i < 19; ++i) EXPECT_FALSE((*packs)->Contains(b[i].id));
+  packs->reset();
+  packs = Packs::Open(root_ + "/chunks/packs-direct", GetLogger("test"));
+  ASSERT_TRUE(packs.ok());
+  for (int i = 0; i < 19; ++i) {
+    EXPECT_FALSE((*packs)->Contains(a[i].id));
+    EXPECT_FALSE((*packs)->Contains(b[i].id));
+  }
+  EXPECT_TRUE((*packs)->Contains(a[19].id));
+  EXPECT_TRUE((*packs)->Contains(b[19].id));
+}
+
+TEST_F(PacksTest, RemoveManyThroughTheCacheDropsEveryExtentAndChunkFile) {
+  const std::vector<Chunk> chunks{MakeChunk(300 << 10, 1), MakeChunk(300 << 10, 2),
+                                  MakeChunk(300 << 10, 3)};
+  const Chunk file = MakeChunk(100 << 10, 4);
+  ASSERT_TRUE(cache_->Put(file.id, file.bytes.data(), file.bytes.size()).ok());
+  ASSERT_TRUE(cache_->AdoptPack(StagingPath("r"), "r", Stage("r", chunks)).ok());
+  ASSERT_EQ(::unlink(StagingPath("r").c_str()), 0);
+  const auto st = cache_->RemoveMany({chunks[0].id, file.id, chunks[1].id, file.id});
+  ASSERT_EQ(st.size(), 4u);
+  for (const Status& s : st) EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_FALSE(cache_->Contains(chunks[0].id));
+  EXPECT_FALSE(cache_->Contains(chunks[1].id));
+  EXPECT_FALSE(cache_->Contains(file.id));
+  ExpectReadsBack(chunks[2]);
+  Open();
+  EXPECT_FALSE(cache_->Contains(chunks[0].id));
+  ExpectReadsBack(chunks[2]);
+}
+
+// A pack left holding under a quarter of its size moves its last chunks into chunk files and
+// goes; a denser one stays as it is.
+TEST_F(PacksTest, CompactionMovesTheLastChunksOfASparsePackIntoChunkFiles) {
+  std::vector<Chunk> sparse, dense;
+  for (int i = 0; i < 8; ++i) sparse.push_back(MakeChunk(256 << 10, 10 + i));
+  for (int i = 0; i < 4; ++i) dense.push_back(MakeChunk(256 << 10, 30 + i));
+  ASSERT_TRUE(cache_->AdoptPack(StagingPath("s"), "s", Stage("s", sparse)).ok());
+  ASSERT_TRUE(cache_->AdoptPack(StagingPath("d"), "d", Stage("d", dense)).ok());
+  EXPECT_EQ(cache_->CompactPacks(), 0u) << "nothing dropped yet";
+  for (const char* n : {"s", "d"}) ASSERT_EQ(::unlink(StagingPath(n).c_str()), 0);
+  // s keeps 1 of 8 (an eighth), d 3 of 4.
+  std::vector<ChunkId> going{dense[0].id};
+  for (int i = 1; i < 8; ++i) going.push_back(sparse[i].id);
+  for (const Status& st : cache_->RemoveMany(going)) ASSERT_TRUE(st.ok());
+  EXPECT_EQ(cache_->CompactPacks(), 256u << 10);
+  EXPECT_TRUE(Exists(cache_->PathOf(sparse[0].id))) << "moved into its chunk file";
+  EXPECT_FALSE(Exists(PackPath("s"))) << "the pack goes with its last extent";
+  EXPECT_FALSE(Exists(IndexPath("s")));
+  EXPECT_TRUE(Exists(PackPath("d")));
+  for (int i = 1; i < 4; ++i) EXPECT_FALSE(Exists(cache_->PathOf(dense[i].id)));
+  EXPECT_EQ(cache_->CompactPacks(), 0u) << "done";
+  ExpectReadsBack(sparse[0]);
+  for (int i = 1; i < 4; ++i) ExpectReadsBack(dense[i]);
+  Open();
+  ExpectReadsBack(sparse[0]);
+  EXPECT_EQ(cache_->pack_count(), 1u);
+}
+
+// The state a crash in the middle of a compaction leaves before its '-' records: chunk files
+// written and the extents still recorded (the next pass finishes the move). After the '-'
+// records the chunk files are durable (synced first); a range recorded dropped and not yet
+// punched is what OpenPunchesWhatASealStoppedBeforeItsPunchLeft covers.
+TEST_F(PacksTest, ACompactionStoppedAtAnyStepLeavesEachChunkInAHome) {
+  std::vector<Chunk> chunks;
+  for (int i = 0; i < 8; ++i) chunks.push_back(MakeChunk(256 << 10, 50 + i));
+  ASSERT_TRUE(cache_->AdoptPack(StagingPath("c"), "c", Stage("c", chunks)).ok());
+  ASSERT_EQ(::unlink(StagingPath("c").c_str()), 0);
+  std::vector<ChunkId> going;
+  for (int i = 2; i < 8; ++i) going.push_back(chunks[i].id);
+  for (const Status& st : cache_->RemoveMany(going)) ASSERT_TRUE(st.ok());
+  // Stopped after writing chunk 0's file (a chunk file of right length, wrong bytes, too:
+  // compaction never trusts a file it did not write) and before any '-' record.
+  cache_.reset();
+  std::vector<uint8_t> bad = chunks[1].bytes;
+  bad[10] ^= 0xff;
+  for (const auto& [c, bytes] :
+       {std::make_pair(chunks[0], chunks[0].bytes), std::make_pair(chunks[1], bad)}) {
+    const std::string path = root_ + "/chunks/" + c.id.Hex().substr(0, 2) + "/" + c.id.Hex();
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::write(fd, bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
+    ::close(fd);
+  }
+  Open();
+  ExpectReadsBack(chunks[0]);
+  EXPECT_EQ(cache_->CompactPacks(), 512u << 10);
+  EXPECT_FALSE(Exists(PackPath("c")));
+  ExpectReadsBack(chunks[0]);
+  ExpectReadsBack(chunks[1]);  // rewritten from its verified extent
+  Open();
+  ExpectReadsBack(chunks[0]);
+  ExpectReadsBack(chunks[1]);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@ import json
 import mmap
 import os
 import random
+import threading
 import time
 
 import pytest
@@ -217,3 +218,100 @@ def test_a_writer_left_from_a_killed_daemon_never_changes_a_pack(make_mount):
     assert "is corrupt" not in m.log()
     code, r = fsck(m.mnt, "--deep")
     assert code == 0 and r["clean"], r
+
+
+def pack_of(m, data_ids):
+    """The pack holding most of the extents `data_ids` (chunk ids hex)."""
+    ext = m.pack_extents()
+    packs = [ext[c][0] for c in data_ids if c in ext]
+    return max(set(packs), key=packs.count)
+
+
+def save_as_pack(m, name, make):
+    """Saves make(attempt) as `name` and seals it until the seal made its staging file a pack
+    (one that ran before the daemon saw the close copies the chunks instead). Returns the bytes
+    and the pack."""
+    for attempt in range(5):
+        before = set(m.pack_extents())
+        data = make(attempt)
+        write_file(m / name, data)
+        os.setxattr(m.mnt, "user.ckptfs.seal", b"1")
+        new = [c for c in m.pack_extents() if c not in before]
+        if new:
+            return data, pack_of(m, new)
+    pytest.fail(f"{name} was never sealed as a pack")
+
+
+@pytest.mark.timeout(300)
+def test_ranges_a_seal_stopped_before_its_punch_left_are_punched_at_the_next_start(make_mount):
+    # A kill -9 between a seal's commit and its punch leaves the chunks that the file shares with
+    # one stored before in its pack, never punched: the next start punches what no extent holds.
+    m = make_mount(options=PACKS)
+    a = rand_bytes(16 * MiB, 60)
+    write_file(m / "a.pt", a)
+    os.setxattr(m.mnt, "user.ckptfs.seal", b"1")
+    b, pack = save_as_pack(m, "b.pt", lambda i: a + rand_bytes(2 * MiB, 61 + i))
+    live = sorted((off, n) for p, off, n in m.pack_extents().values() if p == pack)
+    m.umount()
+    # The state that kill leaves: the head, a's chunks, still there in b's pack.
+    with open(pack, "r+b") as f:
+        f.write(rand_bytes(live[0][0], 62))
+        os.fsync(f.fileno())
+    unpunched = allocated(pack)
+    assert unpunched >= 15 * MiB
+    m.mount()
+    assert allocated(pack) <= sum(n for _, n in live) + 64 * 1024, (allocated(pack), unpunched)
+    assert read_file(m / "a.pt") == a
+    assert read_file(m / "b.pt") == b
+    code, r = fsck(m.mnt, "--deep")
+    assert code == 0 and r["clean"], r
+
+
+def share_head(m, seed):
+    """a.pt (24 MiB) sealed into its pack, then b.pt, whose first 4 MiB are a's: once a.pt goes,
+    its pack holds b's head alone, under a quarter of its size. Returns (b's bytes, a's pack)."""
+    a, a_pack = save_as_pack(m, "a.pt", lambda i: rand_bytes(24 * MiB, seed + 100 * i))
+    b = a[:4 * MiB] + rand_bytes(8 * MiB, seed + 1)
+    write_file(m / "b.pt", b)
+    os.setxattr(m.mnt, "user.ckptfs.seal", b"1")
+    return b, a_pack
+
+
+@pytest.mark.timeout(300)
+def test_a_sparse_pack_moves_its_last_chunks_into_chunk_files_and_goes(make_mount):
+    m = make_mount(options=PACKS)
+    b, a_pack = share_head(m, 70)
+    files = set(m.chunk_files())
+    os.unlink(m / "a.pt")
+    assert wait_for(lambda: a_pack.exists(), lambda v: not v, 30) is False, "compacted away"
+    assert set(m.chunk_files()) - files, "b's head now lives in chunk files"
+    assert "moved into chunk files (compaction)" in m.log()
+    assert read_file(m / "b.pt") == b
+    code, r = fsck(m.mnt, "--deep")
+    assert code == 0 and r["clean"], r
+    m.remount()
+    assert read_file(m / "b.pt") == b
+    s = m.stats()
+    assert s["stored_bytes"] == m.chunk_bytes_on_disk() and s["chunks"] == m.chunks_on_disk(), s
+
+
+@pytest.mark.timeout(600)
+def test_kill_dash_nine_during_a_compaction_keeps_every_chunk(make_mount):
+    m = make_mount(options=PACKS)
+    for i, delay in enumerate([0.0, 0.002, 0.01, 0.03]):
+        b, _ = share_head(m, 80 + 10 * i)
+        killer = threading.Timer(delay, m.kill_daemon)
+        killer.start()
+        try:
+            os.unlink(m / "a.pt")  # the reclaim follows, then the compaction
+        except OSError:
+            pass  # killed first
+        killer.join()
+        m.umount()
+        m.mount()
+        assert read_file(m / "b.pt") == b, f"kill after {delay}s"
+        code, r = fsck(m.mnt, "--deep")
+        assert code == 0 and r["clean"], r
+        os.unlink(m / "b.pt")
+        if (m / "a.pt").exists():
+            os.unlink(m / "a.pt")

@@ -170,5 +170,36 @@ TEST_F(StorePacksTest, APackLostWithTheMachineReadsAsLostChunkFilesDo) {
   EXPECT_FALSE(r->Clean());
 }
 
+// fsck without --deep looks at the pack on disk, not only at the index in memory: a pack gone
+// or cut short under a live store reads as missing chunk files do.
+TEST_F(StorePacksTest, FsckWithoutDeepFindsAPackMissingOrShortOnDisk) {
+  const Bytes a = test::RandomBytes(2 << 20, 7), b = test::RandomBytes(2 << 20, 8);
+  const uint64_t fa = CreateStaged("a", a, /*durable=*/true);
+  const uint64_t fb = CreateStaged("b", b, /*durable=*/true);
+  ASSERT_TRUE(store_->EnsureSealed(fa).ok());
+  ASSERT_TRUE(store_->EnsureSealed(fb).ok());
+  ASSERT_EQ(Packs().size(), 4u);
+  auto r = store_->Fsck(kRootIno, Store::FsckOptions{});
+  ASSERT_TRUE(r.ok());
+  ASSERT_TRUE(r->Clean());
+  std::vector<std::string> packs;
+  for (const std::string& n : Packs()) {
+    if (n.size() > 5 && n.substr(n.size() - 5) == ".pack") {
+      packs.push_back(cfg_.cache_dir + "/chunks/packs/" + n);
+    }
+  }
+  ASSERT_EQ(packs.size(), 2u);
+  ASSERT_EQ(::unlink(packs[0].c_str()), 0);
+  ASSERT_EQ(::truncate(packs[1].c_str(), 1 << 20), 0);
+  r = store_->Fsck(kRootIno, Store::FsckOptions{});
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->Clean());
+  EXPECT_GE(r->local_missing, 2u) << "a chunk of each pack";
+  bool named = false;
+  for (const std::string& p : r->problems)
+    named = named || p.find("is missing") != std::string::npos;
+  EXPECT_TRUE(named);
+}
+
 }  // namespace
 }  // namespace ckptfs
