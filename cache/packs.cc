@@ -202,6 +202,12 @@ Status Packs::Append(const std::string& name, const std::string& records, bool s
   const std::string path = IndexPath(name);
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
   if (fd < 0) return Status::FromErrno(errno, "open " + path);
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return Status::FromErrno(err, "fstat " + path);
+  }
   size_t done = 0;
   int err = 0;
   while (done < records.size()) {
@@ -214,12 +220,15 @@ Status Packs::Append(const std::string& name, const std::string& records, bool s
     done += static_cast<size_t>(n);
   }
   if (err == 0 && sync && ::fdatasync(fd) != 0) err = errno;
-  ::close(fd);
-  if (err != 0) {
-    // A partial record at the end is cut at the next Open; whole ones written stand, and say
-    // what the caller wanted.
-    return Status::FromErrno(err, "append to " + path);
+  // A write cut short (a full disk fills the index's last block, then fails) must not leave a
+  // partial record: the records appended after it would be read from the wrong offset, and Open
+  // cuts the index there, bringing back extents dropped (and punched) since. The index goes
+  // back to what it said before; a crash meanwhile leaves the partial record at its end.
+  if (err != 0 && ::ftruncate(fd, st.st_size) != 0) {
+    log_->error("pack index {}: cannot cut back a failed append: {}", path, std::strerror(errno));
   }
+  ::close(fd);
+  if (err != 0) return Status::FromErrno(err, "append to " + path);
   return Status::Ok();
 }
 

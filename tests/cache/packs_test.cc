@@ -1,10 +1,12 @@
 // Chunks kept as extents of packs (cache/packs.h) through the local tier's calls (ChunkCache).
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
 #include <string>
 #include <vector>
 
@@ -293,6 +295,38 @@ TEST_F(PacksTest, ADropForAnExtentAlreadyGoneLeavesTheChunksNewExtent) {
   ASSERT_TRUE((*packs)->Drop(c.id, fresh).ok());
   EXPECT_FALSE((*packs)->Contains(c.id));
   EXPECT_TRUE((*packs)->Contains(d.id));
+}
+
+// An index append cut short (a full disk: the bytes that fit in its last block, then ENOSPC; here
+// the file size limit) leaves no partial record behind: a later record appended after one would
+// be read from the wrong offset, and Open, cutting the index at the partial record, would bring
+// back an extent dropped and punched since.
+TEST_F(PacksTest, AnAppendCutShortLeavesNoPartialRecordBehind) {
+  const Chunk c = MakeChunk(64 << 10, 51), d = MakeChunk(64 << 10, 52);
+  const auto entries = Stage("9.1", {c, d});
+  {
+    auto packs = Packs::Open(root_ + "/chunks/packs", GetLogger("test"));
+    ASSERT_TRUE(packs.ok()) << packs.status().ToString();
+    ASSERT_TRUE((*packs)->Adopt(StagingPath("9.1"), "9.1", entries).ok());
+    ASSERT_EQ(::unlink(StagingPath("9.1").c_str()), 0);
+    struct stat st;
+    ASSERT_EQ(::stat(IndexPath("9.1").c_str(), &st), 0);
+    struct rlimit old;
+    ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+    const auto old_signal = ::signal(SIGXFSZ, SIG_IGN);
+    struct rlimit cut = old;
+    cut.rlim_cur = static_cast<rlim_t>(st.st_size) + 20;  // 20 bytes of the next record fit
+    ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &cut), 0);
+    const Status failed = (*packs)->Drop(c.id);
+    ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &old), 0);
+    ::signal(SIGXFSZ, old_signal);
+    ASSERT_FALSE(failed.ok());
+    EXPECT_TRUE((*packs)->Contains(c.id)) << "not dropped: the drop failed";
+    ASSERT_TRUE((*packs)->Drop(c.id).ok());  // tried again: recorded, and its range punched
+  }
+  Open();
+  EXPECT_FALSE(cache_->Contains(c.id)) << "a dropped extent must not come back over its hole";
+  ExpectReadsBack(d);
 }
 
 }  // namespace
