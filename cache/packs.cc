@@ -96,6 +96,16 @@ std::unordered_map<ChunkId, Packs::Entry, ChunkIdHash> Parse(const std::string& 
   return live;
 }
 
+// Whether any two of `ranges` overlap.
+bool AnyOverlap(std::vector<Packs::Range> ranges) {
+  std::sort(ranges.begin(), ranges.end(),
+            [](const Packs::Range& a, const Packs::Range& b) { return a.offset < b.offset; });
+  for (size_t i = 1; i < ranges.size(); ++i) {
+    if (ranges[i - 1].offset + ranges[i - 1].len > ranges[i].offset) return true;
+  }
+  return false;
+}
+
 Status FsyncPath(const std::string& path, bool dir) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | (dir ? O_DIRECTORY : 0));
   if (fd < 0) return Status::FromErrno(errno, "open " + path);
@@ -159,6 +169,7 @@ Status Packs::Load() {
     packs_[pack] = Pack{name, 0};
     by_name_[name] = pack;
     std::string drops;
+    std::vector<Range> kept;
     for (const auto& [id, e] : live) {
       // Past the end of a pack cut short by a crash, or an extent some other pack holds too.
       if (e.offset + e.len > static_cast<uint64_t>(st.st_size) || extents_.count(id)) {
@@ -168,7 +179,9 @@ Status Packs::Load() {
       }
       extents_[id] = Loc{pack, e.offset, e.len};
       ++packs_[pack].live;
+      kept.push_back(Range{e.offset, e.len});
     }
+    packs_[pack].overlapping = AnyOverlap(std::move(kept));
     if (!drops.empty()) RETURN_IF_ERROR(Append(name, drops, false));
     if (packs_[pack].live == 0) {
       ++packs_[pack].live;
@@ -282,6 +295,22 @@ Result<std::vector<size_t>> Packs::Adopt(const std::string& src, const std::stri
   auto [it, fresh] = by_name_.emplace(name, next_pack_);
   if (fresh) packs_[next_pack_++] = Pack{name, 0};
   Pack& p = packs_[it->second];
+  if (!fresh && !p.overlapping) {
+    // Sealed again: cut otherwise (other chunking options), its new extents may overlap those
+    // that stayed.
+    std::vector<Range> ranges;
+    for (const auto& [id, loc] : extents_) {
+      if (loc.pack == it->second) ranges.push_back(Range{loc.offset, loc.len});
+    }
+    for (size_t i = 0, s = 0; i < entries.size(); ++i) {
+      if (s < skipped.size() && skipped[s] == i) {
+        ++s;
+      } else {
+        ranges.push_back(Range{entries[i].offset, entries[i].len});
+      }
+    }
+    p.overlapping = AnyOverlap(std::move(ranges));
+  }
   for (size_t i = 0, s = 0; i < entries.size(); ++i) {
     if (s < skipped.size() && skipped[s] == i) {
       ++s;
@@ -381,7 +410,7 @@ Status Packs::Drop(const ChunkId& id, const std::optional<std::pair<std::string,
   if (at && (at->first != PackPath(name) || at->second.offset != loc.offset)) {
     return Status::Ok();  // dropped and stored anew elsewhere meanwhile: that extent stays
   }
-  const bool alone = Alone(name);
+  const bool alone = Alone(name) && !packs_.at(loc.pack).overlapping;
   // Synced before the punch: no crash may leave the extent recorded over a hole.
   RETURN_IF_ERROR(Append(name, Encode('-', id, loc.offset, loc.len), alone));
   if (alone) {

@@ -95,6 +95,10 @@ class Packs {
   struct Pack {
     std::string name;
     uint64_t live = 0;  // extents recorded and not dropped
+    // Some of its extents overlap (its staging file sealed again, cut otherwise, while an
+    // extent of the first seal stayed): a dropped one's range is not punched, as it may hold
+    // another's bytes.
+    bool overlapping = false;
   };
   struct Loc {
     uint32_t pack = 0;

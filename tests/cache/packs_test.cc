@@ -329,5 +329,35 @@ TEST_F(PacksTest, AnAppendCutShortLeavesNoPartialRecordBehind) {
   ExpectReadsBack(d);
 }
 
+// A staging file adopted by a seal that did not commit, one of whose chunks another file named
+// meanwhile, is sealed again cut otherwise (a remount with other chunking options after a
+// crash): its new extents overlap the one that stayed. Dropping that one later must not punch
+// bytes the new ones hold.
+TEST_F(PacksTest, DroppingAnExtentNeverPunchesAnOverlappingLiveOne) {
+  for (const bool restart : {false, true}) {
+    const std::string name = restart ? "11.1" : "10.1";
+    const Chunk whole = MakeChunk(1 << 20, restart ? 62 : 61);
+    ASSERT_TRUE(cache_->AdoptPack(StagingPath(name), name, Stage(name, {whole})).ok());
+    const size_t cut = 600 << 10;
+    Chunk head{std::vector<uint8_t>(whole.bytes.begin(), whole.bytes.begin() + cut), {}};
+    Chunk tail{std::vector<uint8_t>(whole.bytes.begin() + cut, whole.bytes.end()), {}};
+    head.id = ChunkId::Of(head.bytes.data(), head.bytes.size());
+    tail.id = ChunkId::Of(tail.bytes.data(), tail.bytes.size());
+    const std::vector<Packs::Entry> second{{head.id, 100, cut},
+                                           {tail.id, 100 + cut, tail.bytes.size()}};
+    auto again = cache_->AdoptPack(StagingPath(name), name, second);
+    ASSERT_TRUE(again.ok()) << again.status().ToString();
+    ASSERT_TRUE(again->empty());
+    ASSERT_EQ(::unlink(StagingPath(name).c_str()), 0);  // the second seal's commit
+    if (restart) Open();
+    ASSERT_TRUE(cache_->Remove(whole.id).ok());  // the other file is deleted
+    ExpectReadsBack(head);
+    ExpectReadsBack(tail);
+    Open();
+    ExpectReadsBack(head);
+    ExpectReadsBack(tail);
+  }
+}
+
 }  // namespace
 }  // namespace ckptfs
