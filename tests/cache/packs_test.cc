@@ -359,5 +359,24 @@ TEST_F(PacksTest, DroppingAnExtentNeverPunchesAnOverlappingLiveOne) {
   }
 }
 
+// A chunk file a machine crash cut short, and the chunk's extent a seal stored since (it did not
+// trust that file): a read moves the bad file aside and is served from the extent.
+TEST_F(PacksTest, AShortChunkFileDoesNotHideTheChunksExtent) {
+  const Chunk c = MakeChunk(300 << 10, 71);
+  {
+    const int fd = ::open(cache_->PathOf(c.id).c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::write(fd, c.bytes.data(), 4096), 4096);
+    ::close(fd);
+  }
+  EXPECT_FALSE(cache_->HasWhole(c.id, c.bytes.size()));
+  auto skipped = cache_->AdoptPack(StagingPath("12.1"), "12.1", Stage("12.1", {c}));
+  ASSERT_TRUE(skipped.ok()) << skipped.status().ToString();
+  ASSERT_TRUE(skipped->empty());
+  EXPECT_TRUE(cache_->Verify(c.id, c.bytes.size()).ok());
+  EXPECT_FALSE(Exists(cache_->PathOf(c.id))) << "moved aside";
+  ExpectReadsBack(c);
+}
+
 }  // namespace
 }  // namespace ckptfs
