@@ -378,5 +378,47 @@ TEST_F(PacksTest, AShortChunkFileDoesNotHideTheChunksExtent) {
   ExpectReadsBack(c);
 }
 
+// A crash tears the index's last record at any byte: Open cuts it there, and records appended
+// after that (a drop, recorded and punched) still count after the next restart.
+TEST_F(PacksTest, AnIndexTornAtAnyByteOfItsLastRecordIsCutThere) {
+  const Chunk c = MakeChunk(64 << 10, 81), d = MakeChunk(64 << 10, 82), e = MakeChunk(64 << 10, 83);
+  const auto entries = Stage("13.1", {c, d, e});
+  std::string whole;
+  {
+    auto packs = Packs::Open(root_ + "/chunks/packs-torn", GetLogger("test"));
+    ASSERT_TRUE(packs.ok());
+    ASSERT_TRUE((*packs)->Adopt(StagingPath("13.1"), "13.1", entries).ok());
+    whole = test::ReadFileBytes(root_ + "/chunks/packs-torn/13.1.idx");
+  }
+  ASSERT_EQ(whole.size() % 3, 0u);
+  const size_t record = whole.size() / 3;
+  const std::string dir = root_ + "/chunks/packs-torn";
+  for (size_t cut = 2 * record; cut < whole.size(); ++cut) {
+    SCOPED_TRACE(cut);
+    {
+      const int fd = ::open((dir + "/13.1.idx").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      ASSERT_GE(fd, 0);
+      ASSERT_EQ(::write(fd, whole.data(), cut), static_cast<ssize_t>(cut));
+      ::close(fd);
+    }
+    if (::link(StagingPath("13.1").c_str(), (dir + "/13.1.pack").c_str()) != 0) {
+      ASSERT_EQ(errno, EEXIST);
+    }
+    {
+      auto packs = Packs::Open(dir, GetLogger("test"));
+      ASSERT_TRUE(packs.ok()) << packs.status().ToString();
+      EXPECT_TRUE((*packs)->Contains(c.id));
+      EXPECT_TRUE((*packs)->Contains(d.id));
+      EXPECT_FALSE((*packs)->Contains(e.id));
+      ASSERT_TRUE((*packs)->Drop(c.id).ok());
+    }
+    auto packs = Packs::Open(dir, GetLogger("test"));
+    ASSERT_TRUE(packs.ok());
+    EXPECT_FALSE((*packs)->Contains(c.id));
+    EXPECT_TRUE((*packs)->Contains(d.id));
+    EXPECT_FALSE((*packs)->Contains(e.id));
+  }
+}
+
 }  // namespace
 }  // namespace ckptfs
