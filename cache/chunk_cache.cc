@@ -594,13 +594,17 @@ Result<ChunkRef> ChunkCache::Load(const ChunkId& id, size_t len) {
     metrics_->chunk_verify_failures.Add(1);
     std::string aside = dir_ + "/corrupt/" + id.Hex();
     ::rename(path.c_str(), aside.c_str());
-    {
-      // Gone from the tier: the disk map (eviction, OnDisk) must not count it any more.
-      MutexLock lock(&mu_);
-      DiskDrop(id);
-    }
     log_->error("chunk {} on the local tier is corrupt ({} of {} bytes, hash mismatch); moved to {}",
                 id.Hex(), *n, len, aside);
+    // A chunk file cut short by a machine crash does not hide the chunk's extent in a pack (a
+    // seal stored it there, not trusting the short file).
+    if (packs_->Contains(id)) {
+      bool moved = false;
+      return LoadExtent(id, len, &moved);
+    }
+    // Gone from the tier: the disk map (eviction, OnDisk) must not count it any more.
+    MutexLock lock(&mu_);
+    DiskDrop(id);
     return Corrupt("chunk " + id.Hex() + " failed verification");
   }
   return ChunkRef(std::move(data));

@@ -98,6 +98,16 @@ std::unordered_map<ChunkId, Packs::Entry, ChunkIdHash> Parse(const std::string& 
   return live;
 }
 
+// Whether any two of `ranges` overlap.
+bool AnyOverlap(std::vector<Packs::Range> ranges) {
+  std::sort(ranges.begin(), ranges.end(),
+            [](const Packs::Range& a, const Packs::Range& b) { return a.offset < b.offset; });
+  for (size_t i = 1; i < ranges.size(); ++i) {
+    if (ranges[i - 1].offset + ranges[i - 1].len > ranges[i].offset) return true;
+  }
+  return false;
+}
+
 Status FsyncPath(const std::string& path, bool dir) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | (dir ? O_DIRECTORY : 0));
   if (fd < 0) return Status::FromErrno(errno, "open " + path);
@@ -174,6 +184,7 @@ Status Packs::Load() {
       packs_[pack].bytes += e.len;
       kept.push_back(Range{e.offset, e.len});
     }
+    packs_[pack].overlapping = AnyOverlap(kept);
     // Synced: PunchUnused below may punch the ranges these records drop.
     if (!drops.empty()) RETURN_IF_ERROR(Append(name, drops, true));
     if (packs_[pack].live == 0) {
@@ -213,6 +224,12 @@ Status Packs::Append(const std::string& name, const std::string& records, bool s
   const std::string path = IndexPath(name);
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
   if (fd < 0) return Status::FromErrno(errno, "open " + path);
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return Status::FromErrno(err, "fstat " + path);
+  }
   size_t done = 0;
   int err = 0;
   while (done < records.size()) {
@@ -228,12 +245,15 @@ Status Packs::Append(const std::string& name, const std::string& records, bool s
     index_syncs_.fetch_add(1, std::memory_order_relaxed);
     if (::fdatasync(fd) != 0) err = errno;
   }
-  ::close(fd);
-  if (err != 0) {
-    // A partial record at the end is cut at the next Open; whole ones written stand, and say
-    // what the caller wanted.
-    return Status::FromErrno(err, "append to " + path);
+  // A write cut short (a full disk fills the index's last block, then fails) must not leave a
+  // partial record: the records appended after it would be read from the wrong offset, and Open
+  // cuts the index there, bringing back extents dropped (and punched) since. The index goes
+  // back to what it said before; a crash meanwhile leaves the partial record at its end.
+  if (err != 0 && ::ftruncate(fd, st.st_size) != 0) {
+    log_->error("pack index {}: cannot cut back a failed append: {}", path, std::strerror(errno));
   }
+  ::close(fd);
+  if (err != 0) return Status::FromErrno(err, "append to " + path);
   return Status::Ok();
 }
 
@@ -287,6 +307,22 @@ Result<std::vector<size_t>> Packs::Adopt(const std::string& src, const std::stri
   auto [it, fresh] = by_name_.emplace(name, next_pack_);
   if (fresh) packs_[next_pack_++] = Pack{name, 0};
   Pack& p = packs_[it->second];
+  if (!fresh && !p.overlapping) {
+    // Sealed again: cut otherwise (other chunking options), its new extents may overlap those
+    // that stayed.
+    std::vector<Range> ranges;
+    for (const auto& [id, loc] : extents_) {
+      if (loc.pack == it->second) ranges.push_back(Range{loc.offset, loc.len});
+    }
+    for (size_t i = 0, s = 0; i < entries.size(); ++i) {
+      if (s < skipped.size() && skipped[s] == i) {
+        ++s;
+      } else {
+        ranges.push_back(Range{entries[i].offset, entries[i].len});
+      }
+    }
+    p.overlapping = AnyOverlap(std::move(ranges));
+  }
   for (size_t i = 0, s = 0; i < entries.size(); ++i) {
     if (s < skipped.size() && skipped[s] == i) {
       ++s;
@@ -388,7 +424,7 @@ Status Packs::Drop(const ChunkId& id, const std::optional<std::pair<std::string,
   if (at && (at->first != PackPath(name) || at->second.offset != loc.offset)) {
     return Status::Ok();  // dropped and stored anew elsewhere meanwhile: that extent stays
   }
-  const bool alone = Alone(name);
+  const bool alone = Alone(name) && !packs_.at(loc.pack).overlapping;
   // Synced before the punch: no crash may leave the extent recorded over a hole.
   RETURN_IF_ERROR(Append(name, Encode('-', id, loc.offset, loc.len), alone));
   if (alone) {
@@ -436,7 +472,8 @@ Status Packs::DropExtents(const std::vector<std::pair<ChunkId, Loc>>& extents) {
   Status out;
   for (auto& [pack, list] : by_pack) {
     const std::string name = packs_.at(pack).name;
-    const bool alone = Alone(name);
+    // Not where extents overlap: a dropped one's range may hold another's bytes (Drop).
+    const bool alone = Alone(name) && !packs_.at(pack).overlapping;
     std::string records;
     std::vector<Range> ranges;
     for (const auto& [id, loc] : list) {

@@ -127,6 +127,10 @@ class Packs {
     uint64_t live = 0;    // extents recorded and not dropped
     uint64_t bytes = 0;   // their bytes
     bool shrunk = false;  // lost an extent since SparsePacks last found it dense
+    // Some of its extents overlap (its staging file sealed again, cut otherwise, while an
+    // extent of the first seal stayed): a dropped one's range is not punched, as it may hold
+    // another's bytes.
+    bool overlapping = false;
   };
   struct Loc {
     uint32_t pack = 0;

@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -449,6 +450,128 @@ TEST_F(PacksTest, ACompactionStoppedAtAnyStepLeavesEachChunkInAHome) {
   Open();
   ExpectReadsBack(chunks[0]);
   ExpectReadsBack(chunks[1]);
+}
+// An index append cut short (a full disk: the bytes that fit in its last block, then ENOSPC; here
+// the file size limit) leaves no partial record behind: a later record appended after one would
+// be read from the wrong offset, and Open, cutting the index at the partial record, would bring
+// back an extent dropped and punched since.
+TEST_F(PacksTest, AnAppendCutShortLeavesNoPartialRecordBehind) {
+  const Chunk c = MakeChunk(64 << 10, 51), d = MakeChunk(64 << 10, 52);
+  const auto entries = Stage("9.1", {c, d});
+  {
+    auto packs = Packs::Open(root_ + "/chunks/packs", GetLogger("test"));
+    ASSERT_TRUE(packs.ok()) << packs.status().ToString();
+    ASSERT_TRUE((*packs)->Adopt(StagingPath("9.1"), "9.1", entries).ok());
+    ASSERT_EQ(::unlink(StagingPath("9.1").c_str()), 0);
+    struct stat st;
+    ASSERT_EQ(::stat(IndexPath("9.1").c_str(), &st), 0);
+    struct rlimit old;
+    ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+    const auto old_signal = ::signal(SIGXFSZ, SIG_IGN);
+    struct rlimit cut = old;
+    cut.rlim_cur = static_cast<rlim_t>(st.st_size) + 20;  // 20 bytes of the next record fit
+    ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &cut), 0);
+    const Status failed = (*packs)->Drop(c.id);
+    ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &old), 0);
+    ::signal(SIGXFSZ, old_signal);
+    ASSERT_FALSE(failed.ok());
+    EXPECT_TRUE((*packs)->Contains(c.id)) << "not dropped: the drop failed";
+    ASSERT_TRUE((*packs)->Drop(c.id).ok());  // tried again: recorded, and its range punched
+  }
+  Open();
+  EXPECT_FALSE(cache_->Contains(c.id)) << "a dropped extent must not come back over its hole";
+  ExpectReadsBack(d);
+}
+
+// A staging file adopted by a seal that did not commit, one of whose chunks another file named
+// meanwhile, is sealed again cut otherwise (a remount with other chunking options after a
+// crash): its new extents overlap the one that stayed. Dropping that one later must not punch
+// bytes the new ones hold.
+TEST_F(PacksTest, DroppingAnExtentNeverPunchesAnOverlappingLiveOne) {
+  for (const bool restart : {false, true}) {
+    const std::string name = restart ? "11.1" : "10.1";
+    const Chunk whole = MakeChunk(1 << 20, restart ? 62 : 61);
+    ASSERT_TRUE(cache_->AdoptPack(StagingPath(name), name, Stage(name, {whole})).ok());
+    const size_t cut = 600 << 10;
+    Chunk head{std::vector<uint8_t>(whole.bytes.begin(), whole.bytes.begin() + cut), {}};
+    Chunk tail{std::vector<uint8_t>(whole.bytes.begin() + cut, whole.bytes.end()), {}};
+    head.id = ChunkId::Of(head.bytes.data(), head.bytes.size());
+    tail.id = ChunkId::Of(tail.bytes.data(), tail.bytes.size());
+    const std::vector<Packs::Entry> second{{head.id, 100, cut},
+                                           {tail.id, 100 + cut, tail.bytes.size()}};
+    auto again = cache_->AdoptPack(StagingPath(name), name, second);
+    ASSERT_TRUE(again.ok()) << again.status().ToString();
+    ASSERT_TRUE(again->empty());
+    ASSERT_EQ(::unlink(StagingPath(name).c_str()), 0);  // the second seal's commit
+    if (restart) Open();
+    ASSERT_TRUE(cache_->Remove(whole.id).ok());  // the other file is deleted
+    ExpectReadsBack(head);
+    ExpectReadsBack(tail);
+    Open();
+    ExpectReadsBack(head);
+    ExpectReadsBack(tail);
+  }
+}
+
+// A chunk file a machine crash cut short, and the chunk's extent a seal stored since (it did not
+// trust that file): a read moves the bad file aside and is served from the extent.
+TEST_F(PacksTest, AShortChunkFileDoesNotHideTheChunksExtent) {
+  const Chunk c = MakeChunk(300 << 10, 71);
+  {
+    const int fd = ::open(cache_->PathOf(c.id).c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::write(fd, c.bytes.data(), 4096), 4096);
+    ::close(fd);
+  }
+  EXPECT_FALSE(cache_->HasWhole(c.id, c.bytes.size()));
+  auto skipped = cache_->AdoptPack(StagingPath("12.1"), "12.1", Stage("12.1", {c}));
+  ASSERT_TRUE(skipped.ok()) << skipped.status().ToString();
+  ASSERT_TRUE(skipped->empty());
+  EXPECT_TRUE(cache_->Verify(c.id, c.bytes.size()).ok());
+  EXPECT_FALSE(Exists(cache_->PathOf(c.id))) << "moved aside";
+  ExpectReadsBack(c);
+}
+
+// A crash tears the index's last record at any byte: Open cuts it there, and records appended
+// after that (a drop, recorded and punched) still count after the next restart.
+TEST_F(PacksTest, AnIndexTornAtAnyByteOfItsLastRecordIsCutThere) {
+  const Chunk c = MakeChunk(64 << 10, 81), d = MakeChunk(64 << 10, 82), e = MakeChunk(64 << 10, 83);
+  const auto entries = Stage("13.1", {c, d, e});
+  std::string whole;
+  {
+    auto packs = Packs::Open(root_ + "/chunks/packs-torn", GetLogger("test"));
+    ASSERT_TRUE(packs.ok());
+    ASSERT_TRUE((*packs)->Adopt(StagingPath("13.1"), "13.1", entries).ok());
+    whole = test::ReadFileBytes(root_ + "/chunks/packs-torn/13.1.idx");
+  }
+  ASSERT_EQ(whole.size() % 3, 0u);
+  const size_t record = whole.size() / 3;
+  const std::string dir = root_ + "/chunks/packs-torn";
+  for (size_t cut = 2 * record; cut < whole.size(); ++cut) {
+    SCOPED_TRACE(cut);
+    {
+      const int fd = ::open((dir + "/13.1.idx").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      ASSERT_GE(fd, 0);
+      ASSERT_EQ(::write(fd, whole.data(), cut), static_cast<ssize_t>(cut));
+      ::close(fd);
+    }
+    if (::link(StagingPath("13.1").c_str(), (dir + "/13.1.pack").c_str()) != 0) {
+      ASSERT_EQ(errno, EEXIST);
+    }
+    {
+      auto packs = Packs::Open(dir, GetLogger("test"));
+      ASSERT_TRUE(packs.ok()) << packs.status().ToString();
+      EXPECT_TRUE((*packs)->Contains(c.id));
+      EXPECT_TRUE((*packs)->Contains(d.id));
+      EXPECT_FALSE((*packs)->Contains(e.id));
+      ASSERT_TRUE((*packs)->Drop(c.id).ok());
+    }
+    auto packs = Packs::Open(dir, GetLogger("test"));
+    ASSERT_TRUE(packs.ok());
+    EXPECT_FALSE((*packs)->Contains(c.id));
+    EXPECT_TRUE((*packs)->Contains(d.id));
+    EXPECT_FALSE((*packs)->Contains(e.id));
+  }
 }
 
 }  // namespace
