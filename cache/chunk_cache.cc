@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "backends/backend.h"
+#include "cache/append_pack.h"
 #include "cache/chunk_buffer.h"
 #include "cache/io_engine.h"
 
@@ -116,6 +117,7 @@ ChunkCache::ChunkCache(std::string dir, int dirfd, IoEngine* engine, uint64_t ra
 
 ChunkCache::~ChunkCache() { ::close(dirfd_); }
 
+
 std::string ChunkCache::PathOf(const ChunkId& id) const {
   std::string hex = id.Hex();
   return dir_ + "/" + hex.substr(0, 2) + "/" + hex;
@@ -168,7 +170,7 @@ Status ChunkCache::Warm(const ChunkId& id, size_t len) {
 bool ChunkCache::AlreadyOnDisk(const ChunkId& id, size_t len) {
   struct stat st;
   if ((::stat(PathOf(id).c_str(), &st) != 0 || static_cast<size_t>(st.st_size) != len) &&
-      packs_->Len(id) != len) {
+      (packs_->Len(id) != len || !ExtentSure(id, len))) {
     return false;
   }
   MutexLock lock(&mu_);
@@ -223,11 +225,13 @@ std::unique_ptr<ChunkCache::PreparedPut> ChunkCache::PreparePut(const void* data
   }
   auto* to = copy->lent ? copy->lent->data() : copy->own->bytes.get();
   std::memcpy(to, data, len);
+  std::memset(to + len, 0, DirectBlocks(len) - len);  // whole blocks may be written
   copy->bytes = to;
   return copy;
 }
 
 Result<bool> ChunkCache::PutBuffered(const ChunkId& id, const void* data, size_t len) {
+  if (append_) return PutAppended(id, data, len, false);
   std::string tmp = TmpPath(id);
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return Status::FromErrno(errno, "create chunk file " + tmp);
@@ -235,6 +239,7 @@ Result<bool> ChunkCache::PutBuffered(const ChunkId& id, const void* data, size_t
 }
 
 Result<bool> ChunkCache::PutDirect(const ChunkId& id, const uint8_t* data, size_t len) {
+  if (append_) return PutAppended(id, data, len, true);
   std::string tmp = TmpPath(id);
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_DIRECT, 0600);
   if (fd < 0 && errno == EINVAL) {  // no O_DIRECT on this filesystem: not asked again
