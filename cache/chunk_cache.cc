@@ -493,10 +493,19 @@ Result<ChunkRef> ChunkCache::LoadExtent(const ChunkId& id, size_t len) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return Status::FromErrno(errno, "open pack " + path);
   auto data = ChunkData::Allocate(len);
-  // Buffered (an extent starts anywhere in its pack), through the engine as chunk files are read.
-  auto n = at->second.len == len
-               ? engine_->ReadAt(fd, data->bytes.get(), len, static_cast<int64_t>(at->second.offset))
-               : Result<size_t>(size_t{0});
+  // A large extent on a block boundary (an append pack's) is read direct, as a chunk file is; one
+  // elsewhere (a staging file's starts anywhere), or a direct read refused or short, buffered.
+  const auto off = static_cast<int64_t>(at->second.offset);
+  const bool whole = at->second.len == len, direct = whole && off % kDirectAlign == 0 &&
+      len >= kDirectPutMin && !direct_refused_.load(std::memory_order_relaxed) && SetDirect(fd, true);
+  auto n = direct ? engine_->ReadAt(fd, data->bytes.get(), DirectBlocks(len), off, true)
+                  : Result<size_t>(size_t{0});
+  if (direct) std::memset(data->bytes.get() + len, 0, DirectBlocks(len) - len);  // not the chunk's
+  if (direct && (n.ok() ? *n >= len : n.status().code() != Code::kInvalid)) {
+    if (n.ok()) metrics_->cache_direct_read_bytes.Add(*n = len);
+  } else if (whole && (!direct || SetDirect(fd, false))) {
+    n = engine_->ReadAt(fd, data->bytes.get(), len, off);
+  }
   ::close(fd);
   if (!n.ok()) {
     log_->error("reading chunk {}: {}", id.Hex(), n.status().ToString());

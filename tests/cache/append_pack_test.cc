@@ -103,6 +103,9 @@ TEST_F(AppendPackTest, PutsAreAppendedToOnePackNotChunkFilesAndReadBackVerified)
   }
   EXPECT_EQ(Listed().size(), chunks.size());
   EXPECT_EQ(cache_->usage().disk_bytes, total);
+  // The large ones, on block boundaries, were read direct, as chunk files are.
+  EXPECT_EQ(metrics_.cache_direct_read_bytes.Get(),
+            chunks[1].bytes.size() + chunks[2].bytes.size() + chunks[3].bytes.size());
   // Each extent starts on a 4 KiB boundary.
   for (const auto& [id, at] : Packs::Scan(PacksDir())) EXPECT_EQ(at.second.offset % 4096, 0u);
   ASSERT_TRUE(cache_->SyncChunks({chunks[0].id, chunks[3].id}).ok());
