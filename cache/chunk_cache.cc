@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "backends/backend.h"
+#include "cache/append_pack.h"
 #include "cache/chunk_buffer.h"
 #include "cache/io_engine.h"
 
@@ -116,6 +117,7 @@ ChunkCache::ChunkCache(std::string dir, int dirfd, IoEngine* engine, uint64_t ra
 
 ChunkCache::~ChunkCache() { ::close(dirfd_); }
 
+
 std::string ChunkCache::PathOf(const ChunkId& id) const {
   std::string hex = id.Hex();
   return dir_ + "/" + hex.substr(0, 2) + "/" + hex;
@@ -168,7 +170,7 @@ Status ChunkCache::Warm(const ChunkId& id, size_t len) {
 bool ChunkCache::AlreadyOnDisk(const ChunkId& id, size_t len) {
   struct stat st;
   if ((::stat(PathOf(id).c_str(), &st) != 0 || static_cast<size_t>(st.st_size) != len) &&
-      packs_->Len(id) != len) {
+      (packs_->Len(id) != len || !ExtentSure(id, len))) {
     return false;
   }
   MutexLock lock(&mu_);
@@ -223,11 +225,17 @@ std::unique_ptr<ChunkCache::PreparedPut> ChunkCache::PreparePut(const void* data
   }
   auto* to = copy->lent ? copy->lent->data() : copy->own->bytes.get();
   std::memcpy(to, data, len);
+  std::memset(to + len, 0, DirectBlocks(len) - len);  // whole blocks may be written
   copy->bytes = to;
   return copy;
 }
 
 Result<bool> ChunkCache::PutBuffered(const ChunkId& id, const void* data, size_t len) {
+  if (append_) return PutAppended(id, data, len, false);
+  return PutChunkFile(id, data, len);
+}
+
+Result<bool> ChunkCache::PutChunkFile(const ChunkId& id, const void* data, size_t len) {
   std::string tmp = TmpPath(id);
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return Status::FromErrno(errno, "create chunk file " + tmp);
@@ -235,6 +243,7 @@ Result<bool> ChunkCache::PutBuffered(const ChunkId& id, const void* data, size_t
 }
 
 Result<bool> ChunkCache::PutDirect(const ChunkId& id, const uint8_t* data, size_t len) {
+  if (append_) return PutAppended(id, data, len, true);
   std::string tmp = TmpPath(id);
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_DIRECT, 0600);
   if (fd < 0 && errno == EINVAL) {  // no O_DIRECT on this filesystem: not asked again
@@ -501,10 +510,19 @@ Result<ChunkRef> ChunkCache::LoadExtent(const ChunkId& id, size_t len, bool* mov
   if (fd < 0 && errno == ENOENT && gone()) return NotFound("chunk " + id.Hex() + " moved");
   if (fd < 0) return Status::FromErrno(errno, "open pack " + path);
   auto data = ChunkData::Allocate(len);
-  // Buffered (an extent starts anywhere in its pack), through the engine as chunk files are read.
-  auto n = at->second.len == len
-               ? engine_->ReadAt(fd, data->bytes.get(), len, static_cast<int64_t>(at->second.offset))
-               : Result<size_t>(size_t{0});
+  // A large extent on a block boundary (an append pack's) is read direct, as a chunk file is; one
+  // elsewhere (a staging file's starts anywhere), or a direct read refused or short, buffered.
+  const auto off = static_cast<int64_t>(at->second.offset);
+  const bool whole = at->second.len == len, direct = whole && off % kDirectAlign == 0 &&
+      len >= kDirectPutMin && !direct_refused_.load(std::memory_order_relaxed) && SetDirect(fd, true);
+  auto n = direct ? engine_->ReadAt(fd, data->bytes.get(), DirectBlocks(len), off, true)
+                  : Result<size_t>(size_t{0});
+  if (direct) std::memset(data->bytes.get() + len, 0, DirectBlocks(len) - len);  // not the chunk's
+  if (direct && (n.ok() ? *n >= len : n.status().code() != Code::kInvalid)) {
+    if (n.ok()) metrics_->cache_direct_read_bytes.Add(*n = len);
+  } else if (whole && (!direct || SetDirect(fd, false))) {
+    n = engine_->ReadAt(fd, data->bytes.get(), len, off);
+  }
   ::close(fd);
   if (!n.ok()) {
     log_->error("reading chunk {}: {}", id.Hex(), n.status().ToString());

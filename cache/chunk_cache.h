@@ -2,7 +2,8 @@
 // their id, or as extents of pack files under <dir>/chunks/packs/ (cache/packs.h: a sealed staging
 // file adopted whole, AdoptPack); recently read chunks also live in a RAM LRU. Every byte read
 // from disk is verified against its id before anyone sees it (invariant 1). Every call below
-// treats a chunk the same in either home; Put and fetches write chunk files.
+// treats a chunk the same in either home. Put and fetches write chunk files, or, once
+// AppendToPacks was called (Config::packs), extents appended to packs (cache/append_pack.h).
 //
 // With remote tiers (AttachRemote: backends, nearest first), a chunk missing on disk is fetched
 // from the nearest tier that has it, verified, and kept on disk; one fetch serves every
@@ -32,6 +33,7 @@
 
 namespace ckptfs {
 
+class AppendPacks;
 class Backend;
 class DirectBuffer;
 
@@ -189,6 +191,13 @@ class ChunkCache {
   // durable once SyncChunks synced them.
   Result<std::vector<size_t>> AdoptPack(const std::string& src, const std::string& name,
                                         const std::vector<Packs::Entry>& entries);
+  // From now on Put, PutPrepared and fetches append chunks to packs (cache/append_pack.h), a new
+  // one every `bound` bytes (0: AppendPacks::kBound), instead of writing chunk files. Call once,
+  // before any other call.
+  void AppendToPacks(uint64_t bound = 0);
+  // After an unclean start, before any put (Packs::Distrust): a put counts on a chunk's extent
+  // listed now only once a read verified it; a bad one is dropped and the chunk stored anew.
+  void DistrustPacks() { packs_->Distrust(); }
   // Punches ranges holding no chunk out of pack `name`, unless the pack still has another name.
   Status PunchPack(const std::string& name, const std::vector<Packs::Range>& ranges);
   size_t pack_count() const { return packs_->packs(); }
@@ -211,8 +220,16 @@ class ChunkCache {
   // both, REQUIRES: not on disk already (AlreadyOnDisk was asked).
   Result<bool> PutDirect(const ChunkId& id, const uint8_t* data, size_t len);
   Result<bool> PutBuffered(const ChunkId& id, const void* data, size_t len);
-  // Whether chunk `id` already has its file of `len` bytes (then entered in the disk map).
+  // PutBuffered's chunk file, also with AppendToPacks (compaction moves extents into these).
+  Result<bool> PutChunkFile(const ChunkId& id, const void* data, size_t len);
+  // Either of those with AppendToPacks: the chunk appended to a pack.
+  Result<bool> PutAppended(const ChunkId& id, const void* data, size_t len, bool aligned);
+  // Whether chunk `id` already has its file or extent of `len` bytes (then entered in the disk
+  // map).
   bool AlreadyOnDisk(const ChunkId& id, size_t len);
+  // Whether chunk `id`'s extent of `len` bytes may be counted on (DistrustPacks): read and
+  // verified first when not known to be sound.
+  bool ExtentSure(const ChunkId& id, size_t len);
   // A fresh name under <dir>/tmp/ for a chunk file being written.
   std::string TmpPath(const ChunkId& id);
   // Writes data[0..len) as chunk `id` through a temporary file (fd open on `tmp`), then renames it.
@@ -233,6 +250,8 @@ class ChunkCache {
   Metrics* const metrics_;
   Logger log_;
   const std::unique_ptr<Packs> packs_;  // its own lock, a leaf; never called under mu_
+  // Set once by AppendToPacks; never called under mu_; goes before packs_ (ends its pack there).
+  std::unique_ptr<AppendPacks> append_;
 
   mutable Mutex mu_;  // guards everything below but what is set once
   using Lru = std::list<std::pair<ChunkId, ChunkRef>>;

@@ -1,11 +1,14 @@
 // ChunkCache's calls that work on many chunks and packs at once (cache/chunk_cache.h): removal
-// of many chunks, compaction of sparse packs, and fsck's check of where a chunk lives.
+// of many chunks, compaction of sparse packs, fsck's check of where a chunk lives, and the
+// chunks appended to packs (AppendToPacks; cache/append_pack.h).
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 
+#include "cache/append_pack.h"
 #include "cache/chunk_cache.h"
 
 namespace ckptfs {
@@ -54,10 +57,12 @@ uint64_t ChunkCache::CompactPacks() {
       if (moved >= kCompactPassBytes) break;
       // Read from its extent and verified (a bad one is dropped there, as a read drops it), then
       // written as a chunk file (renamed over any file of it, whose bytes were not checked).
+      // Never through Put: with append packs it would find the chunk's extent here and store
+      // nothing, and the drop below would take the chunk's only copy.
       bool gone = false;
       auto data = LoadExtent(e.id, e.len, &gone);
       if (!data.ok()) continue;
-      auto put = PutDirect(e.id, (*data)->bytes.get(), e.len);
+      auto put = PutChunkFile(e.id, (*data)->bytes.get(), e.len);
       if (!put.ok()) {
         st = put.status();
         break;  // a full disk: no room to move anything more
@@ -84,6 +89,28 @@ Status ChunkCache::Present(const ChunkId& id) const {
   struct stat st;
   if (::stat(PathOf(id).c_str(), &st) == 0) return Status::Ok();
   return packs_->Check(id);
+}
+
+void ChunkCache::AppendToPacks(uint64_t bound) {
+  append_ = std::make_unique<AppendPacks>(packs_.get(), engine_, metrics_, dir_ + "/packs", bound,
+                                          log_);
+}
+
+Result<bool> ChunkCache::PutAppended(const ChunkId& id, const void* data, size_t len,
+                                     bool aligned) {
+  ASSIGN_OR_RETURN(bool stored, append_->Put(id, static_cast<const uint8_t*>(data), len, aligned));
+  MutexLock lock(&mu_);
+  DiskAdd(id, len);
+  return stored;
+}
+
+bool ChunkCache::ExtentSure(const ChunkId& id, size_t len) {
+  if (packs_->Sure(id)) return true;
+  // Once: a bad extent is dropped by the read (then the chunk is stored anew), a good one trusted.
+  bool moved = false;
+  if (!LoadExtent(id, len, &moved).ok()) return false;
+  packs_->Trust(id);
+  return true;
 }
 
 }  // namespace ckptfs

@@ -264,7 +264,7 @@ bool Packs::Alone(const std::string& name) const {
 
 void Packs::Release(uint32_t pack) {
   auto it = packs_.find(pack);
-  if (it == packs_.end() || --it->second.live > 0) return;
+  if (it == packs_.end() || --it->second.live > 0 || it->second.appending) return;
   ::unlink(IndexPath(it->second.name).c_str());
   ::unlink(PackPath(it->second.name).c_str());
   by_name_.erase(it->second.name);
@@ -545,7 +545,7 @@ std::vector<Packs::Sparse> Packs::SparsePacks(size_t max) {
   std::unordered_map<uint32_t, size_t> at;
   for (auto& [pack, p] : packs_) {
     if (out.size() >= max) break;
-    if (!p.shrunk) continue;
+    if (!p.shrunk || p.appending) continue;  // one still appended to is looked at once ended
     struct stat st;
     if (::stat(PackPath(p.name).c_str(), &st) != 0) continue;
     // One that still has another name (its staging file) is looked at again later.
@@ -638,6 +638,65 @@ Status Packs::Check(const ChunkId& id) const {
                     " bytes long, short of its extent's end at " + std::to_string(end));
   }
   return Status::Ok();
+}
+
+// Append packs (cache/append_pack.h).
+
+Status Packs::StartAppend(const std::string& name) {
+  MutexLock lock(&mu_);
+  if (by_name_.count(name)) return Status(Code::kExists, "pack " + name + " exists");
+  by_name_[name] = next_pack_;
+  Pack& p = packs_[next_pack_++];
+  p.name = name;
+  p.appending = true;
+  return Status::Ok();
+}
+
+Result<bool> Packs::Record(const std::string& name, const Entry& e) {
+  MutexLock lock(&mu_);
+  auto pack = by_name_.find(name);
+  if (pack == by_name_.end() || !packs_.at(pack->second).appending) {
+    return NotFound("pack " + name + " is not appended to");
+  }
+  if (extents_.count(e.id)) return false;
+  // Not synced: SyncChunks makes it durable (after the pack's bytes) before a commit names it.
+  RETURN_IF_ERROR(Append(name, Encode('+', e.id, e.offset, e.len), false));
+  extents_[e.id] = Loc{pack->second, e.offset, e.len};
+  unsure_.erase(e.id);  // a dropped extent's
+  ++packs_.at(pack->second).live;
+  packs_.at(pack->second).bytes += e.len;
+  return true;
+}
+
+void Packs::EndAppend(const std::string& name) {
+  MutexLock lock(&mu_);
+  auto pack = by_name_.find(name);
+  if (pack == by_name_.end()) return;
+  Pack& p = packs_.at(pack->second);
+  p.appending = false;
+  ++p.live;
+  Release(pack->second);  // the pack goes when it holds no extent
+}
+
+bool Packs::Appending(const std::string& name) const {
+  MutexLock lock(&mu_);
+  auto pack = by_name_.find(name);
+  return pack != by_name_.end() && packs_.at(pack->second).appending;
+}
+
+void Packs::Distrust() {
+  MutexLock lock(&mu_);
+  for (const auto& [id, loc] : extents_) unsure_.insert(id);
+}
+
+bool Packs::Sure(const ChunkId& id) const {
+  MutexLock lock(&mu_);
+  return !unsure_.count(id);
+}
+
+void Packs::Trust(const ChunkId& id) {
+  MutexLock lock(&mu_);
+  unsure_.erase(id);
 }
 
 }  // namespace ckptfs

@@ -1,10 +1,16 @@
 // Packs: the local tier's chunks that live as extents of pack files, beside the chunk files of
 // ChunkCache (one file per chunk, the older layout, still read and written).
 //
-// A pack is a file that already holds chunks at known offsets: a passthrough staging file whose
-// seal adopted it (hard-linked as <dir>/<name>.pack), never written again. Its index
-// <dir>/<name>.idx is an append-only log of fixed-size records, each with its own checksum:
-// '+' adds an extent (chunk id, offset, length), '-' drops one.
+// A pack is a file that holds chunks at known offsets, of one of two kinds:
+//   - a passthrough staging file whose seal adopted it (hard-linked as <dir>/<name>.pack, named
+//     "<ino>.<ns>"), never written again;
+//   - an append pack (<dir>/append.<ns>.pack, cache/append_pack.h): the daemon appends the
+//     chunks it stores itself (its write path, fetches), each written before its record. While
+//     appended to (StartAppend .. EndAppend) it stays even with no extent, and its ranges not
+//     recorded may be puts on their way: only recovery may treat them as free. It has one name
+//     only, so its dropped extents are always punched.
+// Its index <dir>/<name>.idx is an append-only log of fixed-size records, each with its own
+// checksum: '+' adds an extent (chunk id, offset, length), '-' drops one.
 //
 // Why an index file per pack and not LMDB: this layer lies below the store and its LMDB, and
 // chunk files already carry their own "index" (their names). A pack's index is made durable
@@ -16,7 +22,7 @@
 //
 // Crash safety:
 //   - Adopt links the pack, appends its '+' records and registers them before the manifest
-//     commit. A crash before that commit leaves extents no manifest names: the store's sweep of
+//     commit (Record, an append pack's, likewise, after the chunk's bytes are written). A crash before that commit leaves extents no manifest names: the store's sweep of
 //     unreferenced chunks at an unclean start drops them, as it removes chunk files.
 //   - A pack that still has another name (st_nlink > 1: its staging file, which the seal removes
 //     only after its commit) is never punched: its bytes may be a staged version's.
@@ -32,6 +38,9 @@
 //   - Compaction (ChunkCache::CompactPacks) moves the extents of sparse packs (SparsePacks) into
 //     chunk files, made durable before DropMoved records their drops: a chunk is always in its
 //     pack, its chunk file, or both.
+//   - A power loss may keep a record whose bytes were not written back, inside the pack (a hole:
+//     zeros), which no size check sees: reads verify every extent, and after an unclean start
+//     (Distrust) a put counts on an extent listed then only once a read verified it.
 //
 // Thread-safe: one lock (mu_) over the maps and every index append and punch; a leaf (it calls
 // nothing that takes another lock).
@@ -44,6 +53,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -121,6 +131,26 @@ class Packs {
   void ForEach(const std::function<void(const ChunkId&, uint64_t len)>& fn) const;
   size_t packs() const;
 
+  // Append packs (cache/append_pack.h; defined in append_pack.cc): packs the daemon writes
+  // itself, one chunk at a time. StartAppend registers pack `name`, whose pack file and (empty)
+  // index exist: it stays, even with no extent, until EndAppend (a range reserved in it may be
+  // on its way). Record adds the extent `e` of pack `name` (a '+' record, not synced), once its
+  // bytes are written: false when chunk e.id has an extent already (the range is the caller's
+  // again), kNotFound when the pack is not appended to. EndAppend: nothing more comes; the pack
+  // goes now when it has no extent, else with its last.
+  Status StartAppend(const std::string& name);
+  Result<bool> Record(const std::string& name, const Entry& e);
+  void EndAppend(const std::string& name);
+  // Whether pack `name` is appended to now (its unrecorded ranges may be on their way).
+  bool Appending(const std::string& name) const;
+  // After an unclean start, before any put: every extent listed now may name bytes a power loss
+  // took (its record written back, the pack's bytes not: a hole reads as zeros, which no size
+  // check catches as it catches a short chunk file). Sure: chunk `id`'s extent is not one of
+  // those, or was read and verified since (Trust), so a put may count on it.
+  void Distrust();
+  bool Sure(const ChunkId& id) const;
+  void Trust(const ChunkId& id);
+
  private:
   struct Pack {
     std::string name;
@@ -131,6 +161,7 @@ class Packs {
     // extent of the first seal stayed): a dropped one's range is not punched, as it may hold
     // another's bytes.
     bool overlapping = false;
+    bool appending = false;  // an append pack not ended: stays with no extent
   };
   struct Loc {
     uint32_t pack = 0;
@@ -162,6 +193,7 @@ class Packs {
   std::unordered_map<std::string, uint32_t> by_name_ GUARDED_BY(mu_);
   uint32_t next_pack_ GUARDED_BY(mu_) = 1;
   std::atomic<uint64_t> index_syncs_{0};
+  std::unordered_set<ChunkId, ChunkIdHash> unsure_ GUARDED_BY(mu_);  // Distrust
 };
 
 }  // namespace ckptfs

@@ -62,6 +62,8 @@ Result<std::unique_ptr<Store>> Store::Open(const Config& cfg, PayloadScannerFact
     return cache.status();
   }
   s->cache_ = std::move(*cache);
+  if (cfg.packs) s->cache_->AppendToPacks();  // the daemon's own chunks go to packs too
+  if (!clean) s->cache_->DistrustPacks();
   s->chunks_ = std::make_unique<LocalChunks>(s->cfg_.cache_dir, s->cache_.get(), s->meta_.get(),
                                              &s->metrics_, s->log_, s->cfg_.write_threads);
   s->publisher_ = std::make_unique<Publisher>(s->cfg_, s->meta_.get(), s->cache_.get(),

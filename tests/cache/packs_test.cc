@@ -14,6 +14,7 @@
 #include "cache/chunk_cache.h"
 #include "cache/io_engine.h"
 #include "common/log.h"
+#include "tests/cache/cache_test_util.h"
 #include "tests/test_util.h"
 
 namespace ckptfs {
@@ -27,11 +28,7 @@ bool Exists(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0;
 }
 
-// Bytes of `path` backed by disk blocks (st_blocks).
-uint64_t Allocated(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_blocks) * 512 : 0;
-}
+using test::Allocated;
 
 class PacksTest : public ::testing::Test {
  protected:
@@ -77,18 +74,9 @@ class PacksTest : public ::testing::Test {
     return root_ + "/chunks/packs/" + name + ".idx";
   }
 
-  void ExpectReadsBack(const Chunk& c) {
-    auto r = cache_->Get(c.id, c.bytes.size());
-    ASSERT_TRUE(r.ok()) << r.status().ToString();
-    ASSERT_EQ((*r)->size, c.bytes.size());
-    EXPECT_TRUE(std::equal(c.bytes.begin(), c.bytes.end(), (*r)->bytes.get()));
-  }
+  void ExpectReadsBack(const Chunk& c) { test::ExpectReadsBack(*cache_, c); }
   // The chunks ForEach lists.
-  std::vector<ChunkId> Listed() {
-    std::vector<ChunkId> ids;
-    EXPECT_TRUE(cache_->ForEach([&](const ChunkId& id, uint64_t) { ids.push_back(id); }).ok());
-    return ids;
-  }
+  std::vector<ChunkId> Listed() { return test::Listed(*cache_); }
 
   test::TempDir dir_;
   std::string root_;

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "cache/packs.h"
 #include "store/store.h"
 #include "tests/store/store_fixture.h"
 
@@ -23,9 +24,25 @@ class StorePacksTest : public test::StoreFixture {
     cfg_.packs = true;
     Reopen();
   }
-  std::vector<std::string> Packs() { return test::Names(cfg_.cache_dir + "/chunks/packs"); }
+  // The files of the packs seals made of staging files, and of those the daemon appends its own
+  // chunks to ("append.<ns>": cache/append_pack.h).
+  std::vector<std::string> Packs() { return PackNames(false); }
+  std::vector<std::string> AppendPacks() { return PackNames(true); }
+  // The bytes of the extents the packs' indexes list.
+  uint64_t ExtentBytes() {
+    uint64_t n = 0;
+    for (const auto& [id, at] : Packs::Scan(cfg_.cache_dir + "/chunks/packs")) n += at.second.len;
+    return n;
+  }
+  std::vector<std::string> PackNames(bool appended) {
+    std::vector<std::string> out;
+    for (const std::string& n : test::Names(cfg_.cache_dir + "/chunks/packs")) {
+      if ((n.rfind("append.", 0) == 0) == appended) out.push_back(n);
+    }
+    return out;
+  }
   size_t StagingFiles() { return test::Names(cfg_.cache_dir + "/passthrough").size(); }
-  // The disk room the one pack takes (st_blocks).
+  // The disk room the one pack a seal made takes (st_blocks).
   uint64_t PackRoom() {
     for (const std::string& n : Packs()) {
       if (n.size() > 5 && n.substr(n.size() - 5) == ".pack") {
@@ -59,6 +76,8 @@ TEST_F(StorePacksTest, TheSealKeepsTheStagingFileAsThePackOfItsNewChunks) {
   const Bytes old = test::RandomBytes(2 << 20, 1), fresh = test::RandomBytes(2 << 20, 2);
   InodeRecord classic = File(kRootIno, "classic");
   WriteFile(classic.ino, old);
+  EXPECT_EQ(ChunkFiles(), 0u) << "the daemon's write path appends to a pack";
+  EXPECT_EQ(AppendPacks().size(), 2u) << "a pack and its index";
   const size_t chunk_files = ChunkFiles();
   const uint64_t written = store_->metrics().chunk_bytes_written.Get();
   Bytes data = old;
@@ -85,6 +104,39 @@ TEST_F(StorePacksTest, TheSealKeepsTheStagingFileAsThePackOfItsNewChunks) {
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_TRUE(r->Clean()) << r->Json();
   EXPECT_EQ(r->unreferenced_chunk_files, 0u);
+}
+
+// The chunks of the daemon's write path are appended to a pack of its own: no chunk file; the
+// fsync'd file outlives a machine crash; an unclean start's sweep drops the extents of a file
+// whose commit never came; a file deleted takes its extents with it.
+TEST_F(StorePacksTest, TheDaemonsWritePathAppendsItsChunksToAPack) {
+  const Bytes a = test::RandomBytes(3 << 20, 11), b = test::RandomBytes(2 << 20, 12);
+  const InodeRecord fa = DurableFile(kRootIno, "a", a);
+  EXPECT_EQ(ChunkFiles(), 0u);
+  ASSERT_EQ(AppendPacks().size(), 2u);
+  EXPECT_TRUE(Packs().empty());
+  EXPECT_TRUE(ReadFile(fa.ino) == a);
+  EXPECT_EQ(store_->gauges().cache.disk_bytes, a.size());
+  EXPECT_EQ(ExtentBytes(), a.size());
+  // b is written and never closed when the machine goes: its chunks are in the pack, unnamed.
+  const InodeRecord fb = File(kRootIno, "b");
+  ASSERT_TRUE(store_->Open(fb.ino).ok());
+  for (size_t off = 0; off < b.size(); off += 100000) {
+    const size_t n = std::min<size_t>(100000, b.size() - off);
+    ASSERT_TRUE(store_->Write(fb.ino, off, b.data() + off, n).ok());
+  }
+  Crash(nullptr);
+  EXPECT_TRUE(ReadFile(fa.ino) == a);
+  EXPECT_EQ(ExtentBytes(), a.size()) << "the sweep dropped b's extents";
+  auto r = store_->Fsck(kRootIno, Store::FsckOptions{.deep = true});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->Clean()) << r->Json();
+  EXPECT_EQ(r->unreferenced_chunk_files, 0u);
+  EXPECT_EQ(ChunkFiles(), 0u);
+  ASSERT_TRUE(store_->Unlink(kRootIno, "a").ok());
+  EXPECT_EQ(ExtentBytes(), 0u);
+  Reopen();
+  EXPECT_TRUE(AppendPacks().empty()) << "packs with no extent left go";
 }
 
 TEST_F(StorePacksTest, AFileIdenticalToAnotherLeavesNoPack) {
@@ -123,7 +175,7 @@ TEST_F(StorePacksTest, AReaderHoldingTheStagingFileAtTheSealGetsItsChunksCopied)
   ASSERT_TRUE(store_->Release(ino, fh).ok());
   ASSERT_TRUE(store_->EnsureSealed(ino).ok());
   EXPECT_TRUE(Packs().empty()) << "a file the kernel may still let a writer change is no pack";
-  EXPECT_GT(ChunkFiles(), 0u);
+  EXPECT_EQ(AppendPacks().size(), 2u) << "its chunks are copied into a pack of the daemon's";
   EXPECT_TRUE(ReadFile(ino) == data);
   Bytes got(data.size());
   ASSERT_EQ(::pread(rfd, got.data(), got.size(), 0), static_cast<ssize_t>(got.size()));
