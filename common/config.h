@@ -82,7 +82,8 @@ struct Config {
   bool passthrough = true;
   // A seal keeps a passthrough staging file as the home of its new chunks (a pack: cache/packs.h)
   // instead of writing them again into chunk files; chunks stored already are punched out of it.
-  bool packs = false;
+  // Chunks the daemon writes itself are appended to packs of its own (cache/append_pack.h).
+  bool packs = true;
   // The remote tiers (store/remote_tier.h), nearest first (--backend given once per tier). Empty:
   // none; the cache directory holds everything. Each "file:///PATH" (a directory, e.g. on a
   // parallel filesystem) or "s3://BUCKET[/PREFIX]". The farthest is the shared namespace.

@@ -30,6 +30,9 @@ class StoreFixture : public ::testing::Test {
     cfg_.chunking.min_bytes = 16 << 10;
     cfg_.chunking.avg_bytes = 64 << 10;
     cfg_.chunking.max_bytes = 256 << 10;
+    // The layout these tests look into (ChunkFiles, chunk paths they damage): one file per chunk.
+    // Packs, the default, have their fixture (store_packs_test.cc) and the mount's tests.
+    cfg_.packs = false;
     ASSERT_TRUE(cfg_.Validate().ok());
     Reopen();
   }
