@@ -778,7 +778,12 @@ Result<std::vector<size_t>> ChunkCache::AdoptPack(const std::string& src, const 
   }
   MutexLock lock(&mu_);
   for (size_t i = 0; i < fresh.size(); ++i) {
-    if (recorded[i]) DiskAdd(fresh[i].id, fresh[i].len);
+    if (!recorded[i]) continue;
+    DiskAdd(fresh[i].id, fresh[i].len);
+    // New chunks stored, as a Put counts them; adopted, so not written a second time.
+    metrics_->chunks_written.Add(1);
+    metrics_->chunk_bytes_written.Add(fresh[i].len);
+    metrics_->chunk_adopted_bytes.Add(fresh[i].len);
   }
   return skipped;
 }

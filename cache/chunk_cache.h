@@ -167,7 +167,8 @@ class ChunkCache {
   // with its last; at most kCompactPassBytes per call. Each chunk is read and verified from its
   // extent, written as a chunk file and made durable (file and name) before its '-' record, so a
   // crash at any moment leaves it in its pack, in its chunk file, or in both. Called after
-  // eviction and reclaim, never under a lock. Returns the bytes moved.
+  // eviction and reclaim, never under a lock; one pass at a time (a call while another runs
+  // returns 0 at once: that pass takes the packs this one would). Returns the bytes moved.
   static constexpr uint64_t kCompactPassBytes = 64 << 20;
   static constexpr size_t kCompactPassPacks = 8;
   uint64_t CompactPacks();
@@ -252,6 +253,8 @@ class ChunkCache {
   const std::unique_ptr<Packs> packs_;  // its own lock, a leaf; never called under mu_
   // Set once by AppendToPacks; never called under mu_; goes before packs_ (ends its pack there).
   std::unique_ptr<AppendPacks> append_;
+
+  std::atomic<bool> compacting_{false};  // a CompactPacks pass runs
 
   mutable Mutex mu_;  // guards everything below but what is set once
   using Lru = std::list<std::pair<ChunkId, ChunkRef>>;

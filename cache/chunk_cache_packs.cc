@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdint>
 
@@ -48,6 +49,12 @@ std::vector<Status> ChunkCache::RemoveMany(const std::vector<ChunkId>& ids) {
 }
 
 uint64_t ChunkCache::CompactPacks() {
+  // Two passes at once would read and write the same extents twice and log each move twice.
+  if (compacting_.exchange(true, std::memory_order_acquire)) return 0;
+  struct Done {
+    std::atomic<bool>* flag;
+    ~Done() { flag->store(false, std::memory_order_release); }
+  } done_pass{&compacting_};
   uint64_t moved = 0;
   for (const Packs::Sparse& pack : packs_->SparsePacks(kCompactPassPacks)) {
     std::vector<Packs::Entry> done;

@@ -25,6 +25,7 @@ std::vector<std::pair<std::string, uint64_t>> Metrics::Snapshot() const {
   return {
       {"chunks_written", chunks_written.Get()},
       {"chunk_bytes_written", chunk_bytes_written.Get()},
+      {"chunk_adopted_bytes", chunk_adopted_bytes.Get()},
       {"chunk_direct_write_bytes", chunk_direct_write_bytes.Get()},
       {"chunk_dedup_hits", chunk_dedup_hits.Get()},
       {"chunk_dedup_bytes", chunk_dedup_bytes.Get()},

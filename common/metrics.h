@@ -110,6 +110,7 @@ struct PeerMetrics {
 struct Metrics {
   Counter chunks_written;       // new chunks put on the local tier
   Counter chunk_bytes_written;  // their bytes
+  Counter chunk_adopted_bytes;  // of those, stored where the file's own write put them (no copy)
   Counter chunk_direct_write_bytes;  // chunks written by the direct path (their last partial block buffered)
   Counter chunk_dedup_hits;     // chunks a file referenced that were already stored
   Counter chunk_dedup_bytes;    // their bytes

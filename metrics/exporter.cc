@@ -29,6 +29,7 @@ struct CounterInfo {
 constexpr CounterInfo kCounters[] = {
     {"chunks_written", "ckptfs_chunks_written", "New chunks stored on the local tier."},
     {"chunk_bytes_written", "ckptfs_chunk_written_bytes", "Bytes of new chunks stored on the local tier."},
+    {"chunk_adopted_bytes", "ckptfs_chunk_adopted_bytes", "Bytes of those stored in place in the staging file that took the write (a pack), not copied."},
     {"chunk_direct_write_bytes", "ckptfs_disk_direct_write_bytes", "Bytes of chunks written to the local tier with O_DIRECT (a chunk's last partial block through the page cache)."},
     {"chunk_dedup_hits", "ckptfs_chunk_dedup_hits", "Chunks a file referenced that were already stored."},
     {"chunk_dedup_bytes", "ckptfs_chunk_dedup_bytes", "Bytes of chunks a file referenced that were already stored."},

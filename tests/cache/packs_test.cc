@@ -91,7 +91,11 @@ TEST_F(PacksTest, AnAdoptedStagingFileServesItsChunksVerified) {
   auto skipped = cache_->AdoptPack(StagingPath("7.1"), "7.1", entries);
   ASSERT_TRUE(skipped.ok()) << skipped.status().ToString();
   EXPECT_TRUE(skipped->empty());
-  EXPECT_EQ(metrics_.chunk_bytes_written.Get(), 0u) << "no byte is written again";
+  uint64_t total = 0;
+  for (const Chunk& c : chunks) total += c.bytes.size();
+  EXPECT_EQ(metrics_.chunk_bytes_written.Get(), total) << "new chunks stored";
+  EXPECT_EQ(metrics_.chunk_adopted_bytes.Get(), total) << "all kept in place: no byte written again";
+  EXPECT_EQ(metrics_.chunk_direct_write_bytes.Get(), 0u);
   struct stat a, b;
   ASSERT_EQ(::stat(StagingPath("7.1").c_str(), &a), 0);
   ASSERT_EQ(::stat(PackPath("7.1").c_str(), &b), 0);
