@@ -115,7 +115,17 @@ ChunkCache::ChunkCache(std::string dir, int dirfd, IoEngine* engine, uint64_t ra
       log_(GetLogger("cache")),
       packs_(std::move(packs)) {}
 
-ChunkCache::~ChunkCache() { ::close(dirfd_); }
+ChunkCache::~ChunkCache() {
+  std::thread compactor;
+  {
+    MutexLock lock(&compact_mu_);
+    compact_stop_ = true;
+    compactor = std::move(compactor_);
+  }
+  compact_cv_.notify_all();
+  if (compactor.joinable()) compactor.join();  // a pass in progress ends first (bounded)
+  ::close(dirfd_);
+}
 
 
 std::string ChunkCache::PathOf(const ChunkId& id) const {
@@ -444,7 +454,7 @@ uint64_t ChunkCache::Evict() {
     metrics_->chunks_evicted.Add(1);
     metrics_->chunk_evict_bytes.Add(sizes[i]);
   }
-  if (!going.empty()) CompactPacks();
+  if (!going.empty()) CompactSoon();  // never on this thread: it may be a reader's
   return freed;
 }
 

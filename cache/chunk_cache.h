@@ -14,11 +14,13 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <list>
 #include <memory>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -166,12 +168,16 @@ class ChunkCache {
   // quarter of the pack's size) into chunk files, then drops them from their pack, which goes
   // with its last; at most kCompactPassBytes per call. Each chunk is read and verified from its
   // extent, written as a chunk file and made durable (file and name) before its '-' record, so a
-  // crash at any moment leaves it in its pack, in its chunk file, or in both. Called after
-  // eviction and reclaim, never under a lock; one pass at a time (a call while another runs
-  // returns 0 at once: that pass takes the packs this one would). Returns the bytes moved.
+  // crash at any moment leaves it in its pack, in its chunk file, or in both. Never under a
+  // lock; one pass at a time (a call while another runs returns 0 at once: that pass takes the
+  // packs this one would). Returns the bytes moved.
   static constexpr uint64_t kCompactPassBytes = 64 << 20;
   static constexpr size_t kCompactPassPacks = 8;
   uint64_t CompactPacks();
+  // Asks for compaction behind the caller: eviction (which a cold read's fetch or a waiting
+  // writer may run) and reclaim call it, and a thread of the cache's own, started at the first
+  // ask, runs passes until one moves nothing. Returns at once.
+  void CompactSoon();
   // fsck without --deep: chunk `id` has its chunk file, or its extent's pack is there and long
   // enough to hold it; kNotFound saying what is missing otherwise.
   Status Present(const ChunkId& id) const;
@@ -255,6 +261,13 @@ class ChunkCache {
   std::unique_ptr<AppendPacks> append_;
 
   std::atomic<bool> compacting_{false};  // a CompactPacks pass runs
+  // CompactSoon's thread; compact_mu_ is a leaf.
+  Mutex compact_mu_;
+  std::condition_variable compact_cv_;
+  bool compact_asked_ GUARDED_BY(compact_mu_) = false;
+  bool compact_stop_ GUARDED_BY(compact_mu_) = false;
+  std::thread compactor_ GUARDED_BY(compact_mu_);
+  void CompactLoop();
 
   mutable Mutex mu_;  // guards everything below but what is set once
   using Lru = std::list<std::pair<ChunkId, ChunkRef>>;

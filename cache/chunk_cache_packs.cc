@@ -92,6 +92,33 @@ uint64_t ChunkCache::CompactPacks() {
   return moved;
 }
 
+void ChunkCache::CompactSoon() {
+  MutexLock lock(&compact_mu_);
+  if (compact_stop_) return;
+  compact_asked_ = true;
+  if (!compactor_.joinable()) compactor_ = std::thread([this] { CompactLoop(); });
+  compact_cv_.notify_one();
+}
+
+void ChunkCache::CompactLoop() {
+  MutexLock lock(&compact_mu_);
+  for (;;) {
+    compact_cv_.wait(lock.native(), [this]() NO_THREAD_SAFETY_ANALYSIS {
+      return compact_asked_ || compact_stop_;
+    });
+    if (compact_stop_) return;
+    compact_asked_ = false;
+    lock.Unlock();
+    // A pass is bounded (kCompactPassBytes); more passes while they move anything, so a large
+    // removal is compacted whole, and a stop waits for one pass at most.
+    while (CompactPacks() > 0) {
+      MutexLock check(&compact_mu_);
+      if (compact_stop_) break;
+    }
+    lock.Lock();
+  }
+}
+
 Status ChunkCache::Present(const ChunkId& id) const {
   struct stat st;
   if (::stat(PathOf(id).c_str(), &st) == 0) return Status::Ok();

@@ -190,7 +190,7 @@ void LocalChunks::Reclaim(const std::vector<ChunkId>& ids) {
       }
     }
   }
-  cache_->CompactPacks();  // packs left sparse: their last chunks move into chunk files
+  cache_->CompactSoon();  // packs left sparse: their last chunks move into chunk files
 }
 
 Result<ChunkRef> LocalChunks::Referenced(const ChunkId& id, uint64_t len, bool fetch) {

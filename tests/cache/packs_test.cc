@@ -408,6 +408,28 @@ TEST_F(PacksTest, CompactionMovesTheLastChunksOfASparsePackIntoChunkFiles) {
   EXPECT_EQ(cache_->pack_count(), 1u);
 }
 
+// Eviction and reclaim leave compaction to the cache's own thread (CompactSoon): it runs passes
+// until one moves nothing, and the cache's end waits for it.
+TEST_F(PacksTest, CompactSoonCompactsBehindTheCallerAndTheCacheWaitsForIt) {
+  std::vector<Chunk> chunks;
+  for (int i = 0; i < 8; ++i) chunks.push_back(MakeChunk(256 << 10, 70 + i));
+  ASSERT_TRUE(cache_->AdoptPack(StagingPath("b"), "b", Stage("b", chunks)).ok());
+  ASSERT_EQ(::unlink(StagingPath("b").c_str()), 0);
+  std::vector<ChunkId> going;
+  for (int i = 1; i < 8; ++i) going.push_back(chunks[i].id);
+  for (const Status& st : cache_->RemoveMany(going)) ASSERT_TRUE(st.ok());
+  cache_->CompactSoon();
+  for (int i = 0; i < 500 && Exists(PackPath("b")); ++i) ::usleep(10000);
+  EXPECT_FALSE(Exists(PackPath("b"))) << "compacted away behind the caller";
+  EXPECT_TRUE(Exists(cache_->PathOf(chunks[0].id)));
+  ExpectReadsBack(chunks[0]);
+  // Asked and ended at once: the destructor joins the thread (the sanitizers' builds check it).
+  cache_->CompactSoon();
+  cache_.reset();
+  Open();
+  ExpectReadsBack(chunks[0]);
+}
+
 // The state a crash in the middle of a compaction leaves before its '-' records: chunk files
 // written and the extents still recorded (the next pass finishes the move). After the '-'
 // records the chunk files are durable (synced first); a range recorded dropped and not yet
