@@ -75,6 +75,18 @@ class PacksTest : public ::testing::Test {
   }
 
   void ExpectReadsBack(const Chunk& c) { test::ExpectReadsBack(*cache_, c); }
+  // Pack `name` of eight 256 KiB chunks (seeds from `seed`), its staging name gone, with all but
+  // its first `keep` chunks removed: sparse, for compaction.
+  std::vector<Chunk> SparsePack(const std::string& name, uint64_t seed, int keep) {
+    std::vector<Chunk> chunks;
+    for (int i = 0; i < 8; ++i) chunks.push_back(MakeChunk(256 << 10, seed + i));
+    EXPECT_TRUE(cache_->AdoptPack(StagingPath(name), name, Stage(name, chunks)).ok());
+    EXPECT_EQ(::unlink(StagingPath(name).c_str()), 0);
+    std::vector<ChunkId> going;
+    for (int i = keep; i < 8; ++i) going.push_back(chunks[i].id);
+    for (const Status& st : cache_->RemoveMany(going)) EXPECT_TRUE(st.ok());
+    return chunks;
+  }
   // The chunks ForEach lists.
   std::vector<ChunkId> Listed() { return test::Listed(*cache_); }
 
@@ -411,13 +423,7 @@ TEST_F(PacksTest, CompactionMovesTheLastChunksOfASparsePackIntoChunkFiles) {
 // Eviction and reclaim leave compaction to the cache's own thread (CompactSoon): it runs passes
 // until one moves nothing, and the cache's end waits for it.
 TEST_F(PacksTest, CompactSoonCompactsBehindTheCallerAndTheCacheWaitsForIt) {
-  std::vector<Chunk> chunks;
-  for (int i = 0; i < 8; ++i) chunks.push_back(MakeChunk(256 << 10, 70 + i));
-  ASSERT_TRUE(cache_->AdoptPack(StagingPath("b"), "b", Stage("b", chunks)).ok());
-  ASSERT_EQ(::unlink(StagingPath("b").c_str()), 0);
-  std::vector<ChunkId> going;
-  for (int i = 1; i < 8; ++i) going.push_back(chunks[i].id);
-  for (const Status& st : cache_->RemoveMany(going)) ASSERT_TRUE(st.ok());
+  const std::vector<Chunk> chunks = SparsePack("b", 70, 1);
   cache_->CompactSoon();
   for (int i = 0; i < 500 && Exists(PackPath("b")); ++i) ::usleep(10000);
   EXPECT_FALSE(Exists(PackPath("b"))) << "compacted away behind the caller";
@@ -435,13 +441,7 @@ TEST_F(PacksTest, CompactSoonCompactsBehindTheCallerAndTheCacheWaitsForIt) {
 // records the chunk files are durable (synced first); a range recorded dropped and not yet
 // punched is what OpenPunchesWhatASealStoppedBeforeItsPunchLeft covers.
 TEST_F(PacksTest, ACompactionStoppedAtAnyStepLeavesEachChunkInAHome) {
-  std::vector<Chunk> chunks;
-  for (int i = 0; i < 8; ++i) chunks.push_back(MakeChunk(256 << 10, 50 + i));
-  ASSERT_TRUE(cache_->AdoptPack(StagingPath("c"), "c", Stage("c", chunks)).ok());
-  ASSERT_EQ(::unlink(StagingPath("c").c_str()), 0);
-  std::vector<ChunkId> going;
-  for (int i = 2; i < 8; ++i) going.push_back(chunks[i].id);
-  for (const Status& st : cache_->RemoveMany(going)) ASSERT_TRUE(st.ok());
+  const std::vector<Chunk> chunks = SparsePack("c", 50, 2);
   // Stopped after writing chunk 0's file (a chunk file of right length, wrong bytes, too:
   // compaction never trusts a file it did not write) and before any '-' record.
   cache_.reset();
