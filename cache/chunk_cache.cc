@@ -284,8 +284,8 @@ std::string ChunkCache::TmpPath(const ChunkId& id) {
   return dir_ + "/tmp/" + id.Hex() + "." + std::to_string(seq);
 }
 
-Result<bool> ChunkCache::WriteChunkFile(const ChunkId& id, int fd, const std::string& tmp,
-                                        const void* data, size_t len, bool direct) {
+Status ChunkCache::WriteTmp(const ChunkId& id, int fd, const std::string& tmp, const void* data,
+                            size_t len, bool direct) {
   // A direct write moves whole blocks; the last, partial one goes through the page cache. (Written
   // padded and cut back with ftruncate, it cost a synchronous read of that block, which ext4 zeroes
   // past the new end, and a second write of it.) Its writeback starts at once: a direct read of
@@ -305,11 +305,19 @@ Result<bool> ChunkCache::WriteChunkFile(const ChunkId& id, int fd, const std::st
     }
   }
   if (::close(fd) != 0 && w.ok()) w = Status::FromErrno(errno, "close chunk file " + tmp);
-  const std::string path = PathOf(id);
-  if (w.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
-    w = Status::FromErrno(errno, "rename chunk file to " + path);
-  }
   if (!w.ok()) {
+    ::unlink(tmp.c_str());
+    return Status(w.code(), "writing chunk " + id.Hex() + ": " + w.message());
+  }
+  return Status::Ok();
+}
+
+Result<bool> ChunkCache::WriteChunkFile(const ChunkId& id, int fd, const std::string& tmp,
+                                        const void* data, size_t len, bool direct) {
+  RETURN_IF_ERROR(WriteTmp(id, fd, tmp, data, len, direct));
+  const std::string path = PathOf(id);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const Status w = Status::FromErrno(errno, "rename chunk file to " + path);
     ::unlink(tmp.c_str());
     return Status(w.code(), "writing chunk " + id.Hex() + ": " + w.message());
   }

@@ -174,6 +174,13 @@ class ChunkCache {
   static constexpr uint64_t kCompactPassBytes = 64 << 20;
   static constexpr size_t kCompactPassPacks = 8;
   uint64_t CompactPacks();
+  // Compaction's move of extent `e` of pack `pack` (its verified bytes in `data`) into a chunk
+  // file: written, then renamed into place only while the pack still holds the extent, under
+  // remove_mu_, so that a removal of the chunk meanwhile (eviction, reclaim) is never undone by
+  // a chunk file it did not see. A move, not a new chunk: the disk map and the written counters
+  // are left as they are. False (nothing left behind) when the extent went meanwhile.
+  Result<bool> MoveIntoChunkFile(const std::string& pack, const Packs::Entry& e,
+                                 const uint8_t* data);
   // Asks for compaction behind the caller: eviction (which a cold read's fetch or a waiting
   // writer may run) and reclaim call it, and a thread of the cache's own, started at the first
   // ask, runs passes until one moves nothing. Returns at once.
@@ -227,8 +234,11 @@ class ChunkCache {
   // both, REQUIRES: not on disk already (AlreadyOnDisk was asked).
   Result<bool> PutDirect(const ChunkId& id, const uint8_t* data, size_t len);
   Result<bool> PutBuffered(const ChunkId& id, const void* data, size_t len);
-  // PutBuffered's chunk file, also with AppendToPacks (compaction moves extents into these).
+  // PutBuffered's chunk file, also with AppendToPacks.
   Result<bool> PutChunkFile(const ChunkId& id, const void* data, size_t len);
+  // Writes data[0..len) to `tmp` (fd open on it) and closes it; on failure `tmp` is gone.
+  Status WriteTmp(const ChunkId& id, int fd, const std::string& tmp, const void* data, size_t len,
+                  bool direct);
   // Either of those with AppendToPacks: the chunk appended to a pack.
   Result<bool> PutAppended(const ChunkId& id, const void* data, size_t len, bool aligned);
   // Whether chunk `id` already has its file or extent of `len` bytes (then entered in the disk
@@ -261,6 +271,9 @@ class ChunkCache {
   std::unique_ptr<AppendPacks> append_;
 
   std::atomic<bool> compacting_{false};  // a CompactPacks pass runs
+  // Held by RemoveMany from its first unlink to its extents' drop, and by MoveIntoChunkFile from
+  // its look at the extent to its rename. Taken before Packs' lock, never under mu_.
+  Mutex remove_mu_;
   // CompactSoon's thread; compact_mu_ is a leaf.
   Mutex compact_mu_;
   std::condition_variable compact_cv_;

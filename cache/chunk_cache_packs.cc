@@ -1,6 +1,7 @@
 // ChunkCache's calls that work on many chunks and packs at once (cache/chunk_cache.h): removal
 // of many chunks, compaction of sparse packs, fsck's check of where a chunk lives, and the
 // chunks appended to packs (AppendToPacks; cache/append_pack.h).
+#include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -27,6 +28,7 @@ std::vector<Status> ChunkCache::RemoveMany(const std::vector<ChunkId>& ids) {
   }
   std::vector<Status> out(ids.size());
   std::vector<ChunkId> files_gone;  // their extents go too
+  MutexLock removing(&remove_mu_);  // no compaction renames a chunk file of these meanwhile
   for (size_t i = 0; i < ids.size(); ++i) {
     const std::string path = PathOf(ids[i]);
     if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
@@ -41,6 +43,7 @@ std::vector<Status> ChunkCache::RemoveMany(const std::vector<ChunkId>& ids) {
       if (out[i].ok() && packs_->Contains(ids[i])) out[i] = st;
     }
   }
+  removing.Unlock();
   MutexLock lock(&mu_);
   for (size_t i = 0; i < ids.size(); ++i) {
     if (out[i].ok()) DiskDrop(ids[i]);
@@ -69,11 +72,12 @@ uint64_t ChunkCache::CompactPacks() {
       bool gone = false;
       auto data = LoadExtent(e.id, e.len, &gone);
       if (!data.ok()) continue;
-      auto put = PutChunkFile(e.id, (*data)->bytes.get(), e.len);
+      auto put = MoveIntoChunkFile(pack.name, e, (*data)->bytes.get());
       if (!put.ok()) {
         st = put.status();
         break;  // a full disk: no room to move anything more
       }
+      if (!*put) continue;  // removed meanwhile: nothing to move
       done.push_back(e);
       ids.push_back(e.id);
       moved += e.len;
@@ -90,6 +94,26 @@ uint64_t ChunkCache::CompactPacks() {
     if (moved >= kCompactPassBytes) break;
   }
   return moved;
+}
+
+Result<bool> ChunkCache::MoveIntoChunkFile(const std::string& pack, const Packs::Entry& e,
+                                           const uint8_t* data) {
+  const std::string tmp = TmpPath(e.id);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return Status::FromErrno(errno, "create chunk file " + tmp);
+  RETURN_IF_ERROR(WriteTmp(e.id, fd, tmp, data, e.len, false));
+  MutexLock removing(&remove_mu_);
+  if (!packs_->Holds(pack, e)) {
+    ::unlink(tmp.c_str());
+    return false;
+  }
+  const std::string path = PathOf(e.id);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const Status w = Status::FromErrno(errno, "rename chunk file to " + path);
+    ::unlink(tmp.c_str());
+    return w;
+  }
+  return true;
 }
 
 void ChunkCache::CompactSoon() {

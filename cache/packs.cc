@@ -395,6 +395,14 @@ bool Packs::Contains(const ChunkId& id) const {
   return extents_.count(id) > 0;
 }
 
+bool Packs::Holds(const std::string& name, const Entry& e) const {
+  MutexLock lock(&mu_);
+  auto pack = by_name_.find(name);
+  if (pack == by_name_.end()) return false;
+  auto it = extents_.find(e.id);
+  return it != extents_.end() && it->second.pack == pack->second && it->second.offset == e.offset;
+}
+
 std::optional<uint64_t> Packs::Len(const ChunkId& id) const {
   MutexLock lock(&mu_);
   auto it = extents_.find(id);

@@ -96,6 +96,8 @@ class Packs {
   Status Punch(const std::string& name, const std::vector<Range>& ranges);
 
   bool Contains(const ChunkId& id) const;
+  // Whether pack `name` still holds extent `e` (same chunk, same offset).
+  bool Holds(const std::string& name, const Entry& e) const;
   // The extent of chunk `id`, if one.
   std::optional<uint64_t> Len(const ChunkId& id) const;
   // Where chunk `id` lies: its pack's path and its extent; none when no extent of it.

@@ -436,6 +436,31 @@ TEST_F(PacksTest, CompactSoonCompactsBehindTheCallerAndTheCacheWaitsForIt) {
   ExpectReadsBack(chunks[0]);
 }
 
+// Compaction reads an extent, writes it as a chunk file, then renames that into place; a removal
+// of the chunk in between (eviction, reclaim) must not be undone by the rename, and the move is
+// no new chunk (the written counters and the disk map stay).
+TEST_F(PacksTest, ACompactionMoveOfAChunkRemovedMeanwhileLeavesNoChunkFile) {
+  const std::vector<Chunk> chunks = SparsePack("m", 90, 2);
+  const uint64_t written = metrics_.chunk_bytes_written.Get();
+  const uint64_t stored = cache_->usage().disk_bytes;
+  const Packs::Entry first{chunks[0].id, 100, chunks[0].bytes.size()};  // where Stage put them
+  const Packs::Entry second{chunks[1].id, 100 + chunks[0].bytes.size(), chunks[1].bytes.size()};
+  ASSERT_TRUE(cache_->RemoveMany({chunks[0].id}).front().ok());  // after its bytes were read
+  auto moved = cache_->MoveIntoChunkFile("m", first, chunks[0].bytes.data());
+  ASSERT_TRUE(moved.ok()) << moved.status().ToString();
+  EXPECT_FALSE(*moved);
+  EXPECT_FALSE(Exists(cache_->PathOf(chunks[0].id))) << "the removal stands";
+  EXPECT_FALSE(cache_->Contains(chunks[0].id));
+
+  moved = cache_->MoveIntoChunkFile("m", second, chunks[1].bytes.data());
+  ASSERT_TRUE(moved.ok()) << moved.status().ToString();
+  EXPECT_TRUE(*moved);
+  EXPECT_TRUE(Exists(cache_->PathOf(chunks[1].id)));
+  EXPECT_EQ(metrics_.chunk_bytes_written.Get(), written) << "a move is no new chunk";
+  EXPECT_EQ(cache_->usage().disk_bytes, stored - chunks[0].bytes.size());
+  ExpectReadsBack(chunks[1]);
+}
+
 // The state a crash in the middle of a compaction leaves before its '-' records: chunk files
 // written and the extents still recorded (the next pass finishes the move). After the '-'
 // records the chunk files are durable (synced first); a range recorded dropped and not yet

@@ -239,17 +239,18 @@ class CkptMount:
         return out
 
     def chunk_bytes_on_disk(self):
-        """Bytes of the chunks on the local tier: chunk files and pack extents."""
-        return (sum(p.stat().st_size for p in self.chunk_files())
-                + sum(e[2] for e in self.pack_extents().values()))
+        """Bytes of the chunks on the local tier, chunk files and pack extents, each chunk once:
+        a compaction in progress holds a chunk in both homes for a moment, and the daemon
+        counts it once."""
+        return sum(length for _, _, length in self.chunk_locations().values())
 
     def chunk_ids_on_disk(self):
         """The ids (hex) of the chunks on the local tier, sorted: chunk files and pack extents."""
-        return sorted([p.name for p in self.chunk_files()] + list(self.pack_extents()))
+        return sorted(self.chunk_locations())
 
     def chunks_on_disk(self):
-        """Chunks on the local tier: chunk files and pack extents."""
-        return len(self.chunk_files()) + len(self.pack_extents())
+        """Chunks on the local tier: chunk files and pack extents, each chunk once."""
+        return len(self.chunk_locations())
 
     def chunk_locations(self):
         """Where each chunk of the local tier lies: {id hex: (path, offset, length)}, a chunk
