@@ -5,12 +5,14 @@
 #include <stdlib.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/chunk_id.h"
@@ -67,6 +69,19 @@ class SplitMix64 {
  private:
   uint64_t x_;
 };
+
+// Polls `cond` every millisecond until it holds or `seconds` pass; returns its last answer. For
+// what another thread does after the call under test has returned (a server counting what it
+// sent after the client has read it).
+template <typename Cond>
+bool Eventually(Cond cond, double seconds = 10) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (!cond()) {
+    if (std::chrono::steady_clock::now() >= end) return cond();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
 
 inline std::vector<uint8_t> RandomBytes(size_t n, uint64_t seed) {
   SplitMix64 rng(seed);
