@@ -248,6 +248,11 @@ class CkptMount:
         """The ids (hex) of the chunks on the local tier, sorted: chunk files and pack extents."""
         return sorted(self.chunk_locations())
 
+    def chunks_in_two_homes(self):
+        """Chunks (hex ids) held both by a chunk file and by a pack's extent: only while a
+        compaction moves them."""
+        return sorted({p.name for p in self.chunk_files()} & set(self.pack_extents()))
+
     def chunks_on_disk(self):
         """Chunks on the local tier: chunk files and pack extents, each chunk once."""
         return len(self.chunk_locations())

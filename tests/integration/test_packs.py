@@ -287,6 +287,7 @@ def test_a_sparse_pack_moves_its_last_chunks_into_chunk_files_and_goes(make_moun
     os.unlink(m / "a.pt")
     assert wait_for(lambda: a_pack.exists(), lambda v: not v, 30) is False, "compacted away"
     assert set(m.chunk_files()) - files, "b's head now lives in chunk files"
+    assert not m.chunks_in_two_homes(), "moved, not copied"
     assert "moved into chunk files (compaction)" in m.log()
     assert read_file(m / "b.pt") == b
     code, r = fsck(m.mnt, "--deep")
