@@ -30,7 +30,8 @@ echo "== build the concurrent store and cache tests (clang, ThreadSanitizer, -Wt
 # every access the tests make, the store's pools, seals, uploads and the settle thread included.
 tsan_tests=(store_test store_staged_test store_files_test store_locks_test store_fallback_test
   store_namespace_test put_flights_test cut_ahead_test file_writer_test tiers_test
-  remote_tier_test chunk_cache_test chunk_cache_remote_test io_engine_test)
+  remote_tier_test chunk_cache_test chunk_cache_remote_test io_engine_test packs_test
+  append_pack_test store_packs_test)
 configure build-tsan thread "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" \
   "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" -DCMAKE_C_COMPILER=clang \
   -DCMAKE_CXX_COMPILER=clang++
